@@ -1,0 +1,75 @@
+//! Builds libdataset_rt (static and shared, C ABI), installs the header and a pkg-config
+//! file, and runs the Zig unit tests (`zig build test`).
+//!
+//! The toolchain is pinned: the PyPI package `ziglang==0.15.2` is the only supported
+//! compiler, and the build refuses any other version rather than miscompile against a
+//! changed standard library.
+
+const std = @import("std");
+const builtin = @import("builtin");
+
+const required_zig = std.SemanticVersion{ .major = 0, .minor = 15, .patch = 2 };
+const lib_version = std.SemanticVersion{ .major = 0, .minor = 1, .patch = 0 };
+
+comptime {
+    if (builtin.zig_version.order(required_zig) != .eq) {
+        @compileError("dataset_rt requires Zig 0.15.2 (pip install ziglang==0.15.2; run `python -m ziglang build`)");
+    }
+}
+
+pub fn build(b: *std.Build) void {
+    const target = b.standardTargetOptions(.{});
+    // ReleaseSafe unless asked otherwise: the shipped library keeps safety checks.
+    const optimize = b.option(std.builtin.OptimizeMode, "optimize", "Optimization mode (default ReleaseSafe)") orelse .ReleaseSafe;
+
+    const options = b.addOptions();
+    options.addOption([:0]const u8, "version", b.allocator.dupeZ(u8, b.fmt("{d}.{d}.{d}", .{ lib_version.major, lib_version.minor, lib_version.patch })) catch @panic("OOM"));
+
+    const root = b.createModule(.{
+        .root_source_file = b.path("native/src/c_api.zig"),
+        .target = target,
+        .optimize = optimize,
+        .link_libc = true,
+    });
+    root.addOptions("build_options", options);
+
+    const static_lib = b.addLibrary(.{ .name = "dataset_rt", .linkage = .static, .root_module = root });
+    const shared_lib = b.addLibrary(.{
+        .name = "dataset_rt",
+        .linkage = .dynamic,
+        .root_module = root,
+        .version = lib_version,
+    });
+    shared_lib.installHeader(b.path("native/include/dataset_rt.h"), "dataset_rt.h");
+    b.installArtifact(static_lib);
+    b.installArtifact(shared_lib);
+
+    // pkg-config file so C, C++, Rust and Go builds can find the installed library.
+    const pc = b.addWriteFiles();
+    const pc_file = pc.add("dataset_rt.pc", b.fmt(
+        \\prefix={s}
+        \\libdir=${{prefix}}/lib
+        \\includedir=${{prefix}}/include
+        \\
+        \\Name: dataset_rt
+        \\Description: Dataset cache for ML training (C ABI of the Zig core)
+        \\Version: {d}.{d}.{d}
+        \\Libs: -L${{libdir}} -ldataset_rt
+        \\Libs.private: -lc
+        \\Cflags: -I${{includedir}}
+        \\
+    , .{ b.install_prefix, lib_version.major, lib_version.minor, lib_version.patch }));
+    b.getInstallStep().dependOn(&b.addInstallFileWithDir(pc_file, .lib, "pkgconfig/dataset_rt.pc").step);
+
+    const test_module = b.createModule(.{
+        .root_source_file = b.path("native/src/c_api.zig"),
+        .target = target,
+        .optimize = optimize,
+        .link_libc = true,
+    });
+    test_module.addIncludePath(b.path("native/include"));
+    test_module.addOptions("build_options", options);
+    const unit_tests = b.addTest(.{ .root_module = test_module });
+    const run_tests = b.addRunArtifact(unit_tests);
+    b.step("test", "Run the Zig unit tests").dependOn(&run_tests.step);
+}

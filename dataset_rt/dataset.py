@@ -1,0 +1,278 @@
+"""`CachedDataset`: caches loaded together, read in a deterministic order.
+
+The native dataset owns every piece of state that decides what is read: the caches, the
+active table, the stream position (ordered cursor or draw counter) and the epoch length.
+Python adapts types: it turns native batches (one payload arena plus typed metadata
+columns) into ``CachedSample`` tuples, a batch at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from dataset_rt import _native
+from dataset_rt._native import ffi, lib
+from dataset_rt.config import ReaderConfig
+from dataset_rt.metadata import schema_of
+from dataset_rt.records import CachedSample
+
+KIND_BOOL, KIND_INT, KIND_FLOAT, KIND_STRING = 0, 1, 2, 3
+IO_BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2}
+IO_BACKEND_NAMES = {1: "io_uring", 2: "threads"}
+IO_BACKEND_ENV = "DATASET_RT_IO_BACKEND"
+
+# Samples requested per native call; the native side caps a batch at prefetch_size.
+BATCH_SAMPLES_MAX = 4096
+
+_new_sample = tuple.__new__
+
+
+def _close_dataset(handle: Any, close: Any = lib.drt_dataset_close) -> None:
+    close(handle)
+
+
+def _close_lookup(handle: Any, close: Any = lib.drt_lookup_close) -> None:
+    close(handle)
+
+
+def _native_options(reader_config: Any) -> Any:
+    """drt_dataset_options for a (possibly duck-typed) ReaderConfig."""
+    seed = int(reader_config.seed)
+    prefetch_size = int(reader_config.prefetch_size)
+    if seed < 0 or prefetch_size < 0:
+        raise OverflowError("can't convert negative int to unsigned")
+    if seed >= 2**64 or prefetch_size >= 2**64:
+        raise OverflowError("int too big to convert")
+    if prefetch_size == 0:
+        raise ValueError("prefetch_size must be greater than zero")
+    backend = getattr(reader_config, "io_backend", "auto")
+    if backend == "auto":
+        backend = os.environ.get(IO_BACKEND_ENV, "auto") or "auto"
+    if backend not in IO_BACKENDS:
+        raise ValueError(f"unknown io_backend {backend!r}; expected 'auto', 'io_uring' or 'threads'")
+    return ffi.new(
+        "drt_dataset_options *",
+        {
+            "seed": seed,
+            "prefetch_size": prefetch_size,
+            "shuffle": 1 if reader_config.shuffle else 0,
+            "validate_cache": 1 if reader_config.validate_cache else 0,
+            "io_backend": IO_BACKENDS[backend],
+        },
+    )
+
+
+def _open_native(runtime: Any, paths: list[Path], options: Any) -> Any:
+    encoded = [_native.encode_path(p) for p in paths]
+    strs = ffi.new("drt_str[]", max(1, len(encoded)))
+    for item, raw in zip(strs, encoded):
+        item.ptr = ffi.from_buffer(raw)
+        item.len = len(raw)
+    out = ffi.new("drt_dataset **")
+    _native.check(lib.drt_dataset_open(runtime._handle(), strs, len(encoded), options, out))
+    return ffi.gc(out[0], _close_dataset)
+
+
+def probe_cache(runtime: Any, path: Path, *, validate: bool) -> str | None:
+    """None when ``path`` opens as a complete cache (checksums verified when
+    ``validate``), else the load error's message."""
+    options = ffi.new("drt_dataset_options *", {"seed": 0, "prefetch_size": 1, "validate_cache": int(validate)})
+    try:
+        handle = _open_native(runtime, [path], options)
+    except (ValueError, RuntimeError, OverflowError) as exc:
+        return str(exc)
+    if validate:
+        from dataset_rt.metadata import read_cache_metadata
+
+        try:
+            read_cache_metadata(handle, 0, path)
+        except (ValueError, RuntimeError) as exc:
+            return str(exc)
+    ffi.release(handle)
+    return None
+
+
+class CachedDataset:
+    """Caches loaded as one dataset, in ``cache_paths`` order.
+
+    Not constructed directly: use ``DatasetRuntime.cached_dataset`` or
+    ``DatasetRuntime.from_cache_sources``. Iterating yields ``CachedSample`` records; each
+    iterator takes the next ``len(dataset)`` positions of the dataset's stream when its
+    first sample is requested.
+    """
+
+    cache_paths: list[Path]
+    reader_config: ReaderConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("use DatasetRuntime.cached_dataset() to create a CachedDataset")
+
+    @classmethod
+    def _open(cls, runtime: Any, paths: list[Path], reader_config: ReaderConfig) -> CachedDataset:
+        options = _native_options(reader_config)
+        if not paths:
+            raise ValueError("CachedDataset requires at least one cache path")
+        handle = _open_native(runtime, paths, options)
+        self = object.__new__(cls)
+        self.cache_paths = list(paths)
+        self.reader_config = reader_config
+        self._runtime = runtime
+        self._handle = handle
+        self._lookup: Any = None
+        self._lookup_lock = threading.Lock()
+        self._columns = schema_of(handle)
+        self._metadata_keepalive: list[Any] = []
+        if reader_config.validate_cache:
+            from dataset_rt.metadata import read_cache_metadata
+
+            for index, path in enumerate(paths):
+                self._metadata_keepalive.append(read_cache_metadata(handle, index, path))
+        return self
+
+    def __reduce__(self) -> Any:
+        raise TypeError("cannot pickle 'CachedDataset' object")
+
+    def __len__(self) -> int:
+        out = ffi.new("uint64_t *")
+        _native.check(lib.drt_dataset_epoch_len(self._handle, out))
+        if out[0] > 2**63 - 1:
+            raise OverflowError()
+        return int(out[0])
+
+    def set_epoch_len(self, epoch_len: int) -> None:
+        """Set the number of samples each future iterator yields (>= 1).
+
+        Does not move the stream position; iterators already started keep theirs.
+        """
+        if epoch_len < 1:
+            raise ValueError("epoch_len must be at least 1")
+        value = epoch_len.__index__()
+        if value >= 2**64:
+            raise OverflowError("int too big to convert")
+        _native.check(lib.drt_dataset_set_epoch_len(self._handle, value))
+
+    @property
+    def io_backend(self) -> str:
+        """The read I/O backend in use: ``"io_uring"`` or ``"threads"``."""
+        out = ffi.new("int32_t *")
+        _native.check(lib.drt_dataset_io_backend(self._handle, out))
+        return IO_BACKEND_NAMES[out[0]]
+
+    def __iter__(self) -> Iterator[CachedSample]:
+        return self._generate()
+
+    def _generate(self) -> Iterator[CachedSample]:
+        # A generator: nothing native happens (no window is reserved) until the first next().
+        out = ffi.new("drt_iter **")
+        _native.check(lib.drt_iter_open(self._handle, out))
+        iterator = out[0]
+        batch = ffi.new("drt_batch *")
+        try:
+            while True:
+                _native.check(lib.drt_iter_next_batch(iterator, BATCH_SAMPLES_MAX, batch))
+                if batch.count == 0:
+                    return
+                yield from self._samples(batch)
+        finally:
+            lib.drt_iter_close(iterator)
+
+    def _samples(self, batch: Any) -> list[CachedSample]:
+        """Python records for one native batch (copies everything out of it)."""
+        import numpy as np
+
+        n = int(batch.count)
+        offsets = np.frombuffer(ffi.buffer(batch.payload_offsets, 8 * n), dtype=np.uint64)
+        lengths = np.frombuffer(ffi.buffer(batch.payload_lens, 8 * n), dtype=np.uint64)
+        ends = offsets + lengths
+        arena = ffi.buffer(batch.payload_base, int(ends.max()) if n else 0)
+        payloads = [arena[a:b] for a, b in zip(offsets.tolist(), ends.tolist())]
+        cache_ids = np.frombuffer(ffi.buffer(batch.cache_ids, 8 * n), dtype=np.uint64).tolist()
+        sample_ids = np.frombuffer(ffi.buffer(batch.sample_ids, 8 * n), dtype=np.uint64).tolist()
+        names = [name for name, _ in self._columns]
+        columns = [_column_values(batch.columns[i], kind, n) for i, (_, kind) in enumerate(self._columns)]
+        if columns:
+            metadata = [dict(zip(names, row)) for row in zip(*columns)]
+        else:
+            metadata = [{} for _ in range(n)]
+        return [
+            _new_sample(CachedSample, fields)
+            for fields in zip(payloads, metadata, cache_ids, sample_ids)
+        ]
+
+    def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
+        """The stored sample ``(cache_id, sample_id)`` with its embedded metadata.
+
+        Random access: works for rows outside the active table and moves no cursor.
+        """
+        if type(cache_id) is not int or type(sample_id) is not int:
+            raise TypeError("cache_id and sample_id must be integers")
+        if not 0 <= cache_id < 2**64:
+            raise IndexError(f"cache_id {cache_id} is out of range")
+        if not 0 <= sample_id < 2**64:
+            raise IndexError(f"sample_id {sample_id} is out of range")
+        with self._lookup_lock:
+            if self._lookup is None:
+                out = ffi.new("drt_lookup **")
+                _native.check(lib.drt_lookup_open(self._handle, out))
+                self._lookup = ffi.gc(out[0], _close_lookup)
+            ids = ffi.new("uint64_t[2]", [cache_id, sample_id])
+            batch = ffi.new("drt_batch *")
+            _native.check(lib.drt_lookup_get(self._lookup, 1, ids, ids + 1, batch))
+            return self._samples(batch)[0]
+
+    def get_metadata(self) -> Any:
+        """The active metadata table as a Polars DataFrame."""
+        raise NotImplementedError("get_metadata arrives with issue #4")
+
+    def samples_metadata(self) -> Any:
+        """Alias of :meth:`get_metadata`."""
+        return self.get_metadata()
+
+    def update_metadata(self, df: Any) -> None:
+        """Replace the active table (validated first; the previous state survives errors)."""
+        raise NotImplementedError("update_metadata arrives with issue #4")
+
+    def set_samples_metadata(self, df: Any) -> None:
+        """Alias of :meth:`update_metadata`."""
+        self.update_metadata(df)
+
+    def update_manifests(self, version: int) -> Any:
+        """Migrate format-2 manifests to format 3."""
+        raise NotImplementedError("update_manifests arrives with issue #4")
+
+    def dump_config(self, path: str | os.PathLike[str]) -> Path:
+        """Write ``dataset.json`` and the active table into an existing directory."""
+        raise NotImplementedError("dump_config arrives with issue #4")
+
+    @classmethod
+    def from_config(cls, path: str | os.PathLike[str]) -> CachedDataset:
+        """Rebuild a dataset from a ``dataset.json`` written by :meth:`dump_config`."""
+        raise NotImplementedError("from_config arrives with issue #4")
+
+    def to_torch_iterable_dataset(self) -> Any:
+        """A ``torch.utils.data.IterableDataset`` over this dataset's stream."""
+        raise NotImplementedError("to_torch_iterable_dataset arrives with issue #6")
+
+    def to_torch_dataloader(self, **kwargs: Any) -> Any:
+        """A ``torch.utils.data.DataLoader`` reading from snapshots of this dataset."""
+        raise NotImplementedError("to_torch_dataloader arrives with issue #6")
+
+
+def _column_values(column: Any, kind: int, n: int) -> list[Any]:
+    import numpy as np
+
+    if n == 0:
+        return []
+    if kind == KIND_INT:
+        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.int64).tolist()
+    if kind == KIND_FLOAT:
+        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.float64).tolist()
+    if kind == KIND_BOOL:
+        return np.frombuffer(ffi.buffer(column.values, n), dtype=np.uint8).astype(bool).tolist()
+    offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).tolist()
+    data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
+    return [data[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])]

@@ -1,0 +1,131 @@
+"""`DatasetRuntime`: the native worker pool and the entry points that write and load caches."""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dataset_rt import _native
+from dataset_rt._native import ffi, lib
+from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
+from dataset_rt.records import (
+    CacheSourcesDatasetError,
+    CacheSourcesDatasetResult,
+    CacheSourcesDatasetSuccess,
+    CacheWriteError,
+    CacheWriteResult,
+    CacheWriteSuccess,
+)
+
+
+def _close_runtime(handle: Any, close: Any = lib.drt_runtime_close) -> None:
+    # Default argument keeps the library's function alive during interpreter shutdown.
+    close(handle)
+
+
+class DatasetRuntime:
+    """Owns one fixed native pool of exactly ``num_workers`` threads.
+
+    The threads start now and stop when the runtime and every dataset or writer using it
+    are gone. A runtime cannot be pickled or used in a forked child process.
+    """
+
+    __slots__ = ("_inner", "_num_workers")
+
+    def __init__(self, *, num_workers: int) -> None:
+        count = operator.index(num_workers)
+        if count < 0:
+            raise OverflowError("can't convert negative int to unsigned")
+        if count >= 2**64:
+            raise OverflowError("int too big to convert")
+        out = ffi.new("drt_runtime **")
+        _native.check(lib.drt_runtime_open(count, out))
+        self._inner = ffi.gc(out[0], _close_runtime)
+        self._num_workers = count
+
+    @property
+    def num_workers(self) -> int:
+        """Threads in the native pool."""
+        return self._num_workers
+
+    def _handle(self) -> Any:
+        return self._inner
+
+    def __reduce__(self) -> Any:
+        raise TypeError("cannot pickle 'DatasetRuntime' object")
+
+    def __repr__(self) -> str:
+        return f"DatasetRuntime(num_workers={self._num_workers})"
+
+    def write_cache(
+        self,
+        sources: Any,
+        path: str | os.PathLike[str],
+        *,
+        writer_config: WriterConfig = DEFAULT_WRITER_CONFIG,
+    ) -> list[CacheWriteResult]:
+        """Write each source into ``<path>/<source.name>``.
+
+        ``sources`` is a list of sources or one source. Returns one
+        ``CacheWriteSuccess``/``CacheWriteError`` per source, in order. Raises for invalid
+        configs and duplicate names (before anything is written); ``KeyboardInterrupt`` and
+        ``SystemExit`` propagate unchanged after cleanup.
+        """
+        from dataset_rt.writer import write_sources
+
+        return write_sources(self, sources, path, writer_config)
+
+    def cached_dataset(
+        self, paths: Sequence[str | os.PathLike[str]], *, reader_config: ReaderConfig
+    ) -> Any:
+        """Load caches (in ``paths`` order) as one ``CachedDataset``; raises load errors."""
+        from dataset_rt.dataset import CachedDataset
+
+        return CachedDataset._open(self, [Path(p) for p in paths], reader_config)
+
+    def from_cache_sources(
+        self,
+        sources: Any,
+        path: str | os.PathLike[str],
+        *,
+        reader_config: ReaderConfig,
+        writer_config: WriterConfig = DEFAULT_WRITER_CONFIG,
+    ) -> CacheSourcesDatasetResult:
+        """Write (or reuse) each source's cache, then load every cache that exists.
+
+        A complete cache already at ``<path>/<name>`` is reused without iterating its
+        source (checksum-verified first with ``writer_config.validate_cache``). A path
+        there that is not a complete cache is reported as a ``CacheWriteError``. Returns
+        ``CacheSourcesDatasetSuccess(dataset, results)`` when at least one cache is
+        available, else ``CacheSourcesDatasetError(results, message)``.
+        """
+        from dataset_rt.dataset import CachedDataset, probe_cache
+        from dataset_rt.writer import plan_sources, write_planned
+
+        items = sources if isinstance(sources, list) else [sources]
+        if not items:
+            return CacheSourcesDatasetError([], "no cache sources were provided")
+        base = Path(path)
+        plans, results = plan_sources(items, base, writer_config)
+        validate = bool(getattr(writer_config, "validate_cache", False))
+        to_write = []
+        for plan in plans:
+            target = base / plan.name
+            if not os.path.lexists(target):
+                to_write.append(plan)
+                continue
+            error = probe_cache(self, target, validate=validate)
+            results[plan.position] = (
+                CacheWriteSuccess(plan.name, target) if error is None else CacheWriteError(plan.name, error)
+            )
+        results.update(write_planned(self, to_write, base, writer_config))
+        final = [results[i] for i in range(len(items))]
+        paths = [r.path for r in final if isinstance(r, CacheWriteSuccess)]
+        if not paths:
+            detail = "; ".join(f"{r.source_name}: {r.message}" for r in final if isinstance(r, CacheWriteError))
+            return CacheSourcesDatasetError(final, f"no caches were written: {detail}")
+        dataset = CachedDataset._open(self, paths, reader_config)
+        return CacheSourcesDatasetSuccess(dataset, final)

@@ -1,0 +1,457 @@
+"""Writing sources into caches.
+
+Python's part is to pull samples from the source on the calling thread, check their
+Python types, and hand them to the native writer in columnar batches (payloads
+concatenated with offsets, one typed array per metadata field). The native writer owns
+the bytes: record encoding, compression, hashing, shard rotation, the index, the manifest,
+fsync and the atomic publication. Python writes ``metadata.arrow`` into the staging
+directory with pyarrow before the native writer publishes.
+
+Contract (see the compatibility page of the docs for the deliberate fixes):
+* one result per source, in source order; a per-source failure is a
+  :class:`CacheWriteError` value and the other sources still run;
+* ``KeyboardInterrupt`` and ``SystemExit`` propagate unchanged after the staging
+  directory is removed; sources finished earlier stay published;
+* a failed write never publishes anything.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dataset_rt import _native
+from dataset_rt._native import ffi, lib
+from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
+
+if TYPE_CHECKING:
+    from dataset_rt.config import WriterConfig
+    from dataset_rt.runtime import DatasetRuntime
+
+KIND_BOOL, KIND_INT, KIND_FLOAT, KIND_STRING = 0, 1, 2, 3
+KIND_NAMES = {KIND_BOOL: "bool", KIND_INT: "int", KIND_FLOAT: "float", KIND_STRING: "string"}
+RESERVED_KEYS = ("cache_id", "sample_id", "weight")
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+# Samples handed to the native writer per call, at most (prefetch_size bounds it too).
+BATCH_SAMPLES_MAX = 4096
+
+
+class SourceFailure(Exception):
+    """A per-source failure whose message becomes a CacheWriteError."""
+
+
+def python_error(exc: BaseException) -> str:
+    """The reference's text for an exception raised by user code."""
+    return f"Python error: {type(exc).__name__}: {exc}"
+
+
+def value_kind(value: object) -> int:
+    """Kind of one metadata value (bool before int: bool is an int subclass)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return KIND_BOOL
+    if isinstance(value, str):
+        return KIND_STRING
+    if isinstance(value, numbers.Integral):
+        return KIND_INT
+    if isinstance(value, (float, numbers.Real)):
+        return KIND_FLOAT
+    raise SourceFailure("metadata values must be bool, int, float, or str")
+
+
+def kind_name(value: object) -> str:
+    """Kind name of a value for drift messages ("got float")."""
+    try:
+        return KIND_NAMES[value_kind(value)]
+    except SourceFailure:
+        return type(value).__name__
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A source whose name passed validation."""
+
+    position: int
+    source: Any
+    name: str
+
+
+def validate_writer_config(config: WriterConfig) -> tuple[int, int, int, float]:
+    """Re-check a (possibly duck-typed) config as the native layer of the reference does.
+
+    Raises ValueError before anything is created on disk.
+    """
+    prefetch_size = int(config.prefetch_size)
+    max_shard_bytes = int(config.max_shard_bytes)
+    if prefetch_size <= 0:
+        raise ValueError("prefetch_size must be greater than zero")
+    if max_shard_bytes <= 0:
+        raise ValueError("max_shard_bytes must be greater than zero")
+    compression = config.shard_compression
+    algo, ratio = compression.algo, float(compression.ratio)
+    if algo not in ("none", "lz4"):
+        raise ValueError(f"unsupported shard compression algorithm '{algo}'")
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise ValueError("shard_compression.ratio must be positive and finite")
+    if algo == "none" and ratio != 1.0:
+        raise ValueError("shard_compression.ratio must be 1.0 when algo is 'none'")
+    if prefetch_size >= 2**64 or max_shard_bytes >= 2**64:
+        raise OverflowError("int too big to convert")
+    return prefetch_size, max_shard_bytes, 1 if algo == "lz4" else 0, ratio
+
+
+def _plan_sources(sources: list[Any], base: Path) -> tuple[list[_Plan], dict[int, CacheWriteError]]:
+    """Read every name once and validate it; duplicates raise before anything is written."""
+    plans: list[_Plan] = []
+    errors: dict[int, CacheWriteError] = {}
+    seen: set[str] = set()
+    for position, source in enumerate(sources):
+        label = f"source[{position}]"
+        try:
+            name = source.name
+            if not isinstance(name, str):
+                raise TypeError(f"'{type(name).__name__}' object is not an instance of 'str'")
+            name.encode("utf-8")
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            errors[position] = CacheWriteError(label, python_error(exc))
+            continue
+        if name == "":
+            errors[position] = CacheWriteError(label, "CacheSource.name must not be empty")
+        elif name in (".", "..") or any(c in name for c in "/\\\x00"):
+            errors[position] = CacheWriteError(label, "CacheSource.name must be a plain path segment")
+        elif name == "tmp":
+            errors[position] = CacheWriteError(
+                label, "CacheSource.name must be a non-reserved plain path segment"
+            )
+        else:
+            if name in seen:
+                raise ValueError(f"duplicate generated cache path: {base / name}")
+            seen.add(name)
+            plans.append(_Plan(position, source, name))
+    return plans, errors
+
+
+def plan_sources(
+    sources: list[Any], base: Path, config: WriterConfig
+) -> tuple[list[_Plan], dict[int, CacheWriteResult]]:
+    """Check the config, read every source name once and validate it.
+
+    Returns the plans to write and the per-position errors found so far. Raises for
+    invalid configs and duplicate names before anything is written.
+    """
+    if getattr(config, "num_processes", 0):
+        raise NotImplementedError("WriterConfig(num_processes > 0) arrives with issue #5")
+    if getattr(getattr(config, "profiler", None), "enabled", False):
+        raise NotImplementedError("WriterProfilerConfig(enabled=True) arrives with issue #5")
+    validate_writer_config(config)
+    plans, errors = _plan_sources(sources, base)
+    return plans, dict(errors)
+
+
+def write_planned(
+    runtime: DatasetRuntime, plans: list[_Plan], base: Path, config: WriterConfig
+) -> dict[int, CacheWriteResult]:
+    """Write planned sources in order; returns their results by source position."""
+    options = validate_writer_config(config)
+    progress = _Progress.create(bool(config.show_progress), len(plans))
+    return {plan.position: _write_one(runtime, plan, base, options, progress) for plan in plans}
+
+
+def write_sources(
+    runtime: DatasetRuntime, sources: Any, path: str | os.PathLike[str], config: WriterConfig
+) -> list[CacheWriteResult]:
+    """Write each source to ``<path>/<name>``; one result per source, in order."""
+    items = sources if isinstance(sources, list) else [sources]
+    base = Path(path)
+    plans, results = plan_sources(items, base, config)
+    results.update(write_planned(runtime, plans, base, config))
+    return [results[i] for i in range(len(items))]
+
+
+def _write_one(
+    runtime: DatasetRuntime,
+    plan: _Plan,
+    base: Path,
+    options: tuple[int, int, int, float],
+    progress: _Progress | None,
+) -> CacheWriteResult:
+    prefetch_size, max_shard_bytes, compression, ratio = options
+    native_options = ffi.new(
+        "drt_writer_options *",
+        {
+            "max_shard_bytes": max_shard_bytes,
+            "prefetch_size": prefetch_size,
+            "compression": compression,
+            "compression_ratio": ratio,
+        },
+    )
+    base_bytes = _native.encode_path(base)
+    name_bytes = plan.name.encode("utf-8")
+    out = ffi.new("drt_writer **")
+    status = lib.drt_writer_open(
+        runtime._handle(), base_bytes, len(base_bytes), name_bytes, len(name_bytes), native_options, out
+    )
+    if status != 0:
+        return CacheWriteError(plan.name, _native.last_error())
+    writer = out[0]
+    try:
+        ingest = _Ingest(writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress)
+        ingest.run(plan.source)
+        ingest.check(lib.drt_writer_finish(writer))
+    except SourceFailure as failure:
+        return CacheWriteError(plan.name, str(failure))
+    finally:
+        lib.drt_writer_close(writer)
+        if progress is not None:
+            progress.source_done()
+    return CacheWriteSuccess(plan.name, base / plan.name)
+
+
+class _Ingest:
+    """Pulls one source and feeds the native writer in columnar batches."""
+
+    def __init__(self, writer: Any, name: str, batch_size: int, progress: _Progress | None) -> None:
+        self.writer = writer
+        self.name = name
+        self.batch_size = batch_size
+        self.progress = progress
+        self.keys: list[str] | None = None
+        self.kinds: list[int] = []
+        self.key_set: frozenset[str] = frozenset()
+        self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
+        self.count = 0
+        self.payload_bytes = 0
+
+    def run(self, source: Any) -> None:
+        try:
+            iterator: Iterator[Any] = iter(source)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise SourceFailure(python_error(exc)) from exc
+        payloads: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        while True:
+            try:
+                item = next(iterator)
+            except StopIteration:
+                break
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:
+                raise SourceFailure(python_error(exc)) from exc
+            payload, metadata = self._unpack(item)
+            payloads.append(payload)
+            rows.append(metadata)
+            if len(payloads) >= self.batch_size:
+                self._flush(payloads, rows)
+                payloads, rows = [], []
+        if payloads:
+            self._flush(payloads, rows)
+        if self.count == 0:
+            raise SourceFailure("cache source yielded no samples")
+        self._write_arrow()
+
+    def _unpack(self, item: Any) -> tuple[memoryview, dict[str, Any]]:
+        if not isinstance(item, tuple):
+            raise SourceFailure("CacheSource must yield CacheInput tuples")
+        if len(item) != 2:
+            raise SourceFailure("CacheInput must contain data and metadata")
+        data, metadata = item
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise SourceFailure("data must be bytes-like") from None
+        if not isinstance(metadata, dict):
+            raise SourceFailure("metadata must be a dict")
+        if self.keys is None:
+            self._infer_schema(metadata)
+        return view, metadata
+
+    def _infer_schema(self, metadata: dict[Any, Any]) -> None:
+        for key in metadata:
+            if not isinstance(key, str):
+                raise SourceFailure("metadata keys must be strings")
+        keys = sorted(metadata, key=lambda k: k.encode("utf-8", "surrogatepass"))
+        if not keys:
+            raise SourceFailure(
+                "Arrow error: Invalid argument error: must either specify a row count or at least one column"
+            )
+        for key in keys:
+            if key in RESERVED_KEYS:
+                raise SourceFailure(f"metadata field '{key}' is reserved")
+        self.kinds = [value_kind(metadata[key]) for key in keys]
+        self.keys = keys
+        self.key_set = frozenset(keys)
+        self.chunks = [[] for _ in keys]
+        fields = ffi.new("drt_field[]", len(keys))
+        names = [key.encode("utf-8") for key in keys]
+        for field, key, kind in zip(fields, names, self.kinds):
+            field.name.ptr = ffi.from_buffer(key)
+            field.name.len = len(key)
+            field.kind = kind
+        self.check(lib.drt_writer_set_schema(self.writer, fields, len(keys)))
+
+    def _column(self, index: int, key: str, rows: list[dict[str, Any]]) -> tuple[Any, Any]:
+        """Typed column for one field of a batch: (numpy array or string bytes, offsets)."""
+        import numpy as np
+
+        kind = self.kinds[index]
+        values = []
+        for row in rows:
+            try:
+                value = row[key]
+            except KeyError:
+                raise SourceFailure(f"metadata field '{key}' is missing") from None
+            got = value_kind(value)
+            if got != kind:
+                raise SourceFailure(f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}")
+            values.append(value)
+        if kind == KIND_STRING:
+            try:
+                encoded = [str(v).encode("utf-8") for v in values]
+            except UnicodeEncodeError as exc:
+                raise SourceFailure(python_error(exc)) from exc
+            offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
+            np.cumsum([len(e) for e in encoded], out=offsets[1:])
+            return b"".join(encoded), offsets
+        if kind == KIND_INT:
+            for v in values:
+                if not INT64_MIN <= int(v) <= INT64_MAX:
+                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
+            return np.array([int(v) for v in values], dtype=np.int64), None
+        if kind == KIND_FLOAT:
+            return np.array([float(v) for v in values], dtype=np.float64), None
+        return np.array([bool(v) for v in values], dtype=np.uint8), None
+
+    def _flush(self, payloads: list[memoryview], rows: list[dict[str, Any]]) -> None:
+        import numpy as np
+
+        assert self.keys is not None
+        for row in rows:
+            if len(row) != len(self.keys):
+                raise SourceFailure("metadata keys must be identical for every sample")
+        columns = ffi.new("drt_column[]", max(1, len(self.keys)))
+        keep: list[Any] = []
+        for i, key in enumerate(self.keys):
+            values, offsets = self._column(i, key, rows)
+            columns[i].kind = self.kinds[i]
+            columns[i].values = ffi.from_buffer(values)
+            keep.append(values)
+            if offsets is not None:
+                columns[i].offsets = ffi.cast("uint64_t *", offsets.ctypes.data)
+                keep.append(offsets)
+            self.chunks[i].append((values, offsets))
+        lengths = [view.nbytes for view in payloads]
+        offsets = np.zeros(len(payloads) + 1, dtype=np.uint64)
+        np.cumsum(lengths, out=offsets[1:])
+        blob = b"".join(payloads)
+        self.check(
+            lib.drt_writer_append(
+                self.writer,
+                len(payloads),
+                ffi.from_buffer(blob),
+                ffi.cast("uint64_t *", offsets.ctypes.data),
+                columns,
+            )
+        )
+        self.count += len(payloads)
+        self.payload_bytes += len(blob)
+        if self.progress is not None:
+            self.progress.update(self.name, self.count, self.payload_bytes)
+
+    def check(self, status: int) -> None:
+        """A failing native writer status becomes this source's CacheWriteError."""
+        if status != 0:
+            raise SourceFailure(_native.last_error())
+
+    def _write_arrow(self) -> None:
+        """Write metadata.arrow (IPC file, one batch, non-null columns) into staging."""
+        import numpy as np
+        import pyarrow as pa
+
+        assert self.keys is not None
+        arrays = []
+        fields = []
+        for key, kind, chunks in zip(self.keys, self.kinds, self.chunks):
+            if kind == KIND_STRING:
+                data = b"".join(values for values, _ in chunks)
+                lengths = np.concatenate([np.diff(offsets) for _, offsets in chunks])
+                if len(data) > 2**31 - 1:
+                    raise SourceFailure(f"metadata field '{key}' holds more than 2 GiB of strings")
+                arrow_offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
+                np.cumsum(lengths, out=arrow_offsets[1:])
+                array = pa.StringArray.from_buffers(
+                    len(lengths), pa.py_buffer(arrow_offsets), pa.py_buffer(data)
+                )
+                arrow_type = pa.utf8()
+            else:
+                values = np.concatenate([values for values, _ in chunks])
+                if kind == KIND_BOOL:
+                    array = pa.array(values.astype(bool), type=pa.bool_())
+                    arrow_type = pa.bool_()
+                elif kind == KIND_INT:
+                    array = pa.array(values, type=pa.int64())
+                    arrow_type = pa.int64()
+                else:
+                    array = pa.array(values, type=pa.float64())
+                    arrow_type = pa.float64()
+            arrays.append(array)
+            fields.append(pa.field(key, arrow_type, nullable=False))
+        batch = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+        staging = ffi.new("drt_str *")
+        self.check(lib.drt_writer_staging_path(self.writer, staging))
+        directory = os.fsdecode(ffi.buffer(staging.ptr, staging.len)[:])
+        with pa.OSFile(os.path.join(directory, "metadata.arrow"), "wb") as sink:
+            with pa.ipc.new_file(sink, batch.schema) as ipc:
+                ipc.write_batch(batch)
+
+
+class _Progress:
+    """A live stderr line per source while writing, only when stderr is a terminal."""
+
+    def __init__(self, total_sources: int) -> None:
+        self.total_sources = total_sources
+        self.done = 0
+        self.started = time.monotonic()
+        self.source_started = self.started
+        self.last_draw = 0.0
+
+    @classmethod
+    def create(cls, enabled: bool, total_sources: int) -> _Progress | None:
+        if not enabled or not sys.stderr.isatty():
+            return None
+        return cls(total_sources)
+
+    def update(self, name: str, samples: int, payload_bytes: int) -> None:
+        now = time.monotonic()
+        if now - self.last_draw < 0.2:
+            return
+        self.last_draw = now
+        elapsed = max(now - self.source_started, 1e-9)
+        line = (
+            f"writing {name} {samples} items | {samples / elapsed:,.0f} items/s | "
+            f"{payload_bytes / elapsed / 1e6:,.1f} MB/s"
+        )
+        if self.total_sources > 1:
+            line = f"sources {self.done}/{self.total_sources} | " + line
+        sys.stderr.write("\r\x1b[2K" + line)
+        sys.stderr.flush()
+
+    def source_done(self) -> None:
+        self.done += 1
+        self.source_started = time.monotonic()
+        sys.stderr.write("\r\x1b[2K")
+        if self.done == self.total_sources:
+            elapsed = time.monotonic() - self.started
+            sys.stderr.write(f"wrote {self.done} source(s) in {elapsed:.1f}s\n")
+        sys.stderr.flush()

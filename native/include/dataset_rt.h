@@ -1,0 +1,305 @@
+/*
+ * dataset_rt.h: the C ABI of the dataset_rt core (https://pypi.org/project/dataset-rt
+ * storage format, format_version 3). This header is the single source of truth for the
+ * ABI: the Python binding is generated from the region between the DRT_CDEF markers,
+ * and a test compares the library's exported drt_* symbols with these declarations.
+ *
+ * Conventions (apply to every function unless its comment says otherwise):
+ *  - Every fallible function returns int32_t: DRT_OK (0) or a negative DRT_E_* status.
+ *    On failure, drt_last_error() returns a message for this thread's last failure.
+ *    Output parameters are written only on success.
+ *  - Handles are opaque and created/destroyed by paired functions. *_close(NULL) is a
+ *    no-op. A handle must not be used after it is closed.
+ *  - Strings are passed as (pointer, byte length) pairs of UTF-8, or drt_str structs
+ *    behind pointers; they need not be NUL-terminated. Paths are byte strings as the
+ *    OS sees them. Signatures use only int32_t, uint32_t, uint64_t, double and pointers.
+ *  - Thread safety: a handle may be used by one thread at a time unless its comment
+ *    says otherwise. Distinct handles may be used concurrently. A dataset may have any
+ *    number of iterators and lookups in use on different threads at once.
+ *  - Fork: handles are not fork-safe. In a child process after fork(), every function
+ *    taking a handle returns DRT_E_FORKED (closing is a no-op that leaks nothing the
+ *    child can reach); open new handles in the child.
+ *  - Buffers returned by the library (drt_batch contents, names) are owned by the
+ *    library; each comment says how long they stay valid. Callers copy what they keep.
+ */
+#ifndef DATASET_RT_H
+#define DATASET_RT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* DRT_CDEF_BEGIN */
+
+/* ABI version: drt_abi_version() returns major << 16 | minor. Bindings refuse a
+ * library whose major differs from the one they were built for. */
+enum {
+    DRT_ABI_VERSION_MAJOR = 1,
+    DRT_ABI_VERSION_MINOR = 0
+};
+
+/* Status codes. Append-only: values are never renumbered. */
+enum {
+    DRT_OK = 0,
+    DRT_E_INVALID_ARGUMENT = -1, /* caller mistake (Python: ValueError) */
+    DRT_E_INVALID_CACHE = -2,    /* cache data is invalid (ValueError) */
+    DRT_E_IO = -3,               /* operating-system I/O failure: "I/O error: ..." (RuntimeError) */
+    DRT_E_JSON = -4,             /* manifest or record JSON: "JSON error: ..." (RuntimeError) */
+    DRT_E_ARROW = -5,            /* metadata columns: "Arrow error: ..." (RuntimeError) */
+    DRT_E_INDEX = -6,            /* unknown cache_id or sample_id (IndexError) */
+    DRT_E_OUT_OF_MEMORY = -7,    /* allocation failed (MemoryError) */
+    DRT_E_FORKED = -8,           /* handle used in a forked child (RuntimeError) */
+    DRT_E_EXISTS = -9,           /* destination cache path already exists */
+    DRT_E_OVERFLOW = -10,        /* a count does not fit (OverflowError) */
+    DRT_E_INTERNAL = -11         /* a bug in dataset_rt; please report it */
+};
+
+/* Metadata value kinds (manifest "bool", "int", "float", "string"). */
+enum {
+    DRT_KIND_BOOL = 0,
+    DRT_KIND_INT = 1,
+    DRT_KIND_FLOAT = 2,
+    DRT_KIND_STRING = 3
+};
+
+/* Shard payload compression. */
+enum {
+    DRT_COMPRESSION_NONE = 0,
+    DRT_COMPRESSION_LZ4 = 1
+};
+
+/* Read I/O backends. AUTO picks io_uring where the kernel allows it, else THREADS. */
+enum {
+    DRT_IO_AUTO = 0,
+    DRT_IO_URING = 1,
+    DRT_IO_THREADS = 2
+};
+
+typedef struct drt_runtime drt_runtime;
+typedef struct drt_writer drt_writer;
+typedef struct drt_dataset drt_dataset;
+typedef struct drt_iter drt_iter;
+typedef struct drt_lookup drt_lookup;
+
+/* A byte string (not necessarily NUL-terminated). */
+typedef struct drt_str {
+    const char *ptr;
+    uint64_t len;
+} drt_str;
+
+/* One metadata field of a schema. */
+typedef struct drt_field {
+    drt_str name;
+    int32_t kind; /* DRT_KIND_* */
+    uint32_t reserved; /* must be 0 */
+} drt_field;
+
+/* One metadata column of `count` rows (the count travels beside the column).
+ *  bool:   values = uint8_t[count], each 0 or 1
+ *  int:    values = int64_t[count]
+ *  float:  values = double[count]
+ *  string: values = UTF-8 bytes, offsets = uint64_t[count + 1] byte offsets into values
+ *          (offsets[0] need not be 0; row i is values[offsets[i] .. offsets[i+1]])
+ * offsets is NULL for non-string kinds. */
+typedef struct drt_column {
+    int32_t kind; /* DRT_KIND_* */
+    uint32_t reserved; /* must be 0 */
+    const void *values;
+    const uint64_t *offsets;
+} drt_column;
+
+/* Version of this library, e.g. "0.1.0". Static storage; never NULL. Thread-safe. */
+const char *drt_version(void);
+
+/* DRT_ABI_VERSION_MAJOR << 16 | DRT_ABI_VERSION_MINOR of the loaded library. Thread-safe. */
+uint32_t drt_abi_version(void);
+
+/* Message for the last failure on the calling thread (NUL-terminated UTF-8; "" when
+ * none). Valid until the next failing call on this thread. Thread-safe. */
+const char *drt_last_error(void);
+
+/* ---------------------------------------------------------------- runtime */
+
+/* Creates a runtime owning a pool of exactly num_workers threads (>= 1), started now.
+ * Datasets and writers opened from it keep it alive: closing the runtime while they
+ * are open only drops the caller's reference.
+ * Returns DRT_E_INVALID_ARGUMENT ("num_workers must be greater than zero"),
+ * DRT_E_OUT_OF_MEMORY, DRT_E_INTERNAL (thread creation failed). */
+int32_t drt_runtime_open(uint64_t num_workers, drt_runtime **out);
+
+/* Drops the caller's reference; the threads stop once no dataset or writer uses them. */
+void drt_runtime_close(drt_runtime *runtime);
+
+/* ----------------------------------------------------------------- writer */
+
+typedef struct drt_writer_options {
+    uint64_t max_shard_bytes;  /* > 0; a shard is closed before a record would overflow it */
+    uint64_t prefetch_size;    /* > 0; samples in flight inside the writer */
+    int32_t compression;       /* DRT_COMPRESSION_* */
+    uint32_t reserved;         /* must be 0 */
+    double compression_ratio;  /* recorded in the manifest; 1.0 for NONE; finite, > 0 */
+} drt_writer_options;
+
+/* Starts writing the cache `<base_dir>/<name>`. Creates base_dir (with parents) and
+ * `<base_dir>/tmp/`, removes abandoned staging directories there whose lock is free,
+ * and creates a fresh staging directory `<base_dir>/tmp/<name>.<random>` held under an
+ * exclusive flock. Nothing is published until drt_writer_finish().
+ * name must be a plain path segment (not empty, no '/', '\\', NUL, not "." / ".." / "tmp").
+ * Returns DRT_E_INVALID_ARGUMENT (bad name or options), DRT_E_EXISTS ("cache path
+ * already exists: <base>/<name>"), DRT_E_IO, DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
+int32_t drt_writer_open(drt_runtime *runtime, const char *base_dir, uint64_t base_dir_len,
+                        const char *name, uint64_t name_len,
+                        const drt_writer_options *options, drt_writer **out);
+
+/* Sets the metadata schema; must be called exactly once, before the first append.
+ * fields: field_count entries sorted by name in byte order, no duplicates; borrowed
+ * for the duration of the call. field_count may be 0.
+ * Returns DRT_E_INVALID_ARGUMENT. */
+int32_t drt_writer_set_schema(drt_writer *writer, const drt_field *fields, uint64_t field_count);
+
+/* Appends `count` samples. Sample i's payload is payloads[payload_offsets[i] ..
+ * payload_offsets[i+1]] (count + 1 offsets); columns holds one drt_column per schema
+ * field, in schema order, each of `count` rows. All buffers are borrowed for the
+ * duration of the call. Records are encoded, compressed and appended in order.
+ * Returns DRT_E_INVALID_ARGUMENT (e.g. "metadata field 'k' must be a finite float",
+ * invalid UTF-8), DRT_E_IO, DRT_E_OUT_OF_MEMORY. After a failure the writer can only
+ * be closed. */
+int32_t drt_writer_append(drt_writer *writer, uint64_t count, const uint8_t *payloads,
+                          const uint64_t *payload_offsets, const drt_column *columns);
+
+/* Number of samples appended so far. */
+int32_t drt_writer_sample_count(drt_writer *writer, uint64_t *out);
+
+/* The staging directory (absolute or as given, no trailing slash). The caller writes
+ * `metadata.arrow` there before drt_writer_finish(). The string is owned by the writer
+ * and valid until drt_writer_close(). */
+int32_t drt_writer_staging_path(drt_writer *writer, drt_str *out);
+
+/* Completes the cache: flushes the last shard, hashes metadata.arrow (which the caller
+ * wrote into the staging directory), writes index.bin and manifest.json, fsyncs every
+ * file and directory, and renames the staging directory to `<base>/<name>` without
+ * replacing anything. Fails with "cache source yielded no samples" when nothing was
+ * appended. On success the writer holds nothing on disk; close it next.
+ * Returns DRT_E_INVALID_ARGUMENT, DRT_E_EXISTS, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
+int32_t drt_writer_finish(drt_writer *writer);
+
+/* Releases the writer. If drt_writer_finish() did not succeed, removes the staging
+ * directory: a failed write never publishes anything. */
+void drt_writer_close(drt_writer *writer);
+
+/* ---------------------------------------------------------------- dataset */
+
+typedef struct drt_dataset_options {
+    uint64_t seed;
+    uint64_t prefetch_size;  /* > 0; records in flight or buffered per iterator */
+    int32_t shuffle;         /* 0: ordered windows; 1: weighted draws with replacement */
+    int32_t validate_cache;  /* 1: verify every SHA-256 at open, compare records with metadata */
+    int32_t io_backend;      /* DRT_IO_* */
+    uint32_t reserved;       /* must be 0 */
+} drt_dataset_options;
+
+/* Facts about one cache of a dataset. */
+typedef struct drt_cache_info {
+    uint64_t cache_id;
+    uint64_t sample_count;
+    uint64_t shard_count;
+    uint32_t format_version; /* 2 or 3 */
+    int32_t compression;     /* DRT_COMPRESSION_* of the first shard */
+    double compression_ratio;
+    drt_str source_name;     /* valid while the dataset is open */
+    drt_str path;            /* as given to drt_dataset_open; valid while open */
+} drt_cache_info;
+
+/* Opens the caches at paths[0..path_count) (in that order) as one dataset and checks
+ * their structure: manifests, versions, unique cache ids, equal schemas, exact shard
+ * sizes, index shape and shard ids. With validate_cache, also verifies the SHA-256 of
+ * every file. The active table starts as every physical sample in path order.
+ * paths are borrowed for the call.
+ * Returns DRT_E_INVALID_ARGUMENT, DRT_E_INVALID_CACHE ("missing manifest: <p>",
+ * "checksum mismatch for <file>", ...), DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
+int32_t drt_dataset_open(drt_runtime *runtime, const drt_str *paths, uint64_t path_count,
+                         const drt_dataset_options *options, drt_dataset **out);
+
+/* Releases the caller's reference; iterators and lookups keep the dataset alive. */
+void drt_dataset_close(drt_dataset *dataset);
+
+/* Number of caches; number of schema fields; I/O backend in use (DRT_IO_URING or
+ * DRT_IO_THREADS). Thread-safe. */
+int32_t drt_dataset_cache_count(drt_dataset *dataset, uint64_t *out);
+int32_t drt_dataset_field_count(drt_dataset *dataset, uint64_t *out);
+int32_t drt_dataset_io_backend(drt_dataset *dataset, int32_t *out);
+
+/* Facts about cache `index` (< cache_count). Strings valid while the dataset is open. */
+int32_t drt_dataset_cache_info(drt_dataset *dataset, uint64_t index, drt_cache_info *out);
+
+/* Schema field `index` (< field_count). The name is valid while the dataset is open. */
+int32_t drt_dataset_field(drt_dataset *dataset, uint64_t index, drt_field *out);
+
+/* Attaches the rows of cache `cache_index`'s metadata.arrow as columns (one per schema
+ * field, schema order, row_count rows). Used to resolve JSON nulls in float fields and,
+ * with validate_cache, to compare every record read with its row. The buffers are
+ * borrowed until the dataset is closed: the caller keeps them alive and unchanged.
+ * With validate_cache, every value is checked against the schema kind first.
+ * Returns DRT_E_INVALID_CACHE ("metadata row count does not match manifest"), ... */
+int32_t drt_dataset_attach_metadata(drt_dataset *dataset, uint64_t cache_index,
+                                    uint64_t row_count, const drt_column *columns);
+
+/* The epoch length: samples each new iterator yields. Thread-safe. */
+int32_t drt_dataset_epoch_len(drt_dataset *dataset, uint64_t *out);
+
+/* Sets the epoch length for iterators opened from now on (>= 1). Does not move the
+ * cursor or draw counter. Thread-safe. */
+int32_t drt_dataset_set_epoch_len(drt_dataset *dataset, uint64_t epoch_len);
+
+/* ---------------------------------------------------------------- reading */
+
+/* A batch of samples, filled by drt_iter_next_batch / drt_lookup_get. All pointers are
+ * owned by the iterator or lookup and valid until its next call or close.
+ * Sample i: payload = payload_base[payload_offsets[i] .. payload_offsets[i] +
+ * payload_lens[i]]; identity (cache_ids[i], sample_ids[i]); metadata = row i of
+ * columns[0 .. field_count) (the record's embedded JSON, parsed against the schema). */
+typedef struct drt_batch {
+    uint64_t count;
+    const uint8_t *payload_base;
+    const uint64_t *payload_offsets;
+    const uint64_t *payload_lens;
+    const uint64_t *cache_ids;
+    const uint64_t *sample_ids;
+    const drt_column *columns;
+} drt_batch;
+
+/* Opens an iterator that reserves the next epoch_len positions of the dataset's stream
+ * (ordered cursor or draw counter) and snapshots the active table. Reads start at once,
+ * up to prefetch_size records ahead of the consumer.
+ * Returns DRT_E_FORKED, DRT_E_OUT_OF_MEMORY, DRT_E_IO. */
+int32_t drt_iter_open(drt_dataset *dataset, drt_iter **out);
+
+/* Fills *out with the next up to max_count (>= 1) samples in stream order; out->count
+ * is 0 at the end of the window. After a failure the iterator is finished.
+ * Returns DRT_E_INVALID_CACHE, DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
+int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, drt_batch *out);
+
+/* Cancels outstanding reads and releases the iterator's buffers. */
+void drt_iter_close(drt_iter *iter);
+
+/* Opens a random-access reader for drt_lookup_get. Each lookup owns its buffers, so a
+ * thread that wants random access opens its own. */
+int32_t drt_lookup_open(drt_dataset *dataset, drt_lookup **out);
+
+/* Reads `count` samples by identity into *out, in the order given. Does not move any
+ * cursor. Returns DRT_E_INDEX ("cache_id 7 is out of range", "sample_id 5 is out of
+ * range for cache_id 7"), the statuses of drt_iter_next_batch. */
+int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache_ids,
+                       const uint64_t *sample_ids, drt_batch *out);
+
+void drt_lookup_close(drt_lookup *lookup);
+
+/* DRT_CDEF_END */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DATASET_RT_H */

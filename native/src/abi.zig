@@ -1,0 +1,118 @@
+//! Zig mirrors of the structs and constants of dataset_rt.h. The header is the source of
+//! truth; the test at the bottom compiles the header with @cImport and checks that sizes,
+//! field offsets and constants agree, so the two cannot drift apart.
+
+const std = @import("std");
+
+pub const Str = extern struct {
+    ptr: ?[*]const u8,
+    len: u64,
+
+    pub fn slice(s: Str) []const u8 {
+        const p = s.ptr orelse return &.{};
+        return p[0..@intCast(s.len)];
+    }
+
+    pub fn from(bytes: []const u8) Str {
+        return .{ .ptr = bytes.ptr, .len = bytes.len };
+    }
+};
+
+pub const Field = extern struct {
+    name: Str,
+    kind: i32,
+    reserved: u32,
+};
+
+pub const Column = extern struct {
+    kind: i32,
+    reserved: u32,
+    values: ?*const anyopaque,
+    offsets: ?[*]const u64,
+};
+
+pub const WriterOptions = extern struct {
+    max_shard_bytes: u64,
+    prefetch_size: u64,
+    compression: i32,
+    reserved: u32,
+    compression_ratio: f64,
+};
+
+pub const DatasetOptions = extern struct {
+    seed: u64,
+    prefetch_size: u64,
+    shuffle: i32,
+    validate_cache: i32,
+    io_backend: i32,
+    reserved: u32,
+};
+
+pub const CacheInfo = extern struct {
+    cache_id: u64,
+    sample_count: u64,
+    shard_count: u64,
+    format_version: u32,
+    compression: i32,
+    compression_ratio: f64,
+    source_name: Str,
+    path: Str,
+};
+
+pub const Batch = extern struct {
+    count: u64,
+    payload_base: ?[*]const u8,
+    payload_offsets: ?[*]const u64,
+    payload_lens: ?[*]const u64,
+    cache_ids: ?[*]const u64,
+    sample_ids: ?[*]const u64,
+    columns: ?[*]const Column,
+};
+
+pub const abi_version_major = 1;
+pub const abi_version_minor = 0;
+
+pub const io_auto = 0;
+pub const io_uring = 1;
+pub const io_threads = 2;
+
+test "structs and constants match dataset_rt.h" {
+    const c = @cImport(@cInclude("dataset_rt.h"));
+    const pairs = .{
+        .{ Str, c.drt_str },
+        .{ Field, c.drt_field },
+        .{ Column, c.drt_column },
+        .{ WriterOptions, c.drt_writer_options },
+        .{ DatasetOptions, c.drt_dataset_options },
+        .{ CacheInfo, c.drt_cache_info },
+        .{ Batch, c.drt_batch },
+    };
+    inline for (pairs) |pair| {
+        const Z = pair[0];
+        const C = pair[1];
+        try std.testing.expectEqual(@sizeOf(C), @sizeOf(Z));
+        inline for (std.meta.fields(Z)) |f| {
+            try std.testing.expectEqual(@offsetOf(C, f.name), @offsetOf(Z, f.name));
+        }
+    }
+    const status = @import("status.zig");
+    inline for (std.meta.fields(status.Status)) |f| {
+        const c_name = comptime blk: {
+            if (std.mem.eql(u8, f.name, "ok")) break :blk "DRT_OK";
+            var upper: [f.name.len]u8 = undefined;
+            _ = std.ascii.upperString(&upper, f.name);
+            break :blk "DRT_E_" ++ upper;
+        };
+        try std.testing.expectEqual(@as(i64, f.value), @as(i64, @field(c, c_name)));
+    }
+    const schema = @import("schema.zig");
+    try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.bool)), c.DRT_KIND_BOOL);
+    try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.int)), c.DRT_KIND_INT);
+    try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.float)), c.DRT_KIND_FLOAT);
+    try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.string)), c.DRT_KIND_STRING);
+    try std.testing.expectEqual(@as(i64, abi_version_major), c.DRT_ABI_VERSION_MAJOR);
+    try std.testing.expectEqual(@as(i64, abi_version_minor), c.DRT_ABI_VERSION_MINOR);
+    try std.testing.expectEqual(@as(i64, io_uring), c.DRT_IO_URING);
+    try std.testing.expectEqual(@as(i64, io_threads), c.DRT_IO_THREADS);
+    try std.testing.expectEqual(@as(i64, 1), c.DRT_COMPRESSION_LZ4);
+}

@@ -1,0 +1,316 @@
+//! The exported C ABI (dataset_rt.h). Each function is a thin wrapper: check the
+//! arguments, call the Zig implementation, and map its error to a status code with
+//! `status.toStatus` (an exhaustive switch). No logic lives here.
+
+const std = @import("std");
+const build_options = @import("build_options");
+const status = @import("status.zig");
+const abi = @import("abi.zig");
+const schema = @import("schema.zig");
+const manifest = @import("manifest.zig");
+const Runtime = @import("runtime.zig").Runtime;
+const Writer = @import("writer.zig").Writer;
+const WriterColumn = @import("writer.zig").Column;
+const Dataset = @import("dataset.zig").Dataset;
+const reader = @import("reader.zig");
+
+const gpa = std.heap.c_allocator;
+
+const Rc = i32;
+
+fn ok() Rc {
+    return @intFromEnum(status.Status.ok);
+}
+
+fn fromError(err: status.Error) Rc {
+    if (err == error.OutOfMemory and status.lastMessage().len == 0) status.setMessage("out of memory");
+    return @intFromEnum(status.toStatus(err));
+}
+
+fn nullArgument(comptime what: []const u8) Rc {
+    return fromError(status.fail(error.InvalidArgument, what ++ " must not be NULL", .{}));
+}
+
+fn wrap(result: status.Error!void) Rc {
+    status.clear();
+    result catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_version() [*:0]const u8 {
+    return build_options.version;
+}
+
+export fn drt_abi_version() u32 {
+    return (abi.abi_version_major << 16) | abi.abi_version_minor;
+}
+
+export fn drt_last_error() [*:0]const u8 {
+    return status.lastMessage().ptr;
+}
+
+// ---------------------------------------------------------------- runtime
+
+export fn drt_runtime_open(num_workers: u64, out: ?*?*Runtime) Rc {
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    o.* = Runtime.open(gpa, num_workers) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_runtime_close(rt: ?*Runtime) void {
+    if (rt) |r| r.release();
+}
+
+// ----------------------------------------------------------------- writer
+
+export fn drt_writer_open(
+    rt: ?*Runtime,
+    base_dir: ?[*]const u8,
+    base_dir_len: u64,
+    name: ?[*]const u8,
+    name_len: u64,
+    options: ?*const abi.WriterOptions,
+    out: ?*?*Writer,
+) Rc {
+    const r = rt orelse return nullArgument("runtime");
+    const o = out orelse return nullArgument("out");
+    const opts = options orelse return nullArgument("options");
+    const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
+    const n = abi.Str{ .ptr = name, .len = name_len };
+    status.clear();
+    const compression: manifest.Compression = switch (opts.compression) {
+        0 => .none,
+        1 => .lz4,
+        else => return fromError(status.fail(error.InvalidArgument, "unsupported shard compression algorithm", .{})),
+    };
+    o.* = Writer.open(gpa, r, base.slice(), n.slice(), .{
+        .max_shard_bytes = opts.max_shard_bytes,
+        .prefetch_size = opts.prefetch_size,
+        .compression = compression,
+        .ratio = opts.compression_ratio,
+    }) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_writer_set_schema(w: ?*Writer, fields: ?[*]const abi.Field, field_count: u64) Rc {
+    const writer = w orelse return nullArgument("writer");
+    if (field_count > 0 and fields == null) return nullArgument("fields");
+    status.clear();
+    const converted = gpa.alloc(schema.Field, @intCast(field_count)) catch return fromError(error.OutOfMemory);
+    defer gpa.free(converted);
+    for (converted, 0..) |*f, i| {
+        const src = fields.?[i];
+        f.* = .{ .name = src.name.slice(), .kind = kindFrom(src.kind) catch |err| return fromError(err) };
+    }
+    return wrap(writer.setSchema(converted));
+}
+
+fn kindFrom(kind: i32) status.Error!schema.Kind {
+    return switch (kind) {
+        0 => .bool,
+        1 => .int,
+        2 => .float,
+        3 => .string,
+        else => status.fail(error.InvalidArgument, "unknown metadata kind {d}", .{kind}),
+    };
+}
+
+export fn drt_writer_append(w: ?*Writer, count: u64, payloads: ?[*]const u8, payload_offsets: ?[*]const u64, columns: ?[*]const abi.Column) Rc {
+    const writer = w orelse return nullArgument("writer");
+    const offsets = payload_offsets orelse return nullArgument("payload_offsets");
+    const empty: [1]u8 = .{0};
+    const data = payloads orelse &empty;
+    status.clear();
+    const cols = gpa.alloc(WriterColumn, writer.fields.len) catch return fromError(error.OutOfMemory);
+    defer gpa.free(cols);
+    if (writer.fields.len > 0 and columns == null) return nullArgument("columns");
+    for (cols, 0..) |*c, i| {
+        const src = columns.?[i];
+        c.* = .{ .kind = kindFrom(src.kind) catch |err| return fromError(err), .values = src.values, .offsets = src.offsets };
+    }
+    return wrap(writer.append(count, data, offsets, cols.ptr));
+}
+
+export fn drt_writer_sample_count(w: ?*Writer, out: ?*u64) Rc {
+    const writer = w orelse return nullArgument("writer");
+    const o = out orelse return nullArgument("out");
+    o.* = writer.sample_count;
+    return ok();
+}
+
+export fn drt_writer_staging_path(w: ?*Writer, out: ?*abi.Str) Rc {
+    const writer = w orelse return nullArgument("writer");
+    const o = out orelse return nullArgument("out");
+    o.* = abi.Str.from(writer.stagingPath());
+    return ok();
+}
+
+export fn drt_writer_finish(w: ?*Writer) Rc {
+    const writer = w orelse return nullArgument("writer");
+    return wrap(writer.finish());
+}
+
+export fn drt_writer_close(w: ?*Writer) void {
+    if (w) |writer| writer.close();
+}
+
+// ---------------------------------------------------------------- dataset
+
+export fn drt_dataset_open(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: u64, options: ?*const abi.DatasetOptions, out: ?*?*Dataset) Rc {
+    const r = rt orelse return nullArgument("runtime");
+    const o = out orelse return nullArgument("out");
+    const opts = options orelse return nullArgument("options");
+    if (path_count > 0 and paths == null) return nullArgument("paths");
+    status.clear();
+    const slices = gpa.alloc([]const u8, @intCast(path_count)) catch return fromError(error.OutOfMemory);
+    defer gpa.free(slices);
+    for (slices, 0..) |*s, i| s.* = paths.?[i].slice();
+    if (opts.io_backend < abi.io_auto or opts.io_backend > abi.io_threads) {
+        return fromError(status.fail(error.InvalidArgument, "unknown io_backend {d}", .{opts.io_backend}));
+    }
+    o.* = Dataset.open(gpa, r, slices, .{
+        .seed = opts.seed,
+        .prefetch_size = opts.prefetch_size,
+        .shuffle = opts.shuffle != 0,
+        .validate_cache = opts.validate_cache != 0,
+        .io_backend = opts.io_backend,
+    }) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_dataset_close(ds: ?*Dataset) void {
+    if (ds) |d| d.release();
+}
+
+export fn drt_dataset_cache_count(ds: ?*Dataset, out: ?*u64) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    o.* = d.caches.len;
+    return ok();
+}
+
+export fn drt_dataset_field_count(ds: ?*Dataset, out: ?*u64) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    o.* = d.fields.len;
+    return ok();
+}
+
+export fn drt_dataset_io_backend(ds: ?*Dataset, out: ?*i32) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    o.* = d.io_backend;
+    return ok();
+}
+
+export fn drt_dataset_cache_info(ds: ?*Dataset, i: u64, out: ?*abi.CacheInfo) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    if (i >= d.caches.len) return fromError(status.fail(error.InvalidArgument, "cache index {d} is out of range", .{i}));
+    const c = &d.caches[@intCast(i)];
+    const first = c.manifest.shards;
+    o.* = .{
+        .cache_id = c.cache_id,
+        .sample_count = c.sampleCount(),
+        .shard_count = c.manifest.shards.len,
+        .format_version = c.manifest.format_version,
+        .compression = if (first.len > 0) @intFromEnum(first[0].compression) else 0,
+        .compression_ratio = if (first.len > 0) first[0].ratio else 1.0,
+        .source_name = abi.Str.from(c.manifest.source_name),
+        .path = abi.Str.from(c.path),
+    };
+    return ok();
+}
+
+export fn drt_dataset_field(ds: ?*Dataset, i: u64, out: ?*abi.Field) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    if (i >= d.fields.len) return fromError(status.fail(error.InvalidArgument, "field index {d} is out of range", .{i}));
+    const f = d.fields[@intCast(i)];
+    o.* = .{ .name = abi.Str.from(f.name), .kind = @intFromEnum(f.kind), .reserved = 0 };
+    return ok();
+}
+
+export fn drt_dataset_attach_metadata(ds: ?*Dataset, cache_index: u64, row_count: u64, columns: ?[*]const abi.Column) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    if (d.fields.len > 0 and columns == null) return nullArgument("columns");
+    const empty: [0]abi.Column = .{};
+    return wrap(d.attach(cache_index, row_count, columns orelse &empty));
+}
+
+export fn drt_dataset_epoch_len(ds: ?*Dataset, out: ?*u64) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    o.* = d.epochLen();
+    return ok();
+}
+
+export fn drt_dataset_set_epoch_len(ds: ?*Dataset, epoch_len: u64) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    return wrap(d.setEpochLen(epoch_len));
+}
+
+// ---------------------------------------------------------------- reading
+
+export fn drt_iter_open(ds: ?*Dataset, out: ?*?*reader.Iter) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    o.* = reader.Iter.open(d) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_iter_next_batch(it: ?*reader.Iter, max_count: u64, out: ?*abi.Batch) Rc {
+    const iter = it orelse return nullArgument("iter");
+    const o = out orelse return nullArgument("out");
+    return wrap(iter.nextBatch(max_count, o));
+}
+
+export fn drt_iter_close(it: ?*reader.Iter) void {
+    if (it) |iter| iter.close();
+}
+
+export fn drt_lookup_open(ds: ?*Dataset, out: ?*?*reader.Lookup) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    o.* = reader.Lookup.open(d) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_lookup_get(lk: ?*reader.Lookup, count: u64, cache_ids: ?[*]const u64, sample_ids: ?[*]const u64, out: ?*abi.Batch) Rc {
+    const lookup = lk orelse return nullArgument("lookup");
+    const o = out orelse return nullArgument("out");
+    if (count > 0 and (cache_ids == null or sample_ids == null)) return nullArgument("cache_ids and sample_ids");
+    const n: usize = @intCast(count);
+    const empty: [0]u64 = .{};
+    const cids = if (n > 0) cache_ids.?[0..n] else &empty;
+    const sids = if (n > 0) sample_ids.?[0..n] else &empty;
+    return wrap(lookup.get(cids, sids, o));
+}
+
+export fn drt_lookup_close(lk: ?*reader.Lookup) void {
+    if (lk) |lookup| lookup.close();
+}
+
+test {
+    std.testing.refAllDecls(@This());
+    _ = @import("schema.zig");
+    _ = @import("status.zig");
+    _ = @import("abi.zig");
+    _ = @import("manifest.zig");
+    _ = @import("index.zig");
+    _ = @import("shard.zig");
+    _ = @import("runtime.zig");
+    _ = @import("cache.zig");
+    _ = @import("dataset.zig");
+    _ = @import("reader.zig");
+    _ = @import("writer.zig");
+    _ = @import("lz4.zig");
+    _ = @import("metadata_json.zig");
+    _ = @import("sampler.zig");
+    _ = @import("chacha.zig");
+}

@@ -1,0 +1,148 @@
+//! Opening one cache directory: parse `manifest.json`, check the structure the reference
+//! checks at load (exact shard sizes, `metadata.arrow` present, index shape and shard
+//! ids), map `index.bin`, and with `validate_cache` verify every SHA-256 first.
+//!
+//! Check order (it decides which message a multiply-broken cache reports, as in the
+//! reference): manifest → shard sizes → metadata.arrow present → checksums (validate
+//! only) → index length → index row count → shard ids.
+
+const std = @import("std");
+const posix = std.posix;
+const schema = @import("schema.zig");
+const status = @import("status.zig");
+const manifest = @import("manifest.zig");
+const index = @import("index.zig");
+const Sha256 = std.crypto.hash.sha2.Sha256;
+
+pub const Cache = struct {
+    gpa: std.mem.Allocator,
+    /// The path as given by the caller (no trailing slash added or removed).
+    path: []u8,
+    manifest: manifest.Manifest,
+    cache_id: u64,
+    /// Mapped `index.bin` (read-only, private); empty when the cache has no rows.
+    index_map: []align(std.heap.page_size_min) const u8,
+    /// NUL-terminated `<path>/shards/<name>` for every shard.
+    shard_paths: [][:0]u8,
+
+    /// Opens the cache at `path`. `position` is its index in the dataset's path list (the
+    /// cache id of a format-2 manifest).
+    pub fn open(gpa: std.mem.Allocator, path: []const u8, position: u64, validate: bool) status.Error!Cache {
+        const own_path = try gpa.dupe(u8, path);
+        errdefer gpa.free(own_path);
+
+        var dir = std.fs.cwd().openDir(path, .{}) catch |err| switch (err) {
+            error.FileNotFound, error.NotDir => return status.fail(error.InvalidCache, "missing manifest: {s}/manifest.json", .{path}),
+            else => return status.failIo(err, path),
+        };
+        defer dir.close();
+
+        const manifest_path = try std.fmt.allocPrint(gpa, "{s}/manifest.json", .{path});
+        defer gpa.free(manifest_path);
+        const text = dir.readFileAlloc(gpa, "manifest.json", 64 << 20) catch |err| switch (err) {
+            error.FileNotFound => return status.fail(error.InvalidCache, "missing manifest: {s}", .{manifest_path}),
+            error.OutOfMemory => return error.OutOfMemory,
+            error.FileTooBig => return status.fail(error.InvalidCache, "manifest is too large: {s}", .{manifest_path}),
+            else => return status.failIo(err, manifest_path),
+        };
+        defer gpa.free(text);
+        var m = try manifest.parse(gpa, text, manifest_path);
+        errdefer m.deinit();
+
+        const shard_paths = try gpa.alloc([:0]u8, m.shards.len);
+        var made: usize = 0;
+        errdefer {
+            for (shard_paths[0..made]) |p| gpa.free(p);
+            gpa.free(shard_paths);
+        }
+        for (m.shards, shard_paths) |shard, *p| {
+            p.* = try std.fmt.allocPrintSentinel(gpa, "{s}/shards/{s}", .{ path, shard.name }, 0);
+            made += 1;
+        }
+        for (m.shards, shard_paths) |shard, p| {
+            const st = std.fs.cwd().statFile(p) catch |err| return status.failIo(err, p);
+            if (st.size != shard.byte_len) return status.fail(error.InvalidCache, "shard length mismatch for {s}", .{p});
+        }
+        _ = dir.statFile("metadata.arrow") catch |err| {
+            return status.fail(error.Io, "I/O error: {s}: {s}/metadata.arrow", .{ status.describeOsError(err), path });
+        };
+
+        if (validate) {
+            try verifyFile(gpa, dir, "metadata.arrow", path, m.metadata_sha256);
+            try verifyFile(gpa, dir, "index.bin", path, m.index_sha256);
+            for (m.shards, shard_paths) |shard, p| try verifySha(p, shard.sha256);
+        }
+
+        const index_map = try mapIndex(dir, path, m.sample_count, m.shards.len);
+        return .{
+            .gpa = gpa,
+            .path = own_path,
+            .manifest = m,
+            .cache_id = m.cache_id orelse position,
+            .index_map = index_map,
+            .shard_paths = shard_paths,
+        };
+    }
+
+    pub fn close(c: *Cache) void {
+        if (c.index_map.len > 0) posix.munmap(c.index_map);
+        for (c.shard_paths) |p| c.gpa.free(p);
+        c.gpa.free(c.shard_paths);
+        c.manifest.deinit();
+        c.gpa.free(c.path);
+    }
+
+    pub fn sampleCount(c: *const Cache) u64 {
+        return c.manifest.sample_count;
+    }
+
+    pub fn row(c: *const Cache, sample_id: u64) index.Row {
+        return index.get(c.index_map, sample_id);
+    }
+};
+
+fn mapIndex(dir: std.fs.Dir, path: []const u8, sample_count: u64, shard_count: usize) status.Error![]align(std.heap.page_size_min) const u8 {
+    const file = dir.openFile("index.bin", .{}) catch |err| {
+        return status.fail(error.Io, "I/O error: {s}: {s}/index.bin", .{ status.describeOsError(err), path });
+    };
+    defer file.close();
+    const size = (file.stat() catch |err| return status.failIo(err, path)).size;
+    if (size % index.row_bytes != 0) return status.fail(error.InvalidCache, "index length is not divisible by row size", .{});
+    if (size / index.row_bytes != sample_count) return status.fail(error.InvalidCache, "index row count does not match manifest", .{});
+    if (size == 0) return &.{};
+    const map = posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
+    errdefer posix.munmap(map);
+    var i: u64 = 0;
+    while (i < sample_count) : (i += 1) {
+        const shard_id = index.get(map, i).shard_id;
+        if (shard_id >= shard_count) return status.fail(error.InvalidCache, "index references missing shard {d}", .{shard_id});
+    }
+    return map;
+}
+
+fn verifyFile(gpa: std.mem.Allocator, dir: std.fs.Dir, name: []const u8, cache_path: []const u8, expected_hex: []const u8) status.Error!void {
+    const full = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ cache_path, name }, 0);
+    defer gpa.free(full);
+    _ = dir;
+    try verifySha(full, expected_hex);
+}
+
+/// Fails with "checksum mismatch for <path>" unless the file's SHA-256 is `expected_hex`.
+pub fn verifySha(path: [:0]const u8, expected_hex: []const u8) status.Error!void {
+    const digest = try sha256File(path);
+    const actual = std.fmt.bytesToHex(digest, .lower);
+    if (!std.ascii.eqlIgnoreCase(&actual, expected_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}", .{path});
+}
+
+pub fn sha256File(path: [:0]const u8) status.Error![32]u8 {
+    const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
+    defer file.close();
+    var hasher: Sha256 = .init(.{});
+    var buf: [1 << 17]u8 = undefined;
+    while (true) {
+        const n = file.read(&buf) catch |err| return status.failIo(err, path);
+        if (n == 0) break;
+        hasher.update(buf[0..n]);
+    }
+    return hasher.finalResult();
+}

@@ -1,0 +1,258 @@
+//! A dataset: caches opened together in path order, the active table, and the stream
+//! state that iterators take windows from.
+//!
+//! Invariants:
+//! - `caches`, `fields`, `prefix` and `ids` never change after open.
+//! - The active table is immutable and reference counted; replacing it swaps a pointer
+//!   under `mutex`, and iterators keep the snapshot they took on open.
+//! - `position` counts stream positions (the ordered cursor or the draw counter). Every
+//!   iterator reserves `[position, position + epoch_len)` on open; `set_epoch_len` does
+//!   not move it and replacing the table resets it to 0.
+
+const std = @import("std");
+const schema = @import("schema.zig");
+const status = @import("status.zig");
+const abi = @import("abi.zig");
+const sampler = @import("sampler.zig");
+const Cache = @import("cache.zig").Cache;
+const runtime_mod = @import("runtime.zig");
+const Runtime = runtime_mod.Runtime;
+
+pub const Options = struct {
+    seed: u64,
+    prefetch_size: u64,
+    shuffle: bool,
+    validate_cache: bool,
+    io_backend: i32,
+};
+
+/// A physical sample: cache position in the path list and sample id within it.
+pub const Loc = struct {
+    cache: u32,
+    sample_id: u64,
+};
+
+/// The active rows that iterators sample from. `cache`/`sample_id` empty means "every
+/// physical sample in path order" (the table a dataset starts with). `weights` null
+/// means the uniform draw mode of the reference (before any update_metadata).
+pub const Table = struct {
+    gpa: std.mem.Allocator,
+    refs: std.atomic.Value(u32) = .init(1),
+    len: u64,
+    cache: []u32 = &.{},
+    sample_id: []u64 = &.{},
+    weights: ?sampler.WeightedTable = null,
+
+    pub fn retain(t: *Table) *Table {
+        _ = t.refs.fetchAdd(1, .monotonic);
+        return t;
+    }
+
+    pub fn release(t: *Table) void {
+        if (t.refs.fetchSub(1, .acq_rel) != 1) return;
+        const gpa = t.gpa;
+        gpa.free(t.cache);
+        gpa.free(t.sample_id);
+        if (t.weights) |*w| w.deinit(gpa);
+        gpa.destroy(t);
+    }
+};
+
+/// Columns of one cache's metadata.arrow, borrowed from the caller (see
+/// drt_dataset_attach_metadata).
+pub const Attached = struct {
+    row_count: u64,
+    columns: []abi.Column,
+};
+
+pub const Dataset = struct {
+    gpa: std.mem.Allocator,
+    runtime: *Runtime,
+    refs: std.atomic.Value(u32) = .init(1),
+    options: Options,
+    io_backend: i32,
+    caches: []Cache,
+    fields: []const schema.Field,
+    /// prefix[i] = samples in caches before i; prefix[caches.len] = total.
+    prefix: []u64,
+    ids: std.AutoHashMapUnmanaged(u64, u32) = .empty,
+    attached: []?Attached,
+
+    mutex: std.Thread.Mutex = .{},
+    position: u64 = 0,
+    epoch_len: u64,
+    table: *Table,
+
+    pub fn open(gpa: std.mem.Allocator, rt: *Runtime, paths: []const []const u8, options: Options) status.Error!*Dataset {
+        try rt.checkPid();
+        if (paths.len == 0) return status.fail(error.InvalidArgument, "CachedDataset requires at least one cache path", .{});
+        if (options.prefetch_size == 0) return status.fail(error.InvalidArgument, "prefetch_size must be greater than zero", .{});
+        if (paths.len > std.math.maxInt(u32)) return status.fail(error.InvalidArgument, "too many cache paths", .{});
+
+        const caches = try gpa.alloc(Cache, paths.len);
+        var opened: usize = 0;
+        errdefer {
+            for (caches[0..opened]) |*c| c.close();
+            gpa.free(caches);
+        }
+        var ids: std.AutoHashMapUnmanaged(u64, u32) = .empty;
+        errdefer ids.deinit(gpa);
+        try ids.ensureTotalCapacity(gpa, @intCast(paths.len));
+        for (paths, 0..) |p, i| {
+            caches[i] = try Cache.open(gpa, p, i, options.validate_cache);
+            opened += 1;
+            const entry = ids.getOrPutAssumeCapacity(caches[i].cache_id);
+            if (entry.found_existing) return status.fail(error.InvalidCache, "duplicate cache_id {d}", .{caches[i].cache_id});
+            entry.value_ptr.* = @intCast(i);
+            if (i > 0 and !sameSchema(caches[0].manifest.fields, caches[i].manifest.fields)) {
+                return status.fail(error.InvalidCache, "all caches must share the same metadata schema", .{});
+            }
+        }
+        const prefix = try gpa.alloc(u64, paths.len + 1);
+        errdefer gpa.free(prefix);
+        prefix[0] = 0;
+        for (caches, 0..) |*c, i| {
+            prefix[i + 1] = std.math.add(u64, prefix[i], c.sampleCount()) catch
+                return status.fail(error.Overflow, "dataset has too many samples", .{});
+        }
+        if (prefix[paths.len] == 0) return status.fail(error.InvalidCache, "dataset contains no physical samples", .{});
+
+        const attached = try gpa.alloc(?Attached, paths.len);
+        errdefer gpa.free(attached);
+        @memset(attached, null);
+
+        const table = try gpa.create(Table);
+        errdefer gpa.destroy(table);
+        table.* = .{ .gpa = gpa, .len = prefix[paths.len] };
+
+        const ds = try gpa.create(Dataset);
+        ds.* = .{
+            .gpa = gpa,
+            .runtime = rt.retain(),
+            .options = options,
+            .io_backend = abi.io_threads,
+            .caches = caches,
+            .fields = caches[0].manifest.fields,
+            .prefix = prefix,
+            .ids = ids,
+            .attached = attached,
+            .epoch_len = prefix[paths.len],
+            .table = table,
+        };
+        return ds;
+    }
+
+    fn sameSchema(a: []const schema.Field, b: []const schema.Field) bool {
+        if (a.len != b.len) return false;
+        for (a, b) |x, y| {
+            if (x.kind != y.kind or !std.mem.eql(u8, x.name, y.name)) return false;
+        }
+        return true;
+    }
+
+    pub fn retain(ds: *Dataset) *Dataset {
+        _ = ds.refs.fetchAdd(1, .monotonic);
+        return ds;
+    }
+
+    pub fn release(ds: *Dataset) void {
+        if (ds.refs.fetchSub(1, .acq_rel) != 1) return;
+        if (ds.runtime.checkPid()) |_| {} else |_| return; // forked child: leak, never touch
+        const gpa = ds.gpa;
+        ds.table.release();
+        for (ds.attached) |maybe| if (maybe) |a| gpa.free(a.columns);
+        gpa.free(ds.attached);
+        for (ds.caches) |*c| c.close();
+        gpa.free(ds.caches);
+        gpa.free(ds.prefix);
+        ds.ids.deinit(gpa);
+        ds.runtime.release();
+        gpa.destroy(ds);
+    }
+
+    pub fn total(ds: *const Dataset) u64 {
+        return ds.prefix[ds.caches.len];
+    }
+
+    /// Physical sample number `flat` (< total) in path order.
+    pub fn physical(ds: *const Dataset, flat: u64) Loc {
+        // upperBound over prefix[1..]: the first cache whose end is beyond flat.
+        var lo: usize = 0;
+        var hi: usize = ds.caches.len;
+        while (lo < hi) {
+            const mid = lo + (hi - lo) / 2;
+            if (ds.prefix[mid + 1] <= flat) lo = mid + 1 else hi = mid;
+        }
+        return .{ .cache = @intCast(lo), .sample_id = flat - ds.prefix[lo] };
+    }
+
+    /// The physical sample at stream position `p` of a window over `table`.
+    pub fn locate(ds: *const Dataset, table: *const Table, p: u64) Loc {
+        const row: u64 = if (!ds.options.shuffle)
+            p % table.len
+        else if (table.weights) |*w|
+            w.draw(ds.options.seed, p)
+        else
+            return ds.physical(sampler.uniformDraw(ds.options.seed, p, ds.total()));
+        if (table.cache.len == 0) return ds.physical(row);
+        return .{ .cache = table.cache[@intCast(row)], .sample_id = table.sample_id[@intCast(row)] };
+    }
+
+    /// The cache position for `cache_id`, or error.Index with the reference's message.
+    pub fn cacheIndex(ds: *const Dataset, cache_id: u64) status.Error!u32 {
+        return ds.ids.get(cache_id) orelse status.fail(error.Index, "cache_id {d} is out of range", .{cache_id});
+    }
+
+    pub fn locFor(ds: *const Dataset, cache_id: u64, sample_id: u64) status.Error!Loc {
+        const ci = try ds.cacheIndex(cache_id);
+        if (sample_id >= ds.caches[ci].sampleCount()) {
+            return status.fail(error.Index, "sample_id {d} is out of range for cache_id {d}", .{ sample_id, cache_id });
+        }
+        return .{ .cache = ci, .sample_id = sample_id };
+    }
+
+    /// Reserves the next window: returns its start, length and a retained table snapshot.
+    pub fn reserveWindow(ds: *Dataset) struct { start: u64, len: u64, table: *Table } {
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        const start = ds.position;
+        ds.position +%= ds.epoch_len;
+        return .{ .start = start, .len = ds.epoch_len, .table = ds.table.retain() };
+    }
+
+    pub fn epochLen(ds: *Dataset) u64 {
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        return ds.epoch_len;
+    }
+
+    pub fn setEpochLen(ds: *Dataset, n: u64) status.Error!void {
+        if (n == 0) return status.fail(error.InvalidArgument, "epoch_len must be at least 1", .{});
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        ds.epoch_len = n;
+    }
+
+    /// Attaches one cache's metadata columns (see drt_dataset_attach_metadata).
+    pub fn attach(ds: *Dataset, cache_index: u64, row_count: u64, columns: [*]const abi.Column) status.Error!void {
+        if (cache_index >= ds.caches.len) return status.fail(error.InvalidArgument, "cache index {d} is out of range", .{cache_index});
+        const c = &ds.caches[@intCast(cache_index)];
+        if (row_count != c.sampleCount()) return status.fail(error.InvalidCache, "metadata row count does not match manifest", .{});
+        for (ds.fields, 0..) |f, i| {
+            if (columns[i].kind != @intFromEnum(f.kind)) return status.fail(error.InvalidCache, "metadata '{s}' is not {s}", .{ f.name, f.kind.name() });
+            if (columns[i].values == null and row_count > 0) return status.fail(error.InvalidArgument, "column {d} has no values", .{i});
+            if (f.kind == .string and columns[i].offsets == null) return status.fail(error.InvalidArgument, "string column {d} has no offsets", .{i});
+        }
+        const copy = try ds.gpa.dupe(abi.Column, columns[0..ds.fields.len]);
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        if (ds.attached[@intCast(cache_index)]) |old| ds.gpa.free(old.columns);
+        ds.attached[@intCast(cache_index)] = .{ .row_count = row_count, .columns = copy };
+    }
+
+    pub fn attachedFor(ds: *Dataset, cache_index: u32) ?Attached {
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        return ds.attached[cache_index];
+    }
+};

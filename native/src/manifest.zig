@@ -1,0 +1,403 @@
+//! `manifest.json`: parsing (format 2 and 3) and writing (format 3), byte-compatible with
+//! dataset-rt 0.4.8 (serde_json pretty output: 2-space indent, fields in a fixed order,
+//! no trailing newline). The manifest is a cache's publication marker: it is written last
+//! and a directory without one is not a cache.
+//!
+//! Parsing is strict where the reference is strict (duplicate keys, field types, known
+//! compression algorithms, format 2 or 3) and ignores unknown keys. Every name that becomes
+//! a file path (shard names) must be a plain path segment, so a crafted manifest cannot
+//! make a reader open files outside its cache.
+
+const std = @import("std");
+const schema = @import("schema.zig");
+const status = @import("status.zig");
+const metadata_json = @import("metadata_json.zig");
+
+pub const Compression = enum(i32) {
+    none = 0,
+    lz4 = 1,
+
+    pub fn name(c: Compression) []const u8 {
+        return switch (c) {
+            .none => "none",
+            .lz4 => "lz4",
+        };
+    }
+};
+
+pub const Shard = struct {
+    name: []const u8,
+    uncompressed_byte_len: u64,
+    byte_len: u64,
+    compression: Compression,
+    ratio: f64,
+    sha256: []const u8,
+};
+
+/// A parsed manifest. All slices live in `arena`.
+pub const Manifest = struct {
+    arena: std.heap.ArenaAllocator,
+    format_version: u32,
+    /// Stored id (format 3); null for format 2, whose id is the position in the path list.
+    cache_id: ?u64,
+    source_name: []const u8,
+    sample_count: u64,
+    fields: []const schema.Field,
+    metadata_sha256: []const u8,
+    index_sha256: []const u8,
+    shards: []const Shard,
+
+    pub fn deinit(self: *Manifest) void {
+        self.arena.deinit();
+    }
+};
+
+/// The reference's cache id: the first 8 bytes of SHA-256(name), big-endian, top bit cleared.
+pub fn cacheIdForName(source_name: []const u8) u64 {
+    var digest: [32]u8 = undefined;
+    std.crypto.hash.sha2.Sha256.hash(source_name, &digest, .{});
+    return std.mem.readInt(u64, digest[0..8], .big) & 0x7FFF_FFFF_FFFF_FFFF;
+}
+
+/// True for a name usable as one path component.
+pub fn isPlainSegment(name: []const u8) bool {
+    if (name.len == 0) return false;
+    if (std.mem.eql(u8, name, ".") or std.mem.eql(u8, name, "..")) return false;
+    return std.mem.indexOfAny(u8, name, "/\\\x00") == null;
+}
+
+/// Parses manifest bytes. `path` names the file in error messages.
+/// Errors: error.Json ("JSON error: ...") for syntax, types and unknown versions;
+/// error.InvalidCache for values that are well-typed but unusable.
+pub fn parse(gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!Manifest {
+    var arena = std.heap.ArenaAllocator.init(gpa);
+    errdefer arena.deinit();
+    const a = arena.allocator();
+
+    var scanner = std.json.Scanner.initCompleteInput(a, bytes);
+    var diagnostics: std.json.Diagnostics = .{};
+    scanner.enableDiagnostics(&diagnostics);
+    const root = std.json.parseFromTokenSourceLeaky(std.json.Value, a, &scanner, .{
+        .duplicate_field_behavior = .@"error",
+        .parse_numbers = false,
+    }) catch |err| {
+        const what: []const u8 = switch (err) {
+            error.OutOfMemory => return error.OutOfMemory,
+            error.DuplicateField => "duplicate manifest field",
+            error.UnexpectedEndOfInput => "EOF while parsing a value",
+            else => "invalid JSON syntax",
+        };
+        return status.fail(error.Json, "JSON error: {s} at line {d} column {d} in {s}", .{
+            what, diagnostics.getLine(), diagnostics.getColumn(), path,
+        });
+    };
+    const object = switch (root) {
+        .object => |o| o,
+        else => |v| return status.fail(error.Json, "JSON error: invalid type: {s}, expected a manifest object with unique field names at line 1 column 1 in {s}", .{ typeName(v), path }),
+    };
+
+    const version_value = object.get("format_version") orelse
+        return status.fail(error.Json, "JSON error: missing field `format_version` in {s}", .{path});
+    const version = switch (version_value) {
+        .number_string => |s| std.fmt.parseInt(i64, s, 10) catch
+            return status.fail(error.Json, "JSON error: manifest requires integer format_version in {s}", .{path}),
+        else => return status.fail(error.Json, "JSON error: manifest requires integer format_version in {s}", .{path}),
+    };
+    if (version != 2 and version != 3) {
+        return status.fail(error.Json, "JSON error: unsupported format version {d} in {s}", .{ version, path });
+    }
+
+    var cache_id: ?u64 = null;
+    if (version == 3) {
+        const id_value = object.get("cache_id") orelse
+            return status.fail(error.Json, "JSON error: missing field `cache_id` in {s}", .{path});
+        cache_id = try getU64(id_value, "cache_id", path);
+    }
+
+    const source_name = try getString(try require(object, "source_name", path), "source_name", path);
+    const sample_count = try getU64(try require(object, "sample_count", path), "sample_count", path);
+
+    const schema_items = try getArray(try require(object, "metadata_schema", path), "metadata_schema", path);
+    const fields = try a.alloc(schema.Field, schema_items.len);
+    for (schema_items, fields) |item, *field| {
+        const entry = try getObject(item, "metadata_schema entry", path);
+        const kind_text = try getString(try require(entry, "kind", path), "kind", path);
+        field.* = .{
+            .name = try getString(try require(entry, "name", path), "name", path),
+            .kind = schema.Kind.fromName(kind_text) orelse
+                return status.fail(error.Json, "JSON error: unknown variant `{s}`, expected one of `bool`, `int`, `float`, `string` in {s}", .{ kind_text, path }),
+        };
+    }
+
+    const metadata_sha256 = try getString(try require(object, "metadata_sha256", path), "metadata_sha256", path);
+    const index_sha256 = try getString(try require(object, "index_sha256", path), "index_sha256", path);
+
+    const shard_items = try getArray(try require(object, "shards", path), "shards", path);
+    const shards = try a.alloc(Shard, shard_items.len);
+    for (shard_items, shards) |item, *shard| {
+        const entry = try getObject(item, "shard entry", path);
+        const compression_entry = try getObject(try require(entry, "compression", path), "compression", path);
+        const algo = try getString(try require(compression_entry, "algo", path), "algo", path);
+        const compression: Compression = if (std.mem.eql(u8, algo, "none"))
+            .none
+        else if (std.mem.eql(u8, algo, "lz4"))
+            .lz4
+        else
+            return status.fail(error.Json, "JSON error: unknown variant `{s}`, expected `none` or `lz4` in {s}", .{ algo, path });
+        shard.* = .{
+            .name = try getString(try require(entry, "name", path), "name", path),
+            .uncompressed_byte_len = try getU64(try require(entry, "uncompressed_byte_len", path), "uncompressed_byte_len", path),
+            .byte_len = try getU64(try require(entry, "byte_len", path), "byte_len", path),
+            .compression = compression,
+            .ratio = try getF64(try require(compression_entry, "ratio", path), "ratio", path),
+            .sha256 = try getString(try require(entry, "sha256", path), "sha256", path),
+        };
+        if (!isPlainSegment(shard.name)) {
+            return status.fail(error.InvalidCache, "invalid shard name in {s}: shard names must be plain file names", .{path});
+        }
+    }
+
+    return .{
+        .arena = arena,
+        .format_version = @intCast(version),
+        .cache_id = cache_id,
+        .source_name = source_name,
+        .sample_count = sample_count,
+        .fields = fields,
+        .metadata_sha256 = metadata_sha256,
+        .index_sha256 = index_sha256,
+        .shards = shards,
+    };
+}
+
+fn typeName(v: std.json.Value) []const u8 {
+    return switch (v) {
+        .null => "null",
+        .bool => "boolean",
+        .integer, .float, .number_string => "number",
+        .string => "string",
+        .array => "sequence",
+        .object => "map",
+    };
+}
+
+fn require(object: std.json.ObjectMap, comptime key: []const u8, path: []const u8) status.Error!std.json.Value {
+    return object.get(key) orelse status.fail(error.Json, "JSON error: missing field `" ++ key ++ "` in {s}", .{path});
+}
+
+fn getU64(v: std.json.Value, comptime what: []const u8, path: []const u8) status.Error!u64 {
+    switch (v) {
+        .number_string => |s| return std.fmt.parseInt(u64, s, 10) catch
+            status.fail(error.Json, "JSON error: invalid value: {s}, expected u64 for `" ++ what ++ "` in {s}", .{ s, path }),
+        .string => |s| return status.fail(error.Json, "JSON error: invalid type: string \"{s}\", expected u64 for `" ++ what ++ "` in {s}", .{ s, path }),
+        else => return status.fail(error.Json, "JSON error: invalid type: {s}, expected u64 for `" ++ what ++ "` in {s}", .{ typeName(v), path }),
+    }
+}
+
+fn getF64(v: std.json.Value, comptime what: []const u8, path: []const u8) status.Error!f64 {
+    switch (v) {
+        .number_string => |s| return std.fmt.parseFloat(f64, s) catch
+            status.fail(error.Json, "JSON error: invalid number {s} for `" ++ what ++ "` in {s}", .{ s, path }),
+        else => return status.fail(error.Json, "JSON error: invalid type: {s}, expected f64 for `" ++ what ++ "` in {s}", .{ typeName(v), path }),
+    }
+}
+
+fn getString(v: std.json.Value, comptime what: []const u8, path: []const u8) status.Error![]const u8 {
+    return switch (v) {
+        .string => |s| s,
+        else => status.fail(error.Json, "JSON error: invalid type: {s}, expected a string for `" ++ what ++ "` in {s}", .{ typeName(v), path }),
+    };
+}
+
+fn getArray(v: std.json.Value, comptime what: []const u8, path: []const u8) status.Error![]const std.json.Value {
+    return switch (v) {
+        .array => |arr| arr.items,
+        else => status.fail(error.Json, "JSON error: invalid type: {s}, expected a sequence for `" ++ what ++ "` in {s}", .{ typeName(v), path }),
+    };
+}
+
+fn getObject(v: std.json.Value, comptime what: []const u8, path: []const u8) status.Error!std.json.ObjectMap {
+    return switch (v) {
+        .object => |o| o,
+        else => status.fail(error.Json, "JSON error: invalid type: {s}, expected a map for `" ++ what ++ "` in {s}", .{ typeName(v), path }),
+    };
+}
+
+/// What the writer knows when it publishes a cache.
+pub const WriteInfo = struct {
+    source_name: []const u8,
+    sample_count: u64,
+    fields: []const schema.Field,
+    metadata_sha256: [32]u8,
+    index_sha256: [32]u8,
+    shards: []const WriteShard,
+    compression: Compression,
+    ratio: f64,
+};
+
+pub const WriteShard = struct {
+    uncompressed_byte_len: u64,
+    byte_len: u64,
+    sha256: [32]u8,
+};
+
+/// Shard file name for shard `id` ("000000.bin"; wider ids keep all their digits).
+pub fn shardName(buf: *[32]u8, id: u64) []const u8 {
+    return std.fmt.bufPrint(buf, "{d:0>6}.bin", .{id}) catch unreachable;
+}
+
+/// Appends a format-3 manifest, formatted exactly as dataset-rt 0.4.8 writes it.
+pub fn write(gpa: std.mem.Allocator, out: *std.ArrayList(u8), info: WriteInfo) error{OutOfMemory}!void {
+    const hex = std.fmt.bytesToHex;
+    try out.print(gpa, "{{\n  \"format_version\": 3,\n  \"cache_id\": {d},\n  \"source_name\": ", .{cacheIdForName(info.source_name)});
+    try metadata_json.appendString(gpa, out, info.source_name);
+    try out.print(gpa, ",\n  \"sample_count\": {d},\n  \"metadata_schema\": ", .{info.sample_count});
+    if (info.fields.len == 0) {
+        try out.appendSlice(gpa, "[]");
+    } else {
+        try out.appendSlice(gpa, "[\n");
+        for (info.fields, 0..) |field, i| {
+            try out.appendSlice(gpa, "    {\n      \"name\": ");
+            try metadata_json.appendString(gpa, out, field.name);
+            try out.print(gpa, ",\n      \"kind\": \"{s}\"\n    }}", .{field.kind.name()});
+            try out.appendSlice(gpa, if (i + 1 < info.fields.len) ",\n" else "\n");
+        }
+        try out.appendSlice(gpa, "  ]");
+    }
+    try out.print(gpa, ",\n  \"metadata_sha256\": \"{s}\",\n  \"index_sha256\": \"{s}\",\n  \"shards\": ", .{
+        hex(info.metadata_sha256, .lower), hex(info.index_sha256, .lower),
+    });
+    if (info.shards.len == 0) {
+        try out.appendSlice(gpa, "[]");
+    } else {
+        try out.appendSlice(gpa, "[\n");
+        for (info.shards, 0..) |shard, i| {
+            var name_buf: [32]u8 = undefined;
+            try out.print(gpa, "    {{\n      \"name\": \"{s}\",\n      \"uncompressed_byte_len\": {d},\n      \"byte_len\": {d},\n      \"compression\": {{\n        \"algo\": \"{s}\",\n        \"ratio\": ", .{
+                shardName(&name_buf, i), shard.uncompressed_byte_len, shard.byte_len, info.compression.name(),
+            });
+            try metadata_json.appendFloat(gpa, out, info.ratio);
+            try out.print(gpa, "\n      }},\n      \"sha256\": \"{s}\"\n    }}", .{hex(shard.sha256, .lower)});
+            try out.appendSlice(gpa, if (i + 1 < info.shards.len) ",\n" else "\n");
+        }
+        try out.appendSlice(gpa, "  ]");
+    }
+    try out.appendSlice(gpa, "\n}");
+}
+
+const testing = std.testing;
+
+test "cache id of src_a matches the reference" {
+    try testing.expectEqual(@as(u64, 3522294956285888260), cacheIdForName("src_a"));
+}
+
+const fixture_manifest =
+    \\{
+    \\  "format_version": 3,
+    \\  "cache_id": 4233350989699285984,
+    \\  "source_name": "plain_one_shard",
+    \\  "sample_count": 120,
+    \\  "metadata_schema": [
+    \\    {
+    \\      "name": "flag",
+    \\      "kind": "bool"
+    \\    },
+    \\    {
+    \\      "name": "label",
+    \\      "kind": "int"
+    \\    },
+    \\    {
+    \\      "name": "name",
+    \\      "kind": "string"
+    \\    },
+    \\    {
+    \\      "name": "score",
+    \\      "kind": "float"
+    \\    }
+    \\  ],
+    \\  "metadata_sha256": "a453ca5cc2ad343330651fd62e83a48303524f7e33cf2f9e8d5bfe7ab33a9b3f",
+    \\  "index_sha256": "59b5eff6df1b27e68ea43cb3483b65b7b10c3de22d5920e6a9f7a169b3e32ce8",
+    \\  "shards": [
+    \\    {
+    \\      "name": "000000.bin",
+    \\      "uncompressed_byte_len": 30168,
+    \\      "byte_len": 39428,
+    \\      "compression": {
+    \\        "algo": "none",
+    \\        "ratio": 1.0
+    \\      },
+    \\      "sha256": "546fb049d7ac8fae2358c1a758391091d5ca0237f446809a5efdf5ba342d0c8d"
+    \\    }
+    \\  ]
+    \\}
+;
+
+test "parse and rewrite the reference manifest byte for byte" {
+    var m = try parse(testing.allocator, fixture_manifest, "m.json");
+    defer m.deinit();
+    try testing.expectEqual(@as(u32, 3), m.format_version);
+    try testing.expectEqual(@as(?u64, 4233350989699285984), m.cache_id);
+    try testing.expectEqual(cacheIdForName("plain_one_shard"), m.cache_id.?);
+    try testing.expectEqual(@as(usize, 4), m.fields.len);
+    try testing.expectEqual(schema.Kind.string, m.fields[2].kind);
+
+    var info: WriteInfo = .{
+        .source_name = m.source_name,
+        .sample_count = m.sample_count,
+        .fields = m.fields,
+        .metadata_sha256 = undefined,
+        .index_sha256 = undefined,
+        .shards = &.{.{ .uncompressed_byte_len = 30168, .byte_len = 39428, .sha256 = undefined }},
+        .compression = .none,
+        .ratio = 1.0,
+    };
+    _ = try std.fmt.hexToBytes(&info.metadata_sha256, m.metadata_sha256);
+    _ = try std.fmt.hexToBytes(&info.index_sha256, m.index_sha256);
+    var shard_sha: [32]u8 = undefined;
+    _ = try std.fmt.hexToBytes(&shard_sha, m.shards[0].sha256);
+    info.shards = &.{.{ .uncompressed_byte_len = 30168, .byte_len = 39428, .sha256 = shard_sha }};
+    var out: std.ArrayList(u8) = .empty;
+    defer out.deinit(testing.allocator);
+    try write(testing.allocator, &out, info);
+    try testing.expectEqualStrings(fixture_manifest, out.items);
+}
+
+test "manifest errors" {
+    const cases = [_]struct { text: []const u8, err: status.Error, prefix: []const u8 }{
+        .{ .text = "", .err = error.Json, .prefix = "JSON error: EOF while parsing a value" },
+        .{ .text = "{x", .err = error.Json, .prefix = "JSON error: invalid JSON syntax" },
+        .{ .text = "[]", .err = error.Json, .prefix = "JSON error: invalid type: sequence, expected a manifest object" },
+        .{ .text = "{\"format_version\": 4}", .err = error.Json, .prefix = "JSON error: unsupported format version 4" },
+        .{ .text = "{\"format_version\": \"3\"}", .err = error.Json, .prefix = "JSON error: manifest requires integer format_version" },
+        .{ .text = "{\"format_version\": 3, \"format_version\": 3}", .err = error.Json, .prefix = "JSON error: duplicate manifest field" },
+        .{ .text = "{\"format_version\": 3}", .err = error.Json, .prefix = "JSON error: missing field `cache_id`" },
+        .{ .text = "{\"format_version\": 3, \"cache_id\": \"5\"}", .err = error.Json, .prefix = "JSON error: invalid type: string \"5\", expected u64" },
+        .{ .text = "{\"format_version\": 3, \"cache_id\": -1}", .err = error.Json, .prefix = "JSON error: invalid value: -1, expected u64" },
+    };
+    for (cases) |case| {
+        try testing.expectError(case.err, parse(testing.allocator, case.text, "m.json"));
+        try testing.expect(std.mem.startsWith(u8, status.lastMessage(), case.prefix));
+    }
+    const bad_algo = try std.mem.replaceOwned(u8, testing.allocator, fixture_manifest, "\"none\"", "\"zstd\"");
+    defer testing.allocator.free(bad_algo);
+    try testing.expectError(error.Json, parse(testing.allocator, bad_algo, "m.json"));
+    try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "JSON error: unknown variant `zstd`, expected `none` or `lz4`"));
+    const escape = try std.mem.replaceOwned(u8, testing.allocator, fixture_manifest, "000000.bin", "../x.bin");
+    defer testing.allocator.free(escape);
+    try testing.expectError(error.InvalidCache, parse(testing.allocator, escape, "m.json"));
+}
+
+test "format 2 has no cache id and unknown keys are ignored" {
+    const v2 = try std.mem.replaceOwned(u8, testing.allocator, fixture_manifest, "\"format_version\": 3", "\"format_version\": 2, \"extra\": [1, {}]");
+    defer testing.allocator.free(v2);
+    var m = try parse(testing.allocator, v2, "m.json");
+    defer m.deinit();
+    try testing.expectEqual(@as(?u64, null), m.cache_id);
+}
+
+test "shard names" {
+    var buf: [32]u8 = undefined;
+    try testing.expectEqualStrings("000000.bin", shardName(&buf, 0));
+    try testing.expectEqualStrings("000012.bin", shardName(&buf, 12));
+    try testing.expectEqualStrings("1234567.bin", shardName(&buf, 1234567));
+}

@@ -1,0 +1,143 @@
+//! The runtime: a fixed pool of exactly `num_workers` threads, started when the runtime
+//! opens, shared by every dataset and writer opened from it. Work arrives as intrusive
+//! `Job` nodes owned by the submitter, so the pool itself never allocates after start and
+//! its queue can never hold more jobs than submitters have bounded themselves to.
+//!
+//! Lifetime is reference counted: the C handle holds one reference and every dataset and
+//! writer holds one, so the threads stop only when the last user is gone. Handles record
+//! the process id that created them; a forked child gets `error.Forked` instead of
+//! waiting forever on threads that do not exist in it.
+
+const std = @import("std");
+const status = @import("status.zig");
+
+pub const Job = struct {
+    run: *const fn (job: *Job) void,
+    next: ?*Job = null,
+};
+
+pub const Pool = struct {
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
+    head: ?*Job = null,
+    tail: ?*Job = null,
+    stopping: bool = false,
+    threads: []std.Thread = &.{},
+
+    fn start(pool: *Pool, gpa: std.mem.Allocator, count: usize) status.Error!void {
+        pool.threads = try gpa.alloc(std.Thread, count);
+        var started: usize = 0;
+        errdefer {
+            pool.stopAndJoin(pool.threads[0..started]);
+            gpa.free(pool.threads);
+        }
+        while (started < count) : (started += 1) {
+            pool.threads[started] = std.Thread.spawn(.{ .stack_size = 1 << 20 }, worker, .{pool}) catch
+                return status.fail(error.Internal, "failed to start worker thread", .{});
+            pool.threads[started].setName("dataset-rt-work") catch {};
+        }
+    }
+
+    fn stopAndJoin(pool: *Pool, threads: []std.Thread) void {
+        pool.mutex.lock();
+        pool.stopping = true;
+        pool.cond.broadcast();
+        pool.mutex.unlock();
+        for (threads) |t| t.join();
+    }
+
+    /// Queues `job` to run once on some worker. The job memory must stay valid until its
+    /// `run` has returned; `run` must not block on other jobs of the same pool.
+    pub fn submit(pool: *Pool, job: *Job) void {
+        job.next = null;
+        pool.mutex.lock();
+        defer pool.mutex.unlock();
+        if (pool.tail) |tail| tail.next = job else pool.head = job;
+        pool.tail = job;
+        pool.cond.signal();
+    }
+
+    fn worker(pool: *Pool) void {
+        while (true) {
+            pool.mutex.lock();
+            while (pool.head == null and !pool.stopping) pool.cond.wait(&pool.mutex);
+            const job = pool.head orelse {
+                pool.mutex.unlock();
+                return;
+            };
+            pool.head = job.next;
+            if (pool.head == null) pool.tail = null;
+            pool.mutex.unlock();
+            job.run(job);
+        }
+    }
+};
+
+pub const Runtime = struct {
+    gpa: std.mem.Allocator,
+    num_workers: usize,
+    pool: Pool = .{},
+    refs: std.atomic.Value(u32) = .init(1),
+    pid: std.posix.pid_t,
+
+    /// Starts the pool. Postcondition: exactly num_workers threads are running.
+    pub fn open(gpa: std.mem.Allocator, num_workers: u64) status.Error!*Runtime {
+        if (num_workers == 0) return status.fail(error.InvalidArgument, "num_workers must be greater than zero", .{});
+        if (num_workers > 4096) return status.fail(error.InvalidArgument, "num_workers must be at most 4096", .{});
+        const rt = try gpa.create(Runtime);
+        errdefer gpa.destroy(rt);
+        rt.* = .{ .gpa = gpa, .num_workers = @intCast(num_workers), .pid = currentPid() };
+        try rt.pool.start(gpa, rt.num_workers);
+        return rt;
+    }
+
+    pub fn retain(rt: *Runtime) *Runtime {
+        _ = rt.refs.fetchAdd(1, .monotonic);
+        return rt;
+    }
+
+    /// Drops one reference; the last one stops and joins the workers. In a forked child
+    /// the threads do not exist, so nothing is joined or freed there.
+    pub fn release(rt: *Runtime) void {
+        if (rt.refs.fetchSub(1, .acq_rel) != 1) return;
+        if (rt.pid != currentPid()) return;
+        rt.pool.stopAndJoin(rt.pool.threads);
+        rt.gpa.free(rt.pool.threads);
+        rt.gpa.destroy(rt);
+    }
+
+    /// error.Forked when called in a process other than the one that opened the runtime.
+    pub fn checkPid(rt: *const Runtime) status.Error!void {
+        if (rt.pid != currentPid()) return forkedError();
+    }
+};
+
+pub fn forkedError() status.Error {
+    return status.fail(error.Forked, "dataset_rt objects cannot be used in a forked child process; create the runtime and dataset in the child", .{});
+}
+
+pub fn currentPid() std.posix.pid_t {
+    return std.os.linux.getpid();
+}
+
+test "pool runs every job" {
+    const Counter = struct {
+        job: Job = .{ .run = run },
+        hits: *std.atomic.Value(u32),
+        fn run(job: *Job) void {
+            const self: *@This() = @fieldParentPtr("job", job);
+            _ = self.hits.fetchAdd(1, .monotonic);
+        }
+    };
+    const rt = try Runtime.open(std.testing.allocator, 3);
+    var hits = std.atomic.Value(u32).init(0);
+    var jobs: [100]Counter = undefined;
+    for (&jobs) |*j| {
+        j.* = .{ .hits = &hits };
+        rt.pool.submit(&j.job);
+    }
+    while (hits.load(.monotonic) < jobs.len) std.Thread.yield() catch {};
+    rt.release();
+    try std.testing.expectEqual(@as(u32, 100), hits.load(.monotonic));
+    try std.testing.expectError(error.InvalidArgument, Runtime.open(std.testing.allocator, 0));
+}

@@ -1,0 +1,39 @@
+//! Shard records: `json_len: u64 LE`, the sample's metadata as compact JSON, then the
+//! stored payload (raw, or for lz4 a u32 LE raw length followed by one LZ4 block).
+//! Shards are plain concatenations of records; index.bin says where each one starts.
+
+const std = @import("std");
+const status = @import("status.zig");
+
+pub const header_bytes = 8;
+
+/// The parts of one record image.
+pub const Record = struct {
+    json: []const u8,
+    stored_payload: []const u8,
+    /// Offset of the stored payload within the record image.
+    payload_offset: usize,
+};
+
+/// Splits a record image. A length prefix that does not fit the record is the
+/// reference's "invalid binary record".
+pub fn split(record: []const u8) status.Error!Record {
+    if (record.len < header_bytes) return status.fail(error.InvalidCache, "invalid binary record", .{});
+    const json_len = std.mem.readInt(u64, record[0..8], .little);
+    if (json_len > record.len - header_bytes) return status.fail(error.InvalidCache, "invalid binary record", .{});
+    const json_end: usize = header_bytes + @as(usize, @intCast(json_len));
+    return .{
+        .json = record[header_bytes..json_end],
+        .stored_payload = record[json_end..],
+        .payload_offset = json_end,
+    };
+}
+
+test "split a reference record" {
+    const bytes = "\x2f\x00\x00\x00\x00\x00\x00\x00" ++ "{\"flag\":true,\"label\":0,\"name\":\"s0\",\"score\":0.0}" ++ "\x00\x00\x00";
+    const r = try split(bytes);
+    try std.testing.expectEqualStrings("{\"flag\":true,\"label\":0,\"name\":\"s0\",\"score\":0.0}", r.json);
+    try std.testing.expectEqual(@as(usize, 3), r.stored_payload.len);
+    try std.testing.expectError(error.InvalidCache, split("\xff\x00\x00\x00\x00\x00\x00\x00{}"));
+    try std.testing.expectError(error.InvalidCache, split("\x01\x00"));
+}

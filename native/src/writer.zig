@@ -1,0 +1,416 @@
+//! Cache writer: stages one cache under `<base>/tmp/<name>.<random>.drt`, appends records
+//! to shards (rotating at `max_shard_bytes` like the reference), streams `index.bin`,
+//! hashes every file with SHA-256, writes `manifest.json` last, fsyncs, and publishes with
+//! `renameat2(RENAME_NOREPLACE)` so an existing cache is never replaced.
+//!
+//! Invariants:
+//! - Nothing appears at `<base>/<name>` until `finish` succeeds; a writer closed without
+//!   finishing removes its staging directory.
+//! - The staging directory is held under an exclusive `flock` for the writer's lifetime.
+//!   A writer opening under the same base removes staging directories whose lock it can
+//!   take (their writer died). Creating a staging directory and locking it happens under
+//!   a shared lock on `<base>/tmp`, and the sweep takes that lock exclusively, so the
+//!   sweep never sees a fresh directory before its owner has locked it.
+//! - The bytes written depend only on the input samples and options.
+//! - Directories that are locked or fsynced are opened without O_PATH (`.iterate = true`):
+//!   flock and fsync reject O_PATH descriptors.
+
+const std = @import("std");
+const linux = std.os.linux;
+const posix = std.posix;
+const schema = @import("schema.zig");
+const status = @import("status.zig");
+const manifest = @import("manifest.zig");
+const index = @import("index.zig");
+const lz4 = @import("lz4.zig");
+const metadata_json = @import("metadata_json.zig");
+const Runtime = @import("runtime.zig").Runtime;
+const Sha256 = std.crypto.hash.sha2.Sha256;
+
+/// renameat2 flag: fail with EEXIST instead of replacing the destination.
+const rename_noreplace: u32 = 1;
+
+pub const Options = struct {
+    max_shard_bytes: u64,
+    prefetch_size: u64,
+    compression: manifest.Compression,
+    ratio: f64,
+};
+
+/// One column of an append batch (see drt_column).
+pub const Column = struct {
+    kind: schema.Kind,
+    values: ?*const anyopaque,
+    offsets: ?[*]const u64,
+};
+
+/// Buffered file output that hashes everything it writes.
+const HashedFile = struct {
+    file: std.fs.File,
+    hasher: Sha256 = .init(.{}),
+    buffer: std.ArrayList(u8) = .empty,
+    written: u64 = 0,
+
+    const flush_bytes = 1 << 20;
+
+    fn append(self: *HashedFile, gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!void {
+        self.hasher.update(bytes);
+        self.written += bytes.len;
+        if (self.buffer.items.len + bytes.len > flush_bytes) {
+            try self.flush(path);
+            if (bytes.len >= flush_bytes) {
+                self.file.writeAll(bytes) catch |err| return status.failIo(err, path);
+                return;
+            }
+        }
+        try self.buffer.appendSlice(gpa, bytes);
+    }
+
+    fn flush(self: *HashedFile, path: []const u8) status.Error!void {
+        if (self.buffer.items.len == 0) return;
+        self.file.writeAll(self.buffer.items) catch |err| return status.failIo(err, path);
+        self.buffer.clearRetainingCapacity();
+    }
+
+    /// Flushes, fsyncs and closes; returns the digest.
+    fn finish(self: *HashedFile, path: []const u8) status.Error![32]u8 {
+        try self.flush(path);
+        self.file.sync() catch |err| return status.failIo(err, path);
+        self.file.close();
+        self.file = undefined;
+        return self.hasher.finalResult();
+    }
+
+    fn deinit(self: *HashedFile, gpa: std.mem.Allocator, open: bool) void {
+        if (open) self.file.close();
+        self.buffer.deinit(gpa);
+    }
+};
+
+pub const Writer = struct {
+    gpa: std.mem.Allocator,
+    runtime: *Runtime,
+    options: Options,
+    /// `<base>` as given, `<base>/<name>`, and the staging directory path.
+    base_path: []u8,
+    dest_path: [:0]u8,
+    staging_path: [:0]u8,
+    name: []u8,
+    staging_dir: std.fs.Dir,
+    fields: []schema.Field = &.{},
+    schema_set: bool = false,
+    field_names: std.ArrayList(u8) = .empty,
+
+    shard: ?HashedFile = null,
+    shard_uncompressed: u64 = 0,
+    shards: std.ArrayList(manifest.WriteShard) = .empty,
+    index_file: HashedFile,
+    index_open: bool = true,
+    sample_count: u64 = 0,
+
+    record: std.ArrayList(u8) = .empty,
+    compressed: std.ArrayList(u8) = .empty,
+    values: std.ArrayList(schema.Value) = .empty,
+    path_buf: std.ArrayList(u8) = .empty,
+    failed: bool = false,
+    published: bool = false,
+
+    pub fn open(gpa: std.mem.Allocator, rt: *Runtime, base: []const u8, name: []const u8, options: Options) status.Error!*Writer {
+        try rt.checkPid();
+        if (name.len == 0) return status.fail(error.InvalidArgument, "CacheSource.name must not be empty", .{});
+        if (!manifest.isPlainSegment(name) or std.mem.eql(u8, name, "tmp")) {
+            return status.fail(error.InvalidArgument, "CacheSource.name must be a non-reserved plain path segment", .{});
+        }
+        if (!std.unicode.utf8ValidateSlice(name)) return status.fail(error.InvalidArgument, "CacheSource.name must be valid UTF-8", .{});
+        if (base.len == 0 or std.mem.indexOfScalar(u8, base, 0) != null) return status.fail(error.InvalidArgument, "invalid cache base directory", .{});
+        if (options.max_shard_bytes == 0) return status.fail(error.InvalidArgument, "max_shard_bytes must be greater than zero", .{});
+        if (options.prefetch_size == 0) return status.fail(error.InvalidArgument, "prefetch_size must be greater than zero", .{});
+        if (!(std.math.isFinite(options.ratio) and options.ratio > 0)) return status.fail(error.InvalidArgument, "shard_compression.ratio must be positive and finite", .{});
+        if (options.compression == .none and options.ratio != 1.0) return status.fail(error.InvalidArgument, "shard_compression.ratio must be 1.0 when algo is 'none'", .{});
+
+        const base_path = try gpa.dupe(u8, base);
+        errdefer gpa.free(base_path);
+        const name_copy = try gpa.dupe(u8, name);
+        errdefer gpa.free(name_copy);
+        const dest_path = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ base, name }, 0);
+        errdefer gpa.free(dest_path);
+
+        std.fs.cwd().makePath(base) catch |err| return status.failIo(err, base);
+        var base_dir = std.fs.cwd().openDir(base, .{}) catch |err| return status.failIo(err, base);
+        defer base_dir.close();
+        if (base_dir.access(name, .{})) |_| {
+            return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path});
+        } else |err| switch (err) {
+            error.FileNotFound => {},
+            else => return status.failIo(err, dest_path),
+        }
+        base_dir.makeDir("tmp") catch |err| switch (err) {
+            error.PathAlreadyExists => {},
+            else => return status.failIo(err, base),
+        };
+        var tmp_dir = base_dir.openDir("tmp", .{ .iterate = true }) catch |err| return status.failIo(err, base);
+        defer tmp_dir.close();
+        sweep(tmp_dir);
+
+        // Create and lock the staging directory under a shared lock on tmp/ (see //!).
+        posix.flock(tmp_dir.fd, posix.LOCK.SH) catch |err| return status.failIo(err, base);
+        defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
+        var random_bytes: [8]u8 = undefined;
+        std.crypto.random.bytes(&random_bytes);
+        const staging_name = try std.fmt.allocPrint(gpa, "{s}.{s}.drt", .{ name, std.fmt.bytesToHex(random_bytes, .lower) });
+        defer gpa.free(staging_name);
+        const staging_path = try std.fmt.allocPrintSentinel(gpa, "{s}/tmp/{s}", .{ base, staging_name }, 0);
+        errdefer gpa.free(staging_path);
+        tmp_dir.makeDir(staging_name) catch |err| return status.failIo(err, staging_path);
+        errdefer tmp_dir.deleteTree(staging_name) catch {};
+        var staging_dir = tmp_dir.openDir(staging_name, .{ .iterate = true }) catch |err| return status.failIo(err, staging_path);
+        errdefer staging_dir.close();
+        posix.flock(staging_dir.fd, posix.LOCK.EX | posix.LOCK.NB) catch |err| return status.failIo(err, staging_path);
+        staging_dir.makeDir("shards") catch |err| return status.failIo(err, staging_path);
+        const index_file = staging_dir.createFile("index.bin", .{}) catch |err| return status.failIo(err, staging_path);
+
+        const w = try gpa.create(Writer);
+        w.* = .{
+            .gpa = gpa,
+            .runtime = rt.retain(),
+            .options = options,
+            .base_path = base_path,
+            .dest_path = dest_path,
+            .staging_path = staging_path,
+            .name = name_copy,
+            .staging_dir = staging_dir,
+            .index_file = .{ .file = index_file },
+        };
+        return w;
+    }
+
+    /// Removes staging directories under `tmp/` whose writers are gone (their lock is free).
+    fn sweep(tmp_dir: std.fs.Dir) void {
+        posix.flock(tmp_dir.fd, posix.LOCK.EX) catch return;
+        defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
+        var it = tmp_dir.iterate();
+        while (it.next() catch null) |entry| {
+            if (entry.kind != .directory or !std.mem.endsWith(u8, entry.name, ".drt")) continue;
+            var dir = tmp_dir.openDir(entry.name, .{ .iterate = true }) catch continue;
+            defer dir.close();
+            posix.flock(dir.fd, posix.LOCK.EX | posix.LOCK.NB) catch continue;
+            tmp_dir.deleteTree(entry.name) catch {};
+        }
+    }
+
+    pub fn setSchema(w: *Writer, fields: []const schema.Field) status.Error!void {
+        if (w.schema_set) return status.fail(error.InvalidArgument, "the writer's schema is already set", .{});
+        if (!schema.isSorted(fields)) return status.fail(error.InvalidArgument, "schema fields must be sorted by name without duplicates", .{});
+        var total: usize = 0;
+        for (fields) |f| {
+            if (!std.unicode.utf8ValidateSlice(f.name)) return status.fail(error.InvalidArgument, "metadata keys must be valid UTF-8", .{});
+            for ([_][]const u8{ "cache_id", "sample_id", "weight" }) |reserved| {
+                if (std.mem.eql(u8, f.name, reserved)) return status.fail(error.InvalidArgument, "metadata field '{s}' is reserved", .{reserved});
+            }
+            total += f.name.len;
+        }
+        try w.field_names.ensureTotalCapacity(w.gpa, total);
+        const copy = try w.gpa.alloc(schema.Field, fields.len);
+        for (fields, copy) |f, *c| {
+            const start = w.field_names.items.len;
+            w.field_names.appendSliceAssumeCapacity(f.name);
+            c.* = .{ .name = w.field_names.items[start..], .kind = f.kind };
+        }
+        w.fields = copy;
+        try w.values.resize(w.gpa, fields.len);
+        w.schema_set = true;
+    }
+
+    /// Appends `count` samples (see drt_writer_append). After an error the writer is
+    /// poisoned: only close is allowed.
+    pub fn append(w: *Writer, count: u64, payloads: [*]const u8, offsets: [*]const u64, columns: [*]const Column) status.Error!void {
+        try w.runtime.checkPid();
+        if (w.failed or w.published) return status.fail(error.InvalidArgument, "the writer cannot accept samples after a failure or finish", .{});
+        if (!w.schema_set) return status.fail(error.InvalidArgument, "drt_writer_set_schema must be called before appending", .{});
+        errdefer w.failed = true;
+        for (w.fields, 0..) |f, c| {
+            if (columns[c].kind != f.kind) return status.fail(error.InvalidArgument, "column {d} has the wrong kind", .{c});
+            if (columns[c].values == null and count > 0) return status.fail(error.InvalidArgument, "column {d} has no values", .{c});
+            if (f.kind == .string and columns[c].offsets == null) return status.fail(error.InvalidArgument, "string column {d} has no offsets", .{c});
+        }
+        var i: usize = 0;
+        while (i < count) : (i += 1) {
+            if (offsets[i + 1] < offsets[i]) return status.fail(error.InvalidArgument, "payload offsets must not decrease", .{});
+            const payload = payloads[@intCast(offsets[i])..@intCast(offsets[i + 1])];
+            for (w.fields, w.values.items, 0..) |f, *v, c| v.* = try columnValue(f, columns[c], i);
+            try w.appendOne(payload);
+        }
+    }
+
+    fn columnValue(field: schema.Field, column: Column, i: usize) status.Error!schema.Value {
+        switch (field.kind) {
+            .bool => {
+                const b = @as([*]const u8, @ptrCast(column.values.?))[i];
+                if (b > 1) return status.fail(error.InvalidArgument, "metadata field '{s}' has an invalid bool", .{field.name});
+                return .{ .bool = b == 1 };
+            },
+            .int => return .{ .int = @as([*]const i64, @ptrCast(@alignCast(column.values.?)))[i] },
+            .float => {
+                const x = @as([*]const f64, @ptrCast(@alignCast(column.values.?)))[i];
+                if (!std.math.isFinite(x)) return status.fail(error.InvalidArgument, "metadata field '{s}' must be a finite float", .{field.name});
+                return .{ .float = x };
+            },
+            .string => {
+                const offs = column.offsets.?;
+                if (offs[i + 1] < offs[i]) return status.fail(error.InvalidArgument, "string offsets must not decrease", .{});
+                const s = @as([*]const u8, @ptrCast(column.values.?))[@intCast(offs[i])..@intCast(offs[i + 1])];
+                if (!std.unicode.utf8ValidateSlice(s)) return status.fail(error.InvalidArgument, "metadata field '{s}' is not valid UTF-8", .{field.name});
+                return .{ .string = s };
+            },
+        }
+    }
+
+    fn appendOne(w: *Writer, payload: []const u8) status.Error!void {
+        const gpa = w.gpa;
+        w.record.clearRetainingCapacity();
+        try w.record.appendNTimes(gpa, 0, 8);
+        try metadata_json.encodeRecord(gpa, &w.record, w.fields, w.values.items);
+        std.mem.writeInt(u64, w.record.items[0..8], w.record.items.len - 8, .little);
+        const stored: []const u8 = switch (w.options.compression) {
+            .none => payload,
+            .lz4 => blk: {
+                if (payload.len > std.math.maxInt(u32)) return status.fail(error.InvalidArgument, "lz4 payloads must be smaller than 4 GiB", .{});
+                try w.compressed.resize(gpa, lz4.prependedBound(payload.len));
+                const n = lz4.compressPrepended(payload, w.compressed.items);
+                break :blk w.compressed.items[0..n];
+            },
+        };
+        const record_len: u64 = w.record.items.len + stored.len;
+        if (w.shard) |*shard| {
+            if (shard.written > 0 and shard.written + record_len > w.options.max_shard_bytes) try w.closeShard();
+        }
+        if (w.shard == null) try w.openShard();
+        const shard = &w.shard.?;
+        const offset = shard.written;
+        const shard_path = try w.currentShardPath();
+        try shard.append(gpa, w.record.items, shard_path);
+        try shard.append(gpa, stored, shard_path);
+        w.shard_uncompressed += payload.len;
+        const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
+        try w.index_file.append(gpa, &row, w.staging_path);
+        w.sample_count += 1;
+    }
+
+    fn currentShardPath(w: *Writer) status.Error![]const u8 {
+        var name_buf: [32]u8 = undefined;
+        w.path_buf.clearRetainingCapacity();
+        try w.path_buf.print(w.gpa, "{s}/shards/{s}", .{ w.staging_path, manifest.shardName(&name_buf, w.shards.items.len) });
+        return w.path_buf.items;
+    }
+
+    fn openShard(w: *Writer) status.Error!void {
+        var name_buf: [32]u8 = undefined;
+        const name = manifest.shardName(&name_buf, w.shards.items.len);
+        var shards_dir = w.staging_dir.openDir("shards", .{}) catch |err| return status.failIo(err, w.staging_path);
+        defer shards_dir.close();
+        const file = shards_dir.createFile(name, .{ .exclusive = true }) catch |err| return status.failIo(err, try w.currentShardPath());
+        w.shard = .{ .file = file };
+        w.shard_uncompressed = 0;
+    }
+
+    fn closeShard(w: *Writer) status.Error!void {
+        var shard = &w.shard.?;
+        const digest = try shard.finish(try w.currentShardPath());
+        const entry: manifest.WriteShard = .{ .uncompressed_byte_len = w.shard_uncompressed, .byte_len = shard.written, .sha256 = digest };
+        shard.deinit(w.gpa, false);
+        w.shard = null;
+        try w.shards.append(w.gpa, entry);
+    }
+
+    /// See drt_writer_finish.
+    pub fn finish(w: *Writer) status.Error!void {
+        try w.runtime.checkPid();
+        if (w.failed or w.published) return status.fail(error.InvalidArgument, "the writer cannot finish after a failure or finish", .{});
+        errdefer w.failed = true;
+        if (w.sample_count == 0) return status.fail(error.InvalidArgument, "cache source yielded no samples", .{});
+        try w.closeShard();
+        const index_sha = try w.index_file.finish(w.staging_path);
+        w.index_open = false;
+
+        const metadata_sha = try hashFile(w.staging_dir, "metadata.arrow", w.staging_path);
+
+        var text: std.ArrayList(u8) = .empty;
+        defer text.deinit(w.gpa);
+        try manifest.write(w.gpa, &text, .{
+            .source_name = w.name,
+            .sample_count = w.sample_count,
+            .fields = w.fields,
+            .metadata_sha256 = metadata_sha,
+            .index_sha256 = index_sha,
+            .shards = w.shards.items,
+            .compression = w.options.compression,
+            .ratio = w.options.ratio,
+        });
+        {
+            const file = w.staging_dir.createFile("manifest.json", .{ .exclusive = true }) catch |err| return status.failIo(err, w.staging_path);
+            defer file.close();
+            file.writeAll(text.items) catch |err| return status.failIo(err, w.staging_path);
+            file.sync() catch |err| return status.failIo(err, w.staging_path);
+        }
+        try syncDir(w.staging_dir, "shards", w.staging_path);
+        posix.fsync(w.staging_dir.fd) catch |err| return status.failIo(err, w.staging_path);
+
+        const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_noreplace);
+        switch (posix.errno(rc)) {
+            .SUCCESS => {},
+            .EXIST, .NOTEMPTY => return status.fail(error.Exists, "cache path already exists: {s}", .{w.dest_path}),
+            else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
+        }
+        w.published = true;
+        var base_dir = std.fs.cwd().openDir(w.base_path, .{ .iterate = true }) catch |err| return status.failIo(err, w.base_path);
+        defer base_dir.close();
+        posix.fsync(base_dir.fd) catch |err| return status.failIo(err, w.base_path);
+    }
+
+    fn hashFile(dir: std.fs.Dir, name: []const u8, where: []const u8) status.Error![32]u8 {
+        const file = dir.openFile(name, .{}) catch |err| return status.failIo(err, where);
+        defer file.close();
+        file.sync() catch |err| return status.failIo(err, where);
+        var hasher: Sha256 = .init(.{});
+        var buf: [1 << 16]u8 = undefined;
+        while (true) {
+            const n = file.read(&buf) catch |err| return status.failIo(err, where);
+            if (n == 0) break;
+            hasher.update(buf[0..n]);
+        }
+        return hasher.finalResult();
+    }
+
+    fn syncDir(parent: std.fs.Dir, name: []const u8, where: []const u8) status.Error!void {
+        var dir = parent.openDir(name, .{ .iterate = true }) catch |err| return status.failIo(err, where);
+        defer dir.close();
+        posix.fsync(dir.fd) catch |err| return status.failIo(err, where);
+    }
+
+    /// Releases everything; removes the staging directory unless the cache was published.
+    pub fn close(w: *Writer) void {
+        const gpa = w.gpa;
+        const forked = w.runtime.checkPid() == error.Forked;
+        if (w.shard) |*shard| shard.deinit(gpa, true);
+        w.index_file.deinit(gpa, w.index_open);
+        w.staging_dir.close();
+        if (!w.published and !forked) std.fs.cwd().deleteTree(w.staging_path) catch {};
+        w.runtime.release();
+        w.shards.deinit(gpa);
+        w.record.deinit(gpa);
+        w.compressed.deinit(gpa);
+        w.values.deinit(gpa);
+        w.path_buf.deinit(gpa);
+        w.field_names.deinit(gpa);
+        gpa.free(w.fields);
+        gpa.free(w.base_path);
+        gpa.free(w.dest_path);
+        gpa.free(w.staging_path);
+        gpa.free(w.name);
+        gpa.destroy(w);
+    }
+
+    pub fn stagingPath(w: *const Writer) []const u8 {
+        return w.staging_path;
+    }
+};

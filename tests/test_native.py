@@ -1,0 +1,63 @@
+"""The Zig unit tests, and the C ABI's exported symbols against the header."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = ROOT / "native" / "include" / "dataset_rt.h"
+
+
+def test_zig_unit_tests() -> None:
+    """`zig build test` (Debug: every safety check on) passes."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ziglang", "build", "test", "-Doptimize=Debug", "--summary", "all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = re.search(r"(\d+) passed", result.stdout + result.stderr)
+    assert summary and int(summary.group(1)) > 0, result.stdout + result.stderr
+
+
+def header_functions() -> set[str]:
+    """Names of the functions declared in the header's cdef region."""
+    text = HEADER.read_text()
+    region = text[text.index("/* DRT_CDEF_BEGIN */") : text.index("/* DRT_CDEF_END */")]
+    region = re.sub(r"/\*.*?\*/", "", region, flags=re.S)
+    return set(re.findall(r"\b(drt_[a-z0-9_]+)\s*\(", region))
+
+
+def test_exported_symbols_match_header() -> None:
+    """Every exported drt_* symbol is declared in the header, and vice versa."""
+    from dataset_rt import _native
+
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("binutils nm is not installed")
+    output = subprocess.run(
+        [nm, "-D", "--defined-only", _native.library_path()], capture_output=True, text=True, check=True
+    ).stdout
+    exported = {line.split()[-1] for line in output.splitlines() if " T drt_" in line}
+    declared = header_functions()
+    assert exported == declared, (sorted(exported - declared), sorted(declared - exported))
+
+
+def test_abi_version_and_errors() -> None:
+    from dataset_rt._native import ffi, lib
+
+    assert lib.drt_abi_version() >> 16 == lib.DRT_ABI_VERSION_MAJOR
+    assert ffi.string(lib.drt_version()).decode() == "0.1.0"
+    out = ffi.new("drt_runtime **")
+    assert lib.drt_runtime_open(0, out) == lib.DRT_E_INVALID_ARGUMENT
+    assert ffi.string(lib.drt_last_error()) == b"num_workers must be greater than zero"
+    assert lib.drt_runtime_open(1, ffi.NULL) == lib.DRT_E_INVALID_ARGUMENT
+    lib.drt_runtime_close(ffi.NULL)
