@@ -173,7 +173,7 @@ class CachedDataset:
         batch = ffi.new("drt_batch *")
         try:
             while True:
-                _native.check(lib.drt_iter_next_batch(iterator, BATCH_SAMPLES_MAX, batch))
+                _native.check(lib.drt_iter_next_batch(iterator, BATCH_SAMPLES_MAX, 0, batch))
                 if batch.count == 0:
                     return
                 yield from self._samples(batch)
@@ -185,11 +185,7 @@ class CachedDataset:
         import numpy as np
 
         n = int(batch.count)
-        offsets = np.frombuffer(ffi.buffer(batch.payload_offsets, 8 * n), dtype=np.uint64)
-        lengths = np.frombuffer(ffi.buffer(batch.payload_lens, 8 * n), dtype=np.uint64)
-        ends = offsets + lengths
-        arena = ffi.buffer(batch.payload_base, int(ends.max()) if n else 0)
-        payloads = [arena[a:b] for a, b in zip(offsets.tolist(), ends.tolist())]
+        payloads = _payloads(batch, n)
         cache_ids = np.frombuffer(ffi.buffer(batch.cache_ids, 8 * n), dtype=np.uint64).tolist()
         sample_ids = np.frombuffer(ffi.buffer(batch.sample_ids, 8 * n), dtype=np.uint64).tolist()
         names = [name for name, _ in self._columns]
@@ -221,7 +217,7 @@ class CachedDataset:
                 self._lookup = ffi.gc(out[0], _close_lookup)
             ids = ffi.new("uint64_t[2]", [cache_id, sample_id])
             batch = ffi.new("drt_batch *")
-            _native.check(lib.drt_lookup_get(self._lookup, 1, ids, ids + 1, batch))
+            _native.check(lib.drt_lookup_get(self._lookup, 1, ids, ids + 1, 0, batch))
             return self._samples(batch)[0]
 
     def get_metadata(self) -> Any:
@@ -260,6 +256,24 @@ class CachedDataset:
     def to_torch_dataloader(self, **kwargs: Any) -> Any:
         """A ``torch.utils.data.DataLoader`` reading from snapshots of this dataset."""
         raise NotImplementedError("to_torch_dataloader arrives with issue #6")
+
+
+def _payloads(batch: Any, n: int) -> list[bytes]:
+    """Copy each payload of a batch into a bytes object (the one copy a sample costs).
+
+    Payloads live in several native buffers. One cffi buffer spanning from the lowest
+    payload address to the highest end lets each payload be sliced out with one C-level
+    copy; slicing reads only the payloads' own bytes, never the gaps between buffers.
+    """
+    import numpy as np
+
+    if n == 0:
+        return []
+    starts = np.frombuffer(ffi.buffer(batch.payloads, 8 * n), dtype=np.uint64)
+    ends = starts + np.frombuffer(ffi.buffer(batch.payload_lens, 8 * n), dtype=np.uint64)
+    base = int(starts.min())
+    span = ffi.buffer(ffi.cast("uint8_t *", base), int(ends.max()) - base)
+    return [span[a:b] for a, b in zip((starts - base).tolist(), (ends - base).tolist())]
 
 
 def _column_values(column: Any, kind: int, n: int) -> list[Any]:

@@ -240,7 +240,8 @@ int32_t drt_dataset_field(drt_dataset *dataset, uint64_t index, drt_field *out);
 /* Attaches the rows of cache `cache_index`'s metadata.arrow as columns (one per schema
  * field, schema order, row_count rows). Used to resolve JSON nulls in float fields and,
  * with validate_cache, to compare every record read with its row. The buffers are
- * borrowed until the dataset is closed: the caller keeps them alive and unchanged.
+ * borrowed until the dataset is closed: the caller keeps them alive and unchanged. Only
+ * the first attachment of a cache takes effect (later calls succeed and change nothing).
  * With validate_cache, every value is checked against the schema kind first.
  * Returns DRT_E_INVALID_CACHE ("metadata row count does not match manifest"), ... */
 int32_t drt_dataset_attach_metadata(drt_dataset *dataset, uint64_t cache_index,
@@ -257,18 +258,27 @@ int32_t drt_dataset_set_epoch_len(drt_dataset *dataset, uint64_t epoch_len);
 
 /* A batch of samples, filled by drt_iter_next_batch / drt_lookup_get. All pointers are
  * owned by the iterator or lookup and valid until its next call or close.
- * Sample i: payload = payload_base[payload_offsets[i] .. payload_offsets[i] +
- * payload_lens[i]]; identity (cache_ids[i], sample_ids[i]); metadata = row i of
- * columns[0 .. field_count) (the record's embedded JSON, parsed against the schema). */
+ * Sample i: payload = payloads[i][0 .. payload_lens[i]]; identity (cache_ids[i],
+ * sample_ids[i]); metadata = row i of columns[0 .. field_count) (the record's embedded
+ * JSON, parsed against the schema). With DRT_BATCH_CONTIGUOUS, the payloads are also
+ * copied into one buffer: payload i = payload_base[payload_offsets[i] ..
+ * payload_offsets[i] + payload_lens[i]]; without it, payload_base and payload_offsets
+ * are NULL. */
 typedef struct drt_batch {
     uint64_t count;
+    const uint8_t *const *payloads;
+    const uint64_t *payload_lens;
     const uint8_t *payload_base;
     const uint64_t *payload_offsets;
-    const uint64_t *payload_lens;
     const uint64_t *cache_ids;
     const uint64_t *sample_ids;
     const drt_column *columns;
 } drt_batch;
+
+/* Batch flags. */
+enum {
+    DRT_BATCH_CONTIGUOUS = 1 /* also copy the payloads into one buffer (payload_base) */
+};
 
 /* Opens an iterator that reserves the next epoch_len positions of the dataset's stream
  * (ordered cursor or draw counter) and snapshots the active table. Reads start at once,
@@ -277,9 +287,12 @@ typedef struct drt_batch {
 int32_t drt_iter_open(drt_dataset *dataset, drt_iter **out);
 
 /* Fills *out with the next up to max_count (>= 1) samples in stream order; out->count
- * is 0 at the end of the window. After a failure the iterator is finished.
+ * is 0 at the end of the window. A batch holds at most half of prefetch_size samples
+ * (at least one), so reads continue while the caller works on it. flags: 0 or
+ * DRT_BATCH_CONTIGUOUS. After a failure the iterator is finished (later calls return
+ * count 0).
  * Returns DRT_E_INVALID_CACHE, DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
-int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, drt_batch *out);
+int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, uint32_t flags, drt_batch *out);
 
 /* Cancels outstanding reads and releases the iterator's buffers. */
 void drt_iter_close(drt_iter *iter);
@@ -292,7 +305,7 @@ int32_t drt_lookup_open(drt_dataset *dataset, drt_lookup **out);
  * cursor. Returns DRT_E_INDEX ("cache_id 7 is out of range", "sample_id 5 is out of
  * range for cache_id 7"), the statuses of drt_iter_next_batch. */
 int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache_ids,
-                       const uint64_t *sample_ids, drt_batch *out);
+                       const uint64_t *sample_ids, uint32_t flags, drt_batch *out);
 
 void drt_lookup_close(drt_lookup *lookup);
 

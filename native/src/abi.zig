@@ -61,9 +61,10 @@ pub const CacheInfo = extern struct {
 
 pub const Batch = extern struct {
     count: u64,
+    payloads: ?[*]const [*]const u8,
+    payload_lens: ?[*]const u64,
     payload_base: ?[*]const u8,
     payload_offsets: ?[*]const u64,
-    payload_lens: ?[*]const u64,
     cache_ids: ?[*]const u64,
     sample_ids: ?[*]const u64,
     columns: ?[*]const Column,

@@ -263,10 +263,10 @@ export fn drt_iter_open(ds: ?*Dataset, out: ?*?*reader.Iter) Rc {
     return ok();
 }
 
-export fn drt_iter_next_batch(it: ?*reader.Iter, max_count: u64, out: ?*abi.Batch) Rc {
+export fn drt_iter_next_batch(it: ?*reader.Iter, max_count: u64, flags: u32, out: ?*abi.Batch) Rc {
     const iter = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
-    return wrap(iter.nextBatch(max_count, o));
+    return wrap(iter.nextBatch(max_count, flags, o));
 }
 
 export fn drt_iter_close(it: ?*reader.Iter) void {
@@ -281,7 +281,7 @@ export fn drt_lookup_open(ds: ?*Dataset, out: ?*?*reader.Lookup) Rc {
     return ok();
 }
 
-export fn drt_lookup_get(lk: ?*reader.Lookup, count: u64, cache_ids: ?[*]const u64, sample_ids: ?[*]const u64, out: ?*abi.Batch) Rc {
+export fn drt_lookup_get(lk: ?*reader.Lookup, count: u64, cache_ids: ?[*]const u64, sample_ids: ?[*]const u64, flags: u32, out: ?*abi.Batch) Rc {
     const lookup = lk orelse return nullArgument("lookup");
     const o = out orelse return nullArgument("out");
     if (count > 0 and (cache_ids == null or sample_ids == null)) return nullArgument("cache_ids and sample_ids");
@@ -289,7 +289,7 @@ export fn drt_lookup_get(lk: ?*reader.Lookup, count: u64, cache_ids: ?[*]const u
     const empty: [0]u64 = .{};
     const cids = if (n > 0) cache_ids.?[0..n] else &empty;
     const sids = if (n > 0) sample_ids.?[0..n] else &empty;
-    return wrap(lookup.get(cids, sids, o));
+    return wrap(lookup.get(cids, sids, flags, o));
 }
 
 export fn drt_lookup_close(lk: ?*reader.Lookup) void {
@@ -313,4 +313,5 @@ test {
     _ = @import("metadata_json.zig");
     _ = @import("sampler.zig");
     _ = @import("chacha.zig");
+    _ = @import("io/uring.zig");
 }

@@ -15,6 +15,7 @@ const status = @import("status.zig");
 const abi = @import("abi.zig");
 const sampler = @import("sampler.zig");
 const Cache = @import("cache.zig").Cache;
+const uring = @import("io/uring.zig");
 const runtime_mod = @import("runtime.zig");
 const Runtime = runtime_mod.Runtime;
 
@@ -121,6 +122,12 @@ pub const Dataset = struct {
         errdefer gpa.free(attached);
         @memset(attached, null);
 
+        const io_backend: i32 = switch (options.io_backend) {
+            abi.io_threads => abi.io_threads,
+            abi.io_uring => if (uring.Ring.available()) abi.io_uring else return status.fail(error.InvalidArgument, "io_backend 'io_uring' is not available here (the kernel or a seccomp filter refuses io_uring_setup); use 'auto' or 'threads'", .{}),
+            else => if (uring.Ring.available()) abi.io_uring else abi.io_threads,
+        };
+
         const table = try gpa.create(Table);
         errdefer gpa.destroy(table);
         table.* = .{ .gpa = gpa, .len = prefix[paths.len] };
@@ -130,7 +137,7 @@ pub const Dataset = struct {
             .gpa = gpa,
             .runtime = rt.retain(),
             .options = options,
-            .io_backend = abi.io_threads,
+            .io_backend = io_backend,
             .caches = caches,
             .fields = caches[0].manifest.fields,
             .prefix = prefix,
@@ -246,7 +253,11 @@ pub const Dataset = struct {
         const copy = try ds.gpa.dupe(abi.Column, columns[0..ds.fields.len]);
         ds.mutex.lock();
         defer ds.mutex.unlock();
-        if (ds.attached[@intCast(cache_index)]) |old| ds.gpa.free(old.columns);
+        // The first attachment stays: readers may be using its columns right now.
+        if (ds.attached[@intCast(cache_index)] != null) {
+            ds.gpa.free(copy);
+            return;
+        }
         ds.attached[@intCast(cache_index)] = .{ .row_count = row_count, .columns = copy };
     }
 

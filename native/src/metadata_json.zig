@@ -313,9 +313,7 @@ fn writeString(dst: []u8, s: []const u8) usize {
     while (true) {
         const run_end = plainRunEnd(s, i);
         const run = s[i..run_end];
-        if (run.len <= 16) {
-            for (run, dst[o..][0..run.len]) |c, *d| d.* = c; // short: no memcpy call
-        } else @memcpy(dst[o..][0..run.len], run);
+        @memcpy(dst[o..][0..run.len], run);
         o += run.len;
         i = run_end;
         if (i >= s.len) break;
@@ -1293,9 +1291,9 @@ test "ints are plain decimal over the full i64 range" {
     var out: std.ArrayList(u8) = .empty;
     defer out.deinit(gpa);
     const cases = [_]struct { i64, []const u8 }{
-        .{ 0, "0" },                                        .{ -1, "-1" },
-        .{ 7, "7" },                                        .{ -10, "-10" },
-        .{ std.math.maxInt(i64), "9223372036854775807" },   .{ std.math.minInt(i64), "-9223372036854775808" },
+        .{ 0, "0" },                                      .{ -1, "-1" },
+        .{ 7, "7" },                                      .{ -10, "-10" },
+        .{ std.math.maxInt(i64), "9223372036854775807" }, .{ std.math.minInt(i64), "-9223372036854775808" },
     };
     for (cases) |case| {
         out.clearRetainingCapacity();
@@ -1746,4 +1744,52 @@ test "utf8Prefix" {
     try testing.expectEqual(@as(usize, 4), utf8Prefix("a\xe4\xb8\xad"));
     try testing.expectEqual(@as(usize, 1), utf8Prefix("a\xf0\x9f\x98"));
     try testing.expectEqual(@as(usize, 0), utf8Prefix(""));
+}
+
+test "long strings: exact reservation and the vectorized runs agree with a naive escaper" {
+    const gpa = testing.allocator;
+    var prng = std.Random.DefaultPrng.init(7);
+    const random = prng.random();
+    var text: std.ArrayList(u8) = .empty;
+    defer text.deinit(gpa);
+    var expected: std.ArrayList(u8) = .empty;
+    defer expected.deinit(gpa);
+    var out: std.ArrayList(u8) = .empty;
+    defer out.deinit(gpa);
+    for ([_]usize{ 15, 16, 17, 31, 33, 4096, 4097, 20000 }) |len| {
+        text.clearRetainingCapacity();
+        for (0..len) |_| {
+            // Mostly plain runs of varying length, sometimes a byte that needs escaping.
+            const c: u8 = if (random.uintLessThan(u8, 20) == 0) random.uintLessThan(u8, 0x20) else if (random.uintLessThan(u8, 40) == 0) '"' else if (random.uintLessThan(u8, 40) == 0) '\\' else random.intRangeAtMost(u8, 0x20, 0x7f);
+            try text.append(gpa, c);
+        }
+        expected.clearRetainingCapacity();
+        try expected.append(gpa, '"');
+        for (text.items) |c| switch (c) {
+            '"' => try expected.appendSlice(gpa, "\\\""),
+            '\\' => try expected.appendSlice(gpa, "\\\\"),
+            '\n' => try expected.appendSlice(gpa, "\\n"),
+            '\r' => try expected.appendSlice(gpa, "\\r"),
+            '\t' => try expected.appendSlice(gpa, "\\t"),
+            0x08 => try expected.appendSlice(gpa, "\\b"),
+            0x0c => try expected.appendSlice(gpa, "\\f"),
+            0...0x07, 0x0b, 0x0e...0x1f => try expected.print(gpa, "\\u{x:0>4}", .{c}),
+            else => try expected.append(gpa, c),
+        };
+        try expected.append(gpa, '"');
+        out.clearRetainingCapacity();
+        try appendString(gpa, &out, text.items);
+        try testing.expectEqualStrings(expected.items, out.items);
+        if (len > 4096) try testing.expectEqual(expected.items.len, stringBound(text.items));
+        // And inside a record, parsed back.
+        out.clearRetainingCapacity();
+        const fields = [_]Field{.{ .name = "s", .kind = .string }};
+        try encodeRecord(gpa, &out, &fields, &.{.{ .string = text.items }});
+        var parsed: [1]Value = undefined;
+        var scratch: std.ArrayList(u8) = .empty;
+        defer scratch.deinit(gpa);
+        var diag: Diagnostic = .{};
+        try parseRecord(out.items, &fields, &parsed, &scratch, gpa, &diag);
+        try testing.expectEqualStrings(text.items, parsed[0].string);
+    }
 }

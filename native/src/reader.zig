@@ -1,16 +1,22 @@
-//! Reading samples into batches: iterators (a window of the dataset's stream) and lookups
-//! (random access by identity). Both fill a `BatchBuffers` that the C ABI hands out as a
-//! `drt_batch`: one payload arena with offsets, identity arrays, and one typed column per
-//! schema field parsed natively from each record's embedded JSON.
+//! Reading samples: iterators (a window of the dataset's stream, read ahead through a
+//! bounded prefetch pipeline) and lookups (random access by identity).
+//!
+//! The iterator plans stream positions (sampler → index lookup) into *slots*: one
+//! positioned read each, covering one record or, in ordered mode, a run of records that
+//! are adjacent in one shard. Slots are submitted to io_uring (one ring per iterator) or,
+//! as the fallback, to the runtime's worker pool, which runs the read and the LZ4
+//! decompression. Slots complete in any order; the consumer delivers them in plan order.
 //!
 //! Invariants:
-//! - A batch holds at most `prefetch_size` samples, so an iterator's memory is bounded by
-//!   `prefetch_size` records plus fixed buffers.
-//! - Records are read with positioned reads through a small per-reader file cache, so a
-//!   reader holds at most `open_files_max` descriptors however many shards exist.
-//! - Adjacent records of one shard that are consecutive in the plan are read with one
-//!   positioned read.
-//! - An error finishes the iterator; the dataset stays usable.
+//! - At most `prefetch_size` samples are planned and not yet released by the consumer
+//!   (in flight, completed, or in the batch last handed out), so an iterator's memory is
+//!   bounded by `prefetch_size` records plus fixed buffers. A slow consumer stops reads.
+//! - A batch holds at most half the prefetch window (at least one sample), so the other
+//!   half stays in flight while the consumer works on the batch.
+//! - Payload pointers in a batch point into slot buffers (no copy) unless the caller asks
+//!   for a contiguous batch; they stay valid until the next call on the iterator.
+//! - Closing an iterator waits for, or dequeues, every outstanding read before freeing
+//!   the buffers the reads target. An error finishes the iterator; the dataset stays usable.
 
 const std = @import("std");
 const posix = std.posix;
@@ -20,39 +26,65 @@ const abi = @import("abi.zig");
 const shard = @import("shard.zig");
 const lz4 = @import("lz4.zig");
 const metadata_json = @import("metadata_json.zig");
+const uring = @import("io/uring.zig");
+const runtime_mod = @import("runtime.zig");
 const dataset_mod = @import("dataset.zig");
 const Dataset = dataset_mod.Dataset;
 const Loc = dataset_mod.Loc;
 const Table = dataset_mod.Table;
 
 /// Descriptors a reader keeps open at most (direct-mapped by cache and shard).
-pub const open_files_max = 16;
+pub const open_files_max = 64;
+/// Largest coalesced read in ordered mode.
+pub const coalesce_bytes_max = 4 << 20;
+/// Batch flag: copy payloads into one contiguous arena (`payload_base` + offsets).
+pub const batch_contiguous: u32 = 1;
 
+/// Shard descriptors of one reader, opened lazily in a small direct-mapped cache so a
+/// reader holds at most `open_files_max` cached descriptors however many shards exist.
+/// An entry is pinned while a read on it may be in flight and is never closed then: a
+/// read whose entry is pinned by another shard gets an uncached descriptor of its own.
+/// Only the consumer thread touches the cache, so pins need no atomics.
 const FileCache = struct {
-    slots: [open_files_max]Slot = [_]Slot{.{}} ** open_files_max,
+    entries: [open_files_max]Entry = [_]Entry{.{}} ** open_files_max,
 
-    const Slot = struct {
+    const Entry = struct {
         cache: u32 = 0,
         shard_id: u64 = 0,
         fd: posix.fd_t = -1,
+        pins: u32 = 0,
     };
 
-    fn get(fc: *FileCache, ds: *const Dataset, cache: u32, shard_id: u64) status.Error!posix.fd_t {
-        const h = (@as(u64, cache) *% 0x9E3779B97F4A7C15 +% shard_id) % open_files_max;
-        const slot = &fc.slots[@intCast(h)];
-        if (slot.fd >= 0 and slot.cache == cache and slot.shard_id == shard_id) return slot.fd;
-        if (slot.fd >= 0) posix.close(slot.fd);
-        slot.fd = -1;
+    /// A descriptor in use by one read: cached (`entry` set) or owned.
+    const Handle = struct {
+        fd: posix.fd_t,
+        entry: ?usize,
+    };
+
+    fn acquire(fc: *FileCache, ds: *const Dataset, cache: u32, shard_id: u64) status.Error!Handle {
+        const h: usize = @intCast((@as(u64, cache) *% 0x9E3779B97F4A7C15 +% shard_id) % open_files_max);
+        const entry = &fc.entries[h];
+        if (entry.fd >= 0 and entry.cache == cache and entry.shard_id == shard_id) {
+            entry.pins += 1;
+            return .{ .fd = entry.fd, .entry = h };
+        }
         const path = ds.caches[cache].shard_paths[@intCast(shard_id)];
         const fd = posix.openZ(path, .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| return status.failIo(err, path);
-        slot.* = .{ .cache = cache, .shard_id = shard_id, .fd = fd };
-        return fd;
+        if (entry.pins > 0) return .{ .fd = fd, .entry = null };
+        if (entry.fd >= 0) posix.close(entry.fd);
+        entry.* = .{ .cache = cache, .shard_id = shard_id, .fd = fd, .pins = 1 };
+        return .{ .fd = fd, .entry = h };
+    }
+
+    fn release(fc: *FileCache, handle: Handle) void {
+        if (handle.entry) |h| fc.entries[h].pins -= 1 else posix.close(handle.fd);
     }
 
     fn deinit(fc: *FileCache) void {
-        for (&fc.slots) |*s| {
-            if (s.fd >= 0) posix.close(s.fd);
-            s.fd = -1;
+        for (&fc.entries) |*e| {
+            std.debug.assert(e.pins == 0);
+            if (e.fd >= 0) posix.close(e.fd);
+            e.fd = -1;
         }
     }
 };
@@ -72,17 +104,18 @@ const ColumnBuffer = struct {
     }
 };
 
-pub const BatchBuffers = struct {
-    arena: std.ArrayList(u8) = .empty,
-    payload_offsets: std.ArrayList(u64) = .empty,
+/// The arrays behind one `drt_batch`.
+const BatchBuffers = struct {
+    payloads: std.ArrayList([*]const u8) = .empty,
     payload_lens: std.ArrayList(u64) = .empty,
+    payload_offsets: std.ArrayList(u64) = .empty,
+    arena: std.ArrayList(u8) = .empty,
     cache_ids: std.ArrayList(u64) = .empty,
     sample_ids: std.ArrayList(u64) = .empty,
     columns: []ColumnBuffer = &.{},
     views: []abi.Column = &.{},
     values: []schema.Value = &.{},
     scratch: std.ArrayList(u8) = .empty,
-    files: FileCache = .{},
 
     fn init(gpa: std.mem.Allocator, field_count: usize) status.Error!BatchBuffers {
         var b: BatchBuffers = .{};
@@ -96,10 +129,10 @@ pub const BatchBuffers = struct {
     }
 
     fn deinit(b: *BatchBuffers, gpa: std.mem.Allocator) void {
-        b.files.deinit();
-        b.arena.deinit(gpa);
-        b.payload_offsets.deinit(gpa);
+        b.payloads.deinit(gpa);
         b.payload_lens.deinit(gpa);
+        b.payload_offsets.deinit(gpa);
+        b.arena.deinit(gpa);
         b.cache_ids.deinit(gpa);
         b.sample_ids.deinit(gpa);
         for (b.columns) |*c| c.deinit(gpa);
@@ -110,9 +143,10 @@ pub const BatchBuffers = struct {
     }
 
     fn reset(b: *BatchBuffers, gpa: std.mem.Allocator, fields: []const schema.Field) status.Error!void {
-        b.arena.clearRetainingCapacity();
-        b.payload_offsets.clearRetainingCapacity();
+        b.payloads.clearRetainingCapacity();
         b.payload_lens.clearRetainingCapacity();
+        b.payload_offsets.clearRetainingCapacity();
+        b.arena.clearRetainingCapacity();
         b.cache_ids.clearRetainingCapacity();
         b.sample_ids.clearRetainingCapacity();
         for (b.columns, fields) |*c, f| {
@@ -124,83 +158,24 @@ pub const BatchBuffers = struct {
         }
     }
 
-    /// Reads the samples at `locs` (in order) into the buffers.
-    fn fill(b: *BatchBuffers, ds: *Dataset, locs: []const Loc) status.Error!void {
+    /// Appends one sample: parses its embedded JSON into the columns (resolving JSON
+    /// nulls and, with validate_cache, comparing with metadata.arrow) and records its payload.
+    fn add(b: *BatchBuffers, ds: *Dataset, loc: Loc, json: []const u8, payload: []const u8) status.Error!void {
         const gpa = ds.gpa;
-        try b.reset(gpa, ds.fields);
-        var i: usize = 0;
-        while (i < locs.len) {
-            // Coalesce a run of records that are adjacent in one shard.
-            const first = ds.caches[locs[i].cache].row(locs[i].sample_id);
-            var end = first.offset +| first.byte_len;
-            var j = i + 1;
-            while (j < locs.len and locs[j].cache == locs[i].cache) : (j += 1) {
-                const r = ds.caches[locs[j].cache].row(locs[j].sample_id);
-                if (r.shard_id != first.shard_id or r.offset != end) break;
-                end = r.offset +| r.byte_len;
-            }
-            const run_start = b.arena.items.len;
-            try b.readRange(ds, locs[i].cache, first.shard_id, first.offset, end);
-            var k = i;
-            while (k < j) : (k += 1) {
-                const r = ds.caches[locs[k].cache].row(locs[k].sample_id);
-                const at = run_start + @as(usize, @intCast(r.offset - first.offset));
-                try b.decodeRecord(ds, locs[k], at, @intCast(r.byte_len));
-            }
-            i = j;
-        }
-        for (b.columns, b.views, ds.fields) |*c, *v, f| {
-            v.* = .{ .kind = @intFromEnum(f.kind), .reserved = 0, .values = null, .offsets = null };
-            switch (f.kind) {
-                .bool => v.values = c.bytes.items.ptr,
-                .int => v.values = c.ints.items.ptr,
-                .float => v.values = c.floats.items.ptr,
-                .string => {
-                    v.values = c.bytes.items.ptr;
-                    v.offsets = c.offsets.items.ptr;
-                },
-            }
-        }
-    }
-
-    fn readRange(b: *BatchBuffers, ds: *Dataset, cache: u32, shard_id: u64, start: u64, end: u64) status.Error!void {
-        const c = &ds.caches[cache];
-        const path = c.shard_paths[@intCast(shard_id)];
-        if (end > c.manifest.shards[@intCast(shard_id)].byte_len or end < start) {
-            return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path});
-        }
-        const len: usize = @intCast(end - start);
-        const at = b.arena.items.len;
-        try b.arena.resize(ds.gpa, at + len);
-        const fd = try b.files.get(ds, cache, shard_id);
-        var done: usize = 0;
-        while (done < len) {
-            const n = posix.pread(fd, b.arena.items[at + done .. at + len], start + done) catch |err| return status.failIo(err, path);
-            if (n == 0) return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path});
-            done += n;
-        }
-    }
-
-    fn decodeRecord(b: *BatchBuffers, ds: *Dataset, loc: Loc, at: usize, len: usize) status.Error!void {
-        const gpa = ds.gpa;
-        const c = &ds.caches[loc.cache];
-        const row = c.row(loc.sample_id);
-        const record = shard.split(b.arena.items[at .. at + len]) catch |err| return err;
         b.scratch.clearRetainingCapacity();
         var diag: metadata_json.Diagnostic = .{};
-        metadata_json.parseRecord(record.json, ds.fields, b.values, &b.scratch, gpa, &diag) catch |err| switch (err) {
+        metadata_json.parseRecord(json, ds.fields, b.values, &b.scratch, gpa, &diag) catch |err| switch (err) {
             error.OutOfMemory => return error.OutOfMemory,
-            error.Invalid => return status.failText(switch (diag.kind) {
-                .json => error.Json,
-                .invalid_cache => error.InvalidCache,
-            }, diag.message()),
+            error.Invalid => return switch (diag.kind) {
+                .json => status.fail(error.Json, "JSON error: {s}", .{diag.message()}),
+                .invalid_cache => status.failText(error.InvalidCache, diag.message()),
+            },
         };
         const attached = ds.attachedFor(loc.cache);
         for (b.values, ds.fields, 0..) |*v, f, fi| {
-            if (v.* == .null) {
-                const a = attached orelse return status.fail(error.InvalidCache, "embedded metadata field '{s}' of sample {d} is null (a NaN or infinite float) and metadata.arrow is not loaded", .{ f.name, loc.sample_id });
-                v.* = .{ .float = @as([*]const f64, @ptrCast(@alignCast(a.columns[fi].values.?)))[@intCast(loc.sample_id)] };
-            }
+            if (v.* != .null) continue;
+            const a = attached orelse return status.fail(error.InvalidCache, "embedded metadata field '{s}' of sample {d} is null (a NaN or infinite float) and metadata.arrow is not loaded", .{ f.name, loc.sample_id });
+            v.* = .{ .float = @as([*]const f64, @ptrCast(@alignCast(a.columns[fi].values.?)))[@intCast(loc.sample_id)] };
         }
         if (ds.options.validate_cache) {
             const a = attached orelse return status.fail(error.Internal, "validate_cache requires attached metadata", .{});
@@ -208,7 +183,6 @@ pub const BatchBuffers = struct {
                 return status.fail(error.InvalidCache, "embedded metadata does not match metadata.arrow for sample {d}", .{loc.sample_id});
             }
         }
-        // Copy the parsed values (strings may point into the arena or scratch) into columns.
         for (b.values, b.columns, ds.fields) |v, *col, f| {
             switch (f.kind) {
                 .bool => try col.bytes.append(gpa, @intFromBool(v.bool)),
@@ -220,35 +194,44 @@ pub const BatchBuffers = struct {
                 },
             }
         }
-        const payload_at = at + record.payload_offset;
-        switch (c.manifest.shards[@intCast(row.shard_id)].compression) {
-            .none => {
-                try b.payload_offsets.append(gpa, payload_at);
-                try b.payload_lens.append(gpa, record.stored_payload.len);
-            },
-            .lz4 => {
-                const stored = b.arena.items[payload_at .. at + len];
-                const raw_len = lz4.prependedSize(stored) catch |err|
-                    return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
-                const out_at = b.arena.items.len;
-                try b.arena.resize(gpa, out_at + raw_len);
-                // The arena may have moved: slice the stored bytes again after resizing.
-                lz4.decompressPrepended(b.arena.items[payload_at .. at + len], b.arena.items[out_at..][0..raw_len]) catch |err|
-                    return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
-                try b.payload_offsets.append(gpa, out_at);
-                try b.payload_lens.append(gpa, raw_len);
-            },
-        }
-        try b.cache_ids.append(gpa, c.cache_id);
+        // An empty slice's pointer is arbitrary; give empty payloads a real address.
+        try b.payloads.append(gpa, if (payload.len == 0) json.ptr else payload.ptr);
+        try b.payload_lens.append(gpa, payload.len);
+        try b.cache_ids.append(gpa, ds.caches[loc.cache].cache_id);
         try b.sample_ids.append(gpa, loc.sample_id);
     }
 
-    fn view(b: *const BatchBuffers) abi.Batch {
+    /// The `drt_batch` view. With `contiguous`, payloads are first copied into one arena.
+    fn view(b: *BatchBuffers, gpa: std.mem.Allocator, fields: []const schema.Field, contiguous: bool) status.Error!abi.Batch {
+        for (b.columns, b.views, fields) |*c, *v, f| {
+            v.* = .{ .kind = @intFromEnum(f.kind), .reserved = 0, .values = null, .offsets = null };
+            switch (f.kind) {
+                .bool => v.values = c.bytes.items.ptr,
+                .int => v.values = c.ints.items.ptr,
+                .float => v.values = c.floats.items.ptr,
+                .string => {
+                    v.values = c.bytes.items.ptr;
+                    v.offsets = c.offsets.items.ptr;
+                },
+            }
+        }
+        var base: ?[*]const u8 = null;
+        if (contiguous) {
+            var total: usize = 0;
+            for (b.payload_lens.items) |n| total += @intCast(n);
+            try b.arena.ensureTotalCapacity(gpa, @max(total, 1));
+            for (b.payloads.items, b.payload_lens.items) |p, n| {
+                try b.payload_offsets.append(gpa, b.arena.items.len);
+                b.arena.appendSliceAssumeCapacity(p[0..@intCast(n)]);
+            }
+            base = b.arena.items.ptr;
+        }
         return .{
             .count = b.cache_ids.items.len,
-            .payload_base = b.arena.items.ptr,
-            .payload_offsets = b.payload_offsets.items.ptr,
+            .payloads = b.payloads.items.ptr,
             .payload_lens = b.payload_lens.items.ptr,
+            .payload_base = base,
+            .payload_offsets = if (contiguous) b.payload_offsets.items.ptr else null,
             .cache_ids = b.cache_ids.items.ptr,
             .sample_ids = b.sample_ids.items.ptr,
             .columns = b.views.ptr,
@@ -274,86 +257,492 @@ fn matchesRow(fields: []const schema.Field, values: []const schema.Value, a: dat
     return true;
 }
 
+/// Where one record's parts are after its slot is read and decoded.
+const Decoded = struct {
+    json_at: u32,
+    json_len: u32,
+    /// Payload location: in `Slot.buf` or, for lz4, in `Slot.raw`.
+    payload_at: u64,
+    payload_len: u64,
+    in_raw: bool,
+};
+
+/// One positioned read: `count` consecutive planned samples whose records are adjacent.
+const Slot = struct {
+    job: runtime_mod.Job = .{ .run = runJob },
+    it: *Iter = undefined,
+    state: std.atomic.Value(State) = .init(.idle),
+    /// Window index of the first sample and number of samples.
+    first: u64 = 0,
+    count: u32 = 0,
+    cache: u32 = 0,
+    shard_id: u64 = 0,
+    offset: u64 = 0,
+    len: u64 = 0,
+    /// Bytes read so far (io_uring short reads are resubmitted for the rest).
+    done_bytes: u64 = 0,
+    fd: posix.fd_t = -1,
+    file: ?FileCache.Handle = null,
+    buf: std.ArrayList(u8) = .empty,
+    raw: std.ArrayList(u8) = .empty,
+    decoded: std.ArrayList(Decoded) = .empty,
+    failure: ?status.Error = null,
+    message: [256]u8 = undefined,
+    message_len: usize = 0,
+
+    const State = enum(u8) { idle, pending, done };
+
+    fn deinit(s: *Slot, gpa: std.mem.Allocator) void {
+        s.buf.deinit(gpa);
+        s.raw.deinit(gpa);
+        s.decoded.deinit(gpa);
+    }
+
+    /// Remembers the failure (this runs on a worker; the consumer re-raises it in order).
+    fn fail(s: *Slot, err: status.Error) void {
+        const msg = status.lastMessage();
+        const n = @min(msg.len, s.message.len);
+        @memcpy(s.message[0..n], msg[0..n]);
+        s.message_len = n;
+        s.failure = err;
+    }
+
+    fn runJob(job: *runtime_mod.Job) void {
+        const s: *Slot = @fieldParentPtr("job", job);
+        const it = s.it;
+        s.readAll() catch |err| s.fail(err);
+        if (s.failure == null) s.decode(it.ds) catch |err| s.fail(err);
+        it.mutex.lock();
+        s.state.store(.done, .release);
+        it.cond.broadcast();
+        it.mutex.unlock();
+    }
+
+    fn path(s: *const Slot, ds: *const Dataset) [:0]const u8 {
+        return ds.caches[s.cache].shard_paths[@intCast(s.shard_id)];
+    }
+
+    fn readAll(s: *Slot) status.Error!void {
+        const ds = s.it.ds;
+        while (s.done_bytes < s.len) {
+            const n = posix.pread(s.fd, s.buf.items[@intCast(s.done_bytes)..], s.offset + s.done_bytes) catch |err| return status.failIo(err, s.path(ds));
+            if (n == 0) return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{s.path(ds)});
+            s.done_bytes += n;
+        }
+    }
+
+    /// Splits the records read and decompresses lz4 payloads into `raw`.
+    fn decode(s: *Slot, ds: *Dataset) status.Error!void {
+        const gpa = ds.gpa;
+        const c = &ds.caches[s.cache];
+        const compression = c.manifest.shards[@intCast(s.shard_id)].compression;
+        s.decoded.clearRetainingCapacity();
+        s.raw.clearRetainingCapacity();
+        var at: u64 = 0;
+        var k: u32 = 0;
+        while (k < s.count) : (k += 1) {
+            const loc = s.it.locAt(s.first + k);
+            const row = c.row(loc.sample_id);
+            const image = s.buf.items[@intCast(at)..@intCast(at + row.byte_len)];
+            const record = try shard.split(image);
+            var d: Decoded = .{
+                .json_at = @intCast(at + shard.header_bytes),
+                .json_len = @intCast(record.json.len),
+                .payload_at = at + record.payload_offset,
+                .payload_len = record.stored_payload.len,
+                .in_raw = false,
+            };
+            if (compression == .lz4) {
+                const raw_len = lz4.prependedSize(record.stored_payload) catch |err|
+                    return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
+                const out_at = s.raw.items.len;
+                try s.raw.resize(gpa, out_at + raw_len);
+                lz4.decompressPrepended(record.stored_payload, s.raw.items[out_at..][0..raw_len]) catch |err|
+                    return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
+                d.payload_at = out_at;
+                d.payload_len = raw_len;
+                d.in_raw = true;
+            }
+            try s.decoded.append(gpa, d);
+            at += row.byte_len;
+        }
+    }
+};
+
+pub const Backend = enum { io_uring, threads };
+
 pub const Iter = struct {
     ds: *Dataset,
     table: *Table,
     start: u64,
     len: u64,
-    next: u64 = 0,
+    backend: Backend,
+    ring: ?uring.Ring = null,
+    /// Planned locations, indexed by window index modulo prefetch.
+    loc_ring: []Loc,
+    slots: []Slot,
+    /// Slot ring: `head` is the oldest undelivered slot, `used` slots are in use.
+    head: usize = 0,
+    used: usize = 0,
+    /// Samples of the head slot already delivered.
+    head_taken: u32 = 0,
+    /// Slots fully handed out by the last batch, released on the next call.
+    pending_release: usize = 0,
+    /// Window indexes: next to plan, next to deliver; samples the consumer still holds.
+    planned: u64 = 0,
+    delivered: u64 = 0,
+    held_samples: u64 = 0,
     finished: bool = false,
-    locs: std.ArrayList(Loc) = .empty,
-    buffers: BatchBuffers,
+    files: FileCache = .{},
+    batch: BatchBuffers,
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
 
     pub fn open(ds: *Dataset) status.Error!*Iter {
         try ds.runtime.checkPid();
         const gpa = ds.gpa;
-        var buffers = try BatchBuffers.init(gpa, ds.fields.len);
-        errdefer buffers.deinit(gpa);
+        const prefetch: usize = @intCast(@min(ds.options.prefetch_size, 1 << 16));
+        var batch = try BatchBuffers.init(gpa, ds.fields.len);
+        errdefer batch.deinit(gpa);
+        const loc_ring = try gpa.alloc(Loc, prefetch);
+        errdefer gpa.free(loc_ring);
+        const slots = try gpa.alloc(Slot, prefetch);
+        errdefer gpa.free(slots);
+        @memset(slots, .{});
         const it = try gpa.create(Iter);
+        errdefer gpa.destroy(it);
+        var backend: Backend = if (ds.io_backend == abi.io_uring) .io_uring else .threads;
+        var ring: ?uring.Ring = null;
+        if (backend == .io_uring) {
+            ring = uring.Ring.init(@intCast(prefetch)) catch blk: {
+                backend = .threads;
+                break :blk null;
+            };
+        }
         const window = ds.reserveWindow();
-        it.* = .{ .ds = ds.retain(), .table = window.table, .start = window.start, .len = window.len, .buffers = buffers };
+        it.* = .{
+            .ds = ds.retain(),
+            .table = window.table,
+            .start = window.start,
+            .len = window.len,
+            .backend = backend,
+            .ring = ring,
+            .loc_ring = loc_ring,
+            .slots = slots,
+            .batch = batch,
+        };
+        for (slots) |*s| s.it = it;
         return it;
     }
 
+    fn locAt(it: *const Iter, window_index: u64) Loc {
+        return it.loc_ring[@intCast(window_index % it.loc_ring.len)];
+    }
+
+    /// Plans and submits reads until the prefetch window is full or the window ends.
+    fn fill(it: *Iter) status.Error!void {
+        const ds = it.ds;
+        const gpa = ds.gpa;
+        const prefetch = it.loc_ring.len;
+        while (it.planned < it.len and it.used < it.slots.len and it.planned - it.delivered + it.held_samples < prefetch) {
+            const loc = ds.locate(it.table, it.start +% it.planned);
+            const c = &ds.caches[loc.cache];
+            const row = c.row(loc.sample_id);
+            const slot = &it.slots[(it.head + it.used) % it.slots.len];
+            slot.first = it.planned;
+            slot.count = 1;
+            slot.cache = loc.cache;
+            slot.shard_id = row.shard_id;
+            slot.offset = row.offset;
+            slot.len = row.byte_len;
+            it.loc_ring[@intCast(it.planned % prefetch)] = loc;
+            it.planned += 1;
+            // Ordered mode: extend the read over records adjacent in the same shard.
+            if (!ds.options.shuffle) {
+                while (it.planned < it.len and it.planned - it.delivered + it.held_samples < prefetch and slot.len < coalesce_bytes_max) {
+                    const next = ds.locate(it.table, it.start +% it.planned);
+                    if (next.cache != loc.cache) break;
+                    const r = c.row(next.sample_id);
+                    if (r.shard_id != row.shard_id or r.offset != slot.offset + slot.len) break;
+                    slot.len += r.byte_len;
+                    slot.count += 1;
+                    it.loc_ring[@intCast(it.planned % prefetch)] = next;
+                    it.planned += 1;
+                }
+            }
+            it.used += 1;
+            const shard_len = c.manifest.shards[@intCast(row.shard_id)].byte_len;
+            slot.failure = null;
+            slot.done_bytes = 0;
+            if (slot.offset > shard_len or slot.len > shard_len - slot.offset) {
+                slot.fail(status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(ds)}));
+                slot.state.store(.done, .release);
+                continue;
+            }
+            const handle = it.files.acquire(ds, slot.cache, slot.shard_id) catch |err| {
+                slot.fail(err);
+                slot.state.store(.done, .release);
+                continue;
+            };
+            slot.file = handle;
+            slot.fd = handle.fd;
+            slot.buf.resize(gpa, @intCast(slot.len)) catch |err| {
+                slot.fail(err);
+                slot.state.store(.done, .release);
+                continue;
+            };
+            slot.state.store(.pending, .release);
+            switch (it.backend) {
+                .threads => ds.runtime.pool.submit(&slot.job),
+                .io_uring => try it.queueRead((it.head + it.used - 1) % it.slots.len, slot.buf.items, slot.offset),
+            }
+        }
+        if (it.backend == .io_uring and it.ring.?.ring.sq_ready() > 0) {
+            it.ring.?.submit(0) catch |err| return status.failIo(err, "io_uring_enter");
+        }
+    }
+
+    /// io_uring: queues a read for slot `index`, submitting first when the queue is full.
+    fn queueRead(it: *Iter, index: usize, buf: []u8, offset: u64) status.Error!void {
+        var ring = &it.ring.?;
+        const fd = it.slots[index].fd;
+        ring.queueRead(index, fd, buf, offset) catch {
+            ring.submit(0) catch |err| return status.failIo(err, "io_uring_enter");
+            ring.queueRead(index, fd, buf, offset) catch return status.fail(error.Internal, "io_uring submission queue stays full", .{});
+        };
+    }
+
+    /// Waits until the head slot's read (and decode) is complete.
+    fn waitHead(it: *Iter) status.Error!void {
+        const slot = &it.slots[it.head];
+        switch (it.backend) {
+            .threads => {
+                if (slot.state.load(.acquire) != .done) {
+                    it.mutex.lock();
+                    defer it.mutex.unlock();
+                    while (slot.state.load(.acquire) != .done) it.cond.wait(&it.mutex);
+                }
+            },
+            .io_uring => {
+                while (slot.state.load(.acquire) != .done) try it.reapCompletions(1);
+            },
+        }
+    }
+
+    /// io_uring: handles completions (waiting for at least `wait`), finishing or resubmitting reads.
+    fn reapCompletions(it: *Iter, wait: u32) status.Error!void {
+        var ring = &it.ring.?;
+        var out: [64]uring.Completion = undefined;
+        const n = ring.reap(&out, wait) catch |err| return status.failIo(err, "io_uring_enter");
+        var resubmit = false;
+        for (out[0..n]) |c| {
+            const slot = &it.slots[@intCast(c.user_data)];
+            if (c.res < 0) {
+                const e: posix.E = @enumFromInt(-c.res);
+                slot.fail(status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), -c.res, slot.path(it.ds) }));
+            } else if (c.res == 0) {
+                slot.fail(status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(it.ds)}));
+            } else {
+                slot.done_bytes += @intCast(c.res);
+                if (slot.done_bytes < slot.len) {
+                    try it.queueRead(@intCast(c.user_data), slot.buf.items[@intCast(slot.done_bytes)..], slot.offset + slot.done_bytes);
+                    resubmit = true;
+                    continue;
+                }
+                slot.decode(it.ds) catch |err| slot.fail(err);
+            }
+            slot.state.store(.done, .release);
+        }
+        if (resubmit) ring.submit(0) catch |err| return status.failIo(err, "io_uring_enter");
+    }
+
+    fn releaseFile(it: *Iter, slot: *Slot) void {
+        if (slot.file) |handle| it.files.release(handle);
+        slot.file = null;
+    }
+
+    /// Releases the slots fully handed out by the previous batch.
+    fn releaseDelivered(it: *Iter) void {
+        while (it.pending_release > 0) : (it.pending_release -= 1) {
+            it.releaseFile(&it.slots[it.head]);
+            it.slots[it.head].state.store(.idle, .monotonic);
+            it.head = (it.head + 1) % it.slots.len;
+            it.used -= 1;
+        }
+        it.held_samples = 0;
+    }
+
     /// Fills `out` with the next samples (count 0 at the end). See drt_iter_next_batch.
-    pub fn nextBatch(it: *Iter, max_count: u64, out: *abi.Batch) status.Error!void {
-        try it.ds.runtime.checkPid();
+    pub fn nextBatch(it: *Iter, max_count: u64, flags: u32, out: *abi.Batch) status.Error!void {
+        const ds = it.ds;
+        try ds.runtime.checkPid();
         if (max_count == 0) return status.fail(error.InvalidArgument, "max_count must be at least 1", .{});
-        if (it.finished or it.next >= it.len) {
+        it.releaseDelivered();
+        if (it.finished or it.delivered >= it.len) {
             it.finished = true;
             out.* = std.mem.zeroes(abi.Batch);
             return;
         }
         errdefer it.finished = true;
-        const n: usize = @intCast(@min(max_count, it.ds.options.prefetch_size, it.len - it.next));
-        it.locs.clearRetainingCapacity();
-        try it.locs.ensureTotalCapacity(it.ds.gpa, n);
-        for (0..n) |k| it.locs.appendAssumeCapacity(it.ds.locate(it.table, it.start +% (it.next + k)));
-        try it.buffers.fill(it.ds, it.locs.items);
-        it.next += n;
-        out.* = it.buffers.view();
+        try it.fill();
+        try it.batch.reset(ds.gpa, ds.fields);
+        const half = @max(1, it.loc_ring.len / 2);
+        const limit = @min(max_count, half, it.len - it.delivered);
+        var taken: u64 = 0;
+        var i: usize = 0;
+        while (taken < limit and i < it.used) : (i += 1) {
+            const slot = &it.slots[(it.head + i) % it.slots.len];
+            // Wait for the oldest read only; after that, deliver what is already complete.
+            if (i == 0) try it.waitHead() else if (slot.state.load(.acquire) != .done) break;
+            if (slot.failure) |err| return status.failText(err, slot.message[0..slot.message_len]);
+            var k: u32 = if (i == 0) it.head_taken else 0;
+            while (k < slot.count and taken < limit) : (k += 1) {
+                const d = slot.decoded.items[k];
+                const json = slot.buf.items[d.json_at..][0..d.json_len];
+                const payload_buf = if (d.in_raw) slot.raw.items else slot.buf.items;
+                const payload = payload_buf[@intCast(d.payload_at)..][0..@intCast(d.payload_len)];
+                try it.batch.add(ds, it.locAt(slot.first + k), json, payload);
+                taken += 1;
+            }
+            if (k < slot.count) {
+                // Partly delivered: once the slots before it are released it is the head.
+                it.head_taken = k;
+                break;
+            }
+            it.head_taken = 0;
+            it.pending_release += 1;
+        }
+        it.delivered += taken;
+        it.held_samples = taken;
+        out.* = try it.batch.view(ds.gpa, ds.fields, flags & batch_contiguous != 0);
+    }
+
+    /// Waits for or dequeues every outstanding read; afterwards no read targets a buffer.
+    fn drain(it: *Iter) void {
+        switch (it.backend) {
+            .threads => for (it.slots) |*s| {
+                if (s.state.load(.acquire) != .pending) continue;
+                if (it.ds.runtime.pool.cancel(&s.job)) {
+                    s.state.store(.idle, .monotonic);
+                    continue;
+                }
+                it.mutex.lock();
+                while (s.state.load(.acquire) == .pending) it.cond.wait(&it.mutex);
+                it.mutex.unlock();
+            },
+            .io_uring => {
+                var ring = &it.ring.?;
+                while (ring.in_flight > 0) {
+                    var out: [64]uring.Completion = undefined;
+                    _ = ring.reap(&out, 1) catch break;
+                }
+            },
+        }
     }
 
     pub fn close(it: *Iter) void {
         const ds = it.ds;
-        if (ds.runtime.checkPid()) |_| {} else |_| return;
-        it.buffers.deinit(ds.gpa);
-        it.locs.deinit(ds.gpa);
+        if (ds.runtime.checkPid()) |_| {} else |_| return; // forked child: leak, never touch
+        const gpa = ds.gpa;
+        it.drain();
+        for (it.slots) |*s| it.releaseFile(s);
+        if (it.ring) |*r| r.deinit();
+        it.files.deinit();
+        for (it.slots) |*s| s.deinit(gpa);
+        gpa.free(it.slots);
+        gpa.free(it.loc_ring);
+        it.batch.deinit(gpa);
         it.table.release();
-        ds.gpa.destroy(it);
+        gpa.destroy(it);
         ds.release();
     }
 };
 
+/// Random access by identity, read synchronously on the calling thread.
 pub const Lookup = struct {
     ds: *Dataset,
-    locs: std.ArrayList(Loc) = .empty,
-    buffers: BatchBuffers,
+    files: FileCache = .{},
+    record: std.ArrayList(u8) = .empty,
+    raw: std.ArrayList(u8) = .empty,
+    /// (start, len) of each sample's payload in `raw`, filled before batching so that
+    /// pointers into `raw` are taken only after it stops growing.
+    spans: std.ArrayList([2]u64) = .empty,
+    jsons: std.ArrayList([2]u64) = .empty,
+    batch: BatchBuffers,
 
     pub fn open(ds: *Dataset) status.Error!*Lookup {
         try ds.runtime.checkPid();
-        var buffers = try BatchBuffers.init(ds.gpa, ds.fields.len);
-        errdefer buffers.deinit(ds.gpa);
+        var batch = try BatchBuffers.init(ds.gpa, ds.fields.len);
+        errdefer batch.deinit(ds.gpa);
         const lk = try ds.gpa.create(Lookup);
-        lk.* = .{ .ds = ds.retain(), .buffers = buffers };
+        lk.* = .{ .ds = ds.retain(), .batch = batch };
         return lk;
     }
 
-    pub fn get(lk: *Lookup, cache_ids: []const u64, sample_ids: []const u64, out: *abi.Batch) status.Error!void {
-        try lk.ds.runtime.checkPid();
-        lk.locs.clearRetainingCapacity();
-        try lk.locs.ensureTotalCapacity(lk.ds.gpa, cache_ids.len);
-        for (cache_ids, sample_ids) |cid, sid| lk.locs.appendAssumeCapacity(try lk.ds.locFor(cid, sid));
-        try lk.buffers.fill(lk.ds, lk.locs.items);
-        out.* = lk.buffers.view();
+    pub fn get(lk: *Lookup, cache_ids: []const u64, sample_ids: []const u64, flags: u32, out: *abi.Batch) status.Error!void {
+        const ds = lk.ds;
+        const gpa = ds.gpa;
+        try ds.runtime.checkPid();
+        lk.raw.clearRetainingCapacity();
+        lk.spans.clearRetainingCapacity();
+        lk.jsons.clearRetainingCapacity();
+        // Pass 1: read each record; keep JSON and (decompressed) payload bytes in `raw`.
+        for (cache_ids, sample_ids) |cid, sid| {
+            const loc = try ds.locFor(cid, sid);
+            const c = &ds.caches[loc.cache];
+            const row = c.row(loc.sample_id);
+            const path = c.shard_paths[@intCast(row.shard_id)];
+            const shard_len = c.manifest.shards[@intCast(row.shard_id)].byte_len;
+            if (row.offset > shard_len or row.byte_len > shard_len - row.offset) {
+                return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path});
+            }
+            try lk.record.resize(gpa, @intCast(row.byte_len));
+            const handle = try lk.files.acquire(ds, loc.cache, row.shard_id);
+            defer lk.files.release(handle);
+            var done: usize = 0;
+            while (done < lk.record.items.len) {
+                const n = posix.pread(handle.fd, lk.record.items[done..], row.offset + done) catch |err| return status.failIo(err, path);
+                if (n == 0) return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path});
+                done += n;
+            }
+            const record = try shard.split(lk.record.items);
+            try lk.jsons.append(gpa, .{ lk.raw.items.len, record.json.len });
+            try lk.raw.appendSlice(gpa, record.json);
+            const payload_at = lk.raw.items.len;
+            switch (c.manifest.shards[@intCast(row.shard_id)].compression) {
+                .none => try lk.raw.appendSlice(gpa, record.stored_payload),
+                .lz4 => {
+                    const raw_len = lz4.prependedSize(record.stored_payload) catch |err|
+                        return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
+                    try lk.raw.resize(gpa, payload_at + raw_len);
+                    lz4.decompressPrepended(record.stored_payload, lk.raw.items[payload_at..][0..raw_len]) catch |err|
+                        return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
+                },
+            }
+            try lk.spans.append(gpa, .{ payload_at, lk.raw.items.len - payload_at });
+        }
+        // Pass 2: parse and batch, now that `raw` no longer moves.
+        try lk.batch.reset(gpa, ds.fields);
+        for (cache_ids, sample_ids, lk.jsons.items, lk.spans.items) |cid, sid, j, p| {
+            const loc = try ds.locFor(cid, sid);
+            const json = lk.raw.items[@intCast(j[0])..][0..@intCast(j[1])];
+            const payload = lk.raw.items[@intCast(p[0])..][0..@intCast(p[1])];
+            try lk.batch.add(ds, loc, json, payload);
+        }
+        out.* = try lk.batch.view(gpa, ds.fields, flags & batch_contiguous != 0);
     }
 
     pub fn close(lk: *Lookup) void {
         const ds = lk.ds;
         if (ds.runtime.checkPid()) |_| {} else |_| return;
-        lk.buffers.deinit(ds.gpa);
-        lk.locs.deinit(ds.gpa);
-        ds.gpa.destroy(lk);
+        const gpa = ds.gpa;
+        lk.files.deinit();
+        lk.record.deinit(gpa);
+        lk.raw.deinit(gpa);
+        lk.spans.deinit(gpa);
+        lk.jsons.deinit(gpa);
+        lk.batch.deinit(gpa);
+        gpa.destroy(lk);
         ds.release();
     }
 };

@@ -57,6 +57,26 @@ pub const Pool = struct {
         pool.cond.signal();
     }
 
+    /// Removes `job` from the queue if no worker has taken it yet. Returns true when it was
+    /// removed (it will never run), false when it is running or has run.
+    pub fn cancel(pool: *Pool, job: *Job) bool {
+        pool.mutex.lock();
+        defer pool.mutex.unlock();
+        var prev: ?*Job = null;
+        var cur = pool.head;
+        while (cur) |c| : ({
+            prev = c;
+            cur = c.next;
+        }) {
+            if (c != job) continue;
+            if (prev) |p| p.next = c.next else pool.head = c.next;
+            if (pool.tail == c) pool.tail = prev;
+            c.next = null;
+            return true;
+        }
+        return false;
+    }
+
     fn worker(pool: *Pool) void {
         while (true) {
             pool.mutex.lock();
