@@ -8,11 +8,12 @@ columns) into ``CachedSample`` tuples, a batch at a time.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from dataset_rt import _native
 from dataset_rt._native import ffi, lib
@@ -126,6 +127,8 @@ class CachedDataset:
         self._lookup_lock = threading.Lock()
         self._columns = schema_of(handle)
         self._metadata_keepalive: list[Any] = []
+        self._state_lock = threading.RLock()
+        self._active: Any = None
         if reader_config.validate_cache:
             from dataset_rt.metadata import read_cache_metadata
 
@@ -199,6 +202,43 @@ class CachedDataset:
             for fields in zip(payloads, metadata, cache_ids, sample_ids)
         ]
 
+    def iter_batches(self, batch_size: int) -> Iterator[SampleBatch]:
+        """Iterate the same stream as ``iter(dataset)``, a batch of samples at a time.
+
+        Takes one window (``len(dataset)`` samples) like a per-sample iterator, on the first
+        ``next()``. Each :class:`SampleBatch` holds up to ``batch_size`` samples (the last one
+        may be shorter): the payloads as one contiguous ``numpy.uint8`` array with
+        ``len + 1`` offsets, the identities as ``numpy.uint64`` arrays, and the embedded
+        metadata as a Polars frame. The arrays own their memory (copied once out of the
+        native read buffers), so they stay valid for as long as the caller keeps them.
+        """
+        size = operator.index(batch_size)
+        if size < 1:
+            raise ValueError("batch_size must be at least 1")
+        return self._generate_batches(size)
+
+    def _generate_batches(self, size: int) -> Iterator[SampleBatch]:
+        out = ffi.new("drt_iter **")
+        _native.check(lib.drt_iter_open(self._handle, out))
+        iterator = out[0]
+        batch = ffi.new("drt_batch *")
+        parts: list[SampleBatch] = []
+        pending = 0
+        try:
+            while True:
+                _native.check(lib.drt_iter_next_batch(iterator, size - pending, lib.DRT_BATCH_CONTIGUOUS, batch))
+                if batch.count == 0:
+                    break
+                parts.append(_sample_batch(batch, self._columns))
+                pending += int(batch.count)
+                if pending == size:
+                    yield _concat_batches(parts)
+                    parts, pending = [], 0
+            if parts:
+                yield _concat_batches(parts)
+        finally:
+            lib.drt_iter_close(iterator)
+
     def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
         """The stored sample ``(cache_id, sample_id)`` with its embedded metadata.
 
@@ -221,33 +261,69 @@ class CachedDataset:
             return self._samples(batch)[0]
 
     def get_metadata(self) -> Any:
-        """The active metadata table as a Polars DataFrame."""
-        raise NotImplementedError("get_metadata arrives with issue #4")
+        """The active metadata table as a Polars DataFrame.
+
+        Before any update: ``cache_id`` (UInt64), ``sample_id`` (UInt64), the stored
+        columns in manifest order, ``weight`` (Float64, all 1.0), one row per physical
+        sample in path order, built from the memory-mapped ``metadata.arrow`` files. After
+        ``update_metadata(df)``: exactly ``df``. Never touches the cache files.
+        """
+        with self._state_lock:
+            if self._active is None:
+                from dataset_rt.metadata import default_table
+
+                self._active = default_table(self)
+            return self._active
 
     def samples_metadata(self) -> Any:
         """Alias of :meth:`get_metadata`."""
         return self.get_metadata()
 
     def update_metadata(self, df: Any) -> None:
-        """Replace the active table (validated first; the previous state survives errors)."""
-        raise NotImplementedError("update_metadata arrives with issue #4")
+        """Replace the active table that future iterators sample from.
+
+        ``df`` (a Polars DataFrame) needs the stored metadata columns with their Arrow
+        types, and ``cache_id``, ``sample_id`` (integers naming existing samples) and
+        ``weight`` (positive, finite) columns; rows may be filtered, reordered or
+        duplicated and extra columns are kept. The whole table is validated natively
+        first; on any error (``ValueError``) nothing changes. On success the cursor and
+        draw stream restart at 0, shuffled reading switches to weighted draws, and the
+        epoch length becomes the row count. Cache files are never rewritten.
+        """
+        from dataset_rt.metadata import validate_and_set
+
+        with self._state_lock:
+            validate_and_set(self, df)
+            self._active = df
 
     def set_samples_metadata(self, df: Any) -> None:
         """Alias of :meth:`update_metadata`."""
         self.update_metadata(df)
 
     def update_manifests(self, version: int) -> Any:
-        """Migrate format-2 manifests to format 3."""
-        raise NotImplementedError("update_manifests arrives with issue #4")
+        """Rewrite format-2 manifests of this dataset's caches as format 3 (atomically).
+
+        Returns ``Ok(ManifestUpdateReport)`` or ``Err(ManifestUpdateError)``; see the
+        storage-format docs. Sample files, the active table and cursors are unchanged.
+        """
+        from dataset_rt.manifests import update_manifests
+
+        return update_manifests(self, version)
 
     def dump_config(self, path: str | os.PathLike[str]) -> Path:
-        """Write ``dataset.json`` and the active table into an existing directory."""
-        raise NotImplementedError("dump_config arrives with issue #4")
+        """Write ``dataset.json`` and the active table (``metadata.arrow``) into the
+        existing directory ``path``; returns the ``dataset.json`` path."""
+        from dataset_rt.snapshot import dump_config
+
+        return dump_config(self, path)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str]) -> CachedDataset:
-        """Rebuild a dataset from a ``dataset.json`` written by :meth:`dump_config`."""
-        raise NotImplementedError("from_config arrives with issue #4")
+        """Rebuild a dataset (new runtime, same caches, active table and epoch length)
+        from a ``dataset.json`` written by :meth:`dump_config`. The stream starts at 0."""
+        from dataset_rt.snapshot import load_config
+
+        return load_config(path)
 
     def to_torch_iterable_dataset(self) -> Any:
         """A ``torch.utils.data.IterableDataset`` over this dataset's stream."""
@@ -256,6 +332,81 @@ class CachedDataset:
     def to_torch_dataloader(self, **kwargs: Any) -> Any:
         """A ``torch.utils.data.DataLoader`` reading from snapshots of this dataset."""
         raise NotImplementedError("to_torch_dataloader arrives with issue #6")
+
+
+class SampleBatch(NamedTuple):
+    """A batch from :meth:`CachedDataset.iter_batches`.
+
+    Sample ``i``'s payload is ``data[offsets[i]:offsets[i + 1]]``; its identity is
+    ``(cache_id[i], sample_id[i])`` and its embedded metadata is row ``i`` of ``metadata``.
+    """
+
+    data: Any
+    offsets: Any
+    cache_id: Any
+    sample_id: Any
+    metadata: Any
+
+    def __len__(self) -> int:  # type: ignore[override]
+        return len(self.cache_id)
+
+    def payload(self, i: int) -> bytes:
+        """Sample ``i``'s payload as bytes."""
+        return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes()
+
+
+def _sample_batch(batch: Any, columns: list[tuple[str, int]]) -> SampleBatch:
+    """Copy one contiguous native batch into numpy arrays and a Polars frame."""
+    import numpy as np
+    import polars as pl
+
+    n = int(batch.count)
+    lens = np.frombuffer(ffi.buffer(batch.payload_lens, 8 * n), dtype=np.uint64)
+    offsets = np.zeros(n + 1, dtype=np.uint64)
+    np.cumsum(lens, out=offsets[1:])
+    data = np.frombuffer(ffi.buffer(batch.payload_base, int(offsets[-1])), dtype=np.uint8).copy()
+    cache_id = np.frombuffer(ffi.buffer(batch.cache_ids, 8 * n), dtype=np.uint64).copy()
+    sample_id = np.frombuffer(ffi.buffer(batch.sample_ids, 8 * n), dtype=np.uint64).copy()
+    frame = pl.DataFrame(
+        {name: _column_array(batch.columns[i], kind, n) for i, (name, kind) in enumerate(columns)}
+    )
+    return SampleBatch(data, offsets, cache_id, sample_id, frame)
+
+
+def _concat_batches(parts: list[SampleBatch]) -> SampleBatch:
+    import numpy as np
+    import polars as pl
+
+    if len(parts) == 1:
+        return parts[0]
+    sizes = np.array([part.offsets[-1] for part in parts], dtype=np.uint64)
+    shifts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
+    offsets = np.concatenate(
+        [part.offsets[:-1] + shift for part, shift in zip(parts, shifts)] + [np.array([sizes.sum()], dtype=np.uint64)]
+    )
+    return SampleBatch(
+        np.concatenate([part.data for part in parts]),
+        offsets,
+        np.concatenate([part.cache_id for part in parts]),
+        np.concatenate([part.sample_id for part in parts]),
+        pl.concat([part.metadata for part in parts]),
+    )
+
+
+def _column_array(column: Any, kind: int, n: int) -> Any:
+    """A metadata column of a native batch as a numpy or pyarrow array (copied)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if kind == KIND_INT:
+        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.int64).copy()
+    if kind == KIND_FLOAT:
+        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.float64).copy()
+    if kind == KIND_BOOL:
+        return np.frombuffer(ffi.buffer(column.values, n), dtype=np.uint8).astype(bool)
+    offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).astype(np.int64)
+    data = ffi.buffer(ffi.cast("uint8_t *", column.values), int(offsets[-1]))[:]
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
 def _payloads(batch: Any, n: int) -> list[bytes]:

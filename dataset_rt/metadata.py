@@ -51,17 +51,18 @@ def read_arrow_file(path: Path) -> Any:
         raise RuntimeError(f"Arrow error: {exc}") from exc
 
 
-def read_cache_metadata(handle: Any, cache_index: int, cache_path: Path) -> list[Any]:
+def read_cache_metadata(handle: Any, cache_index: int, cache_path: Path, table: Any = None) -> list[Any]:
     """Validate cache ``cache_index``'s metadata.arrow against its manifest and attach its
     columns to the native dataset (for ``validate_cache`` comparisons and for resolving
-    JSON nulls). Returns the buffers the native side borrows: keep them alive as long as
-    the dataset."""
+    JSON nulls). ``table`` is the file's content when the caller already read it. Returns
+    the buffers the native side borrows: keep them alive as long as the dataset."""
     import numpy as np
 
     fields = schema_of(handle)
     info = ffi.new("drt_cache_info *")
     _native.check(lib.drt_dataset_cache_info(handle, cache_index, info))
-    table = read_arrow_file(cache_path / "metadata.arrow")
+    if table is None:
+        table = read_arrow_file(cache_path / "metadata.arrow")
     if table.num_rows != info.sample_count:
         raise ValueError("metadata row count does not match manifest")
     if table.num_columns < len(fields):
@@ -95,3 +96,131 @@ def read_cache_metadata(handle: Any, cache_index: int, cache_path: Path) -> list
     keep.append(table)
     _native.check(lib.drt_dataset_attach_metadata(handle, cache_index, rows, columns))
     return keep
+
+
+# ------------------------------------------------------------------------ active table
+
+STORED_ARROW_NAMES = {KIND_BOOL: "Boolean", KIND_INT: "Int64", KIND_FLOAT: "Float64", KIND_STRING: "Utf8"}
+ID_COLUMNS = ("cache_id", "sample_id", "weight")
+
+
+def _arrow_kind_matches(kind: int, actual: Any) -> bool:
+    """Whether a column of Arrow type ``actual`` may hold a stored column of ``kind``.
+
+    Strings accept utf8, large_utf8 and string views (what Polars produces)."""
+    import pyarrow as pa
+
+    if kind == KIND_STRING:
+        return actual in (pa.utf8(), pa.large_utf8()) or str(actual) == "string_view"
+    return actual == arrow_type(kind)
+
+
+def default_table(dataset: Any) -> Any:
+    """The initial active table: cache_id, sample_id, stored columns, weight (all 1.0).
+
+    Built from the memory-mapped metadata.arrow of every cache, columnar (no Python row
+    objects). Also attaches each cache's columns to the native dataset, so JSON nulls
+    (NaN or infinite floats written by the reference) resolve to their Arrow values.
+    """
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+
+    handle = dataset._handle
+    fields = schema_of(handle)
+    info = ffi.new("drt_cache_info *")
+    counts: list[int] = []
+    ids: list[int] = []
+    chunks: list[list[Any]] = [[] for _ in fields]
+    for index, path in enumerate(dataset.cache_paths):
+        _native.check(lib.drt_dataset_cache_info(handle, index, info))
+        counts.append(int(info.sample_count))
+        ids.append(int(info.cache_id))
+        table = read_arrow_file(Path(path) / "metadata.arrow")
+        if table.num_columns != len(fields):
+            raise ValueError("metadata batch column count does not match manifest")
+        for i, (name, kind) in enumerate(fields):
+            field = table.schema.field(i)
+            if field.name != name or field.type != arrow_type(kind):
+                raise ValueError(f"metadata column '{name}' does not match manifest schema")
+        if table.num_rows != info.sample_count:
+            raise ValueError(
+                f"metadata row count for cache {index} expected {info.sample_count}, got {table.num_rows}"
+            )
+        for i in range(len(fields)):
+            chunks[i].extend(table.column(i).chunks)
+        if table.num_rows:
+            try:
+                dataset._metadata_keepalive.append(read_cache_metadata(handle, index, Path(path), table))
+            except ValueError:
+                pass  # nulls in a stored column: reads keep failing on JSON nulls, as before
+    count_array = np.array(counts, dtype=np.int64)
+    columns: dict[str, Any] = {
+        "cache_id": pa.array(np.repeat(np.array(ids, dtype=np.uint64), count_array), type=pa.uint64()),
+        "sample_id": pa.array(
+            np.concatenate([np.arange(c, dtype=np.uint64) for c in counts]), type=pa.uint64()
+        ),
+    }
+    for (name, kind), parts in zip(fields, chunks):
+        columns[name] = pa.chunked_array(parts, type=arrow_type(kind))
+    columns["weight"] = pa.array(np.ones(int(count_array.sum()), dtype=np.float64))
+    # Arrow field names may repeat (a stored key named like an identity column); let
+    # Polars report it as the reference does (DuplicateError).
+    return pl.from_arrow(pa.table(list(columns.values()), names=list(columns)), rechunk=False)
+
+
+_ID_TYPES = {"uint64": 1, "uint32": 2, "int64": 3, "int32": 4}
+_WEIGHT_TYPES = {**_ID_TYPES, "double": 5, "float": 6}
+
+
+def _table_column(series: Any, accepted: dict[str, int], keep: list[Any]) -> Any:
+    """A drt_table_column describing one Polars column (zero-copy where Arrow allows)."""
+    import numpy as np
+    import pyarrow as pa
+
+    array = series.rechunk().to_arrow()
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    column = ffi.new("drt_table_column *")
+    type_code = accepted.get(str(array.type), 0)
+    column.type = type_code
+    n = len(array)
+    if array.null_count:
+        validity = array.buffers()[0]
+        if validity is None:  # NullArray: every row is null
+            validity = pa.py_buffer(np.zeros((n + 7) // 8 + 1, dtype=np.uint8))
+            column.offset = 0
+        else:
+            column.offset = array.offset
+        keep.append(validity)
+        column.validity = ffi.cast("uint8_t *", validity.address)
+    if type_code:
+        values = array.buffers()[1]
+        keep.append(values)
+        width = array.type.bit_width // 8
+        column.values = ffi.cast("void *", values.address + array.offset * width)
+    keep.append(array)
+    return column
+
+
+def validate_and_set(dataset: Any, df: Any) -> None:
+    """Validate ``df`` as the new active table and install it natively (see
+    ``CachedDataset.update_metadata``). Raises ValueError; the previous state is kept."""
+    arrow = df.to_arrow()
+    if df.height == 0:
+        raise ValueError("metadata table must include at least one sample")
+    schema = arrow.schema
+    for name, kind in schema_of(dataset._handle):
+        index = schema.get_field_index(name)
+        if index < 0:
+            raise ValueError(f"samples metadata missing '{name}' column")
+        if not _arrow_kind_matches(kind, schema.field(index).type):
+            raise ValueError(f"samples metadata column '{name}' must have Arrow type {STORED_ARROW_NAMES[kind]}")
+    for name in ID_COLUMNS:
+        if name not in df.columns:
+            raise ValueError(f"samples metadata missing '{name}' column")
+    keep: list[Any] = []
+    cache_ids = _table_column(df.get_column("cache_id"), _ID_TYPES, keep)
+    sample_ids = _table_column(df.get_column("sample_id"), _ID_TYPES, keep)
+    weights = _table_column(df.get_column("weight"), _WEIGHT_TYPES, keep)
+    _native.check(lib.drt_dataset_set_table(dataset._handle, df.height, cache_ids, sample_ids, weights))

@@ -24,10 +24,10 @@ def check_sample(sample: drt.CachedSample, want: dict, cache_id: int) -> None:
 
 @pytest.mark.parametrize("validate", [False, True], ids=["plain", "validate_cache"])
 @pytest.mark.parametrize("name", FIXTURE_NAMES)
-def test_reference_cache_reads_back(runtime, name: str, validate: bool) -> None:
+def test_reference_cache_reads_back(runtime, io_backend: str, name: str, validate: bool) -> None:
     want = expected(name)["samples"]
     dataset = runtime.cached_dataset(
-        [FIXTURES / name], reader_config=drt.ReaderConfig(seed=1, shuffle=False, validate_cache=validate)
+        [FIXTURES / name], reader_config=drt.ReaderConfig(seed=1, shuffle=False, validate_cache=validate, io_backend=io_backend)
     )
     assert len(dataset) == len(want)
     samples = list(dataset)
@@ -49,10 +49,10 @@ def test_score_271_many_shards(runtime) -> None:
     assert dataset.get_item(cache_id, 271).metadata["score"] == 90.33333333333333
 
 
-def test_multi_cache_ordered_windows(runtime) -> None:
+def test_multi_cache_ordered_windows(runtime, io_backend: str) -> None:
     """Two caches in paths order, cyclic windows across iterators (reference 3.2)."""
     paths = [FIXTURES / "unicode_é_name", FIXTURES / "plain_one_shard"]
-    dataset = runtime.cached_dataset(paths, reader_config=drt.ReaderConfig(seed=0, shuffle=False))
+    dataset = runtime.cached_dataset(paths, reader_config=drt.ReaderConfig(seed=0, shuffle=False, io_backend=io_backend))
     assert len(dataset) == 130
     dataset.set_epoch_len(100)
     flat = [(s.cache_id, s.sample_id) for _ in range(3) for s in dataset]
@@ -62,9 +62,9 @@ def test_multi_cache_ordered_windows(runtime) -> None:
     assert flat == (order * 3)[:300]
 
 
-def test_abandoned_iterator_uses_its_window(runtime) -> None:
+def test_abandoned_iterator_uses_its_window(runtime, io_backend: str) -> None:
     dataset = runtime.cached_dataset(
-        [FIXTURES / "unicode_é_name"], reader_config=drt.ReaderConfig(seed=0, shuffle=False)
+        [FIXTURES / "unicode_é_name"], reader_config=drt.ReaderConfig(seed=0, shuffle=False, io_backend=io_backend)
     )
     dataset.set_epoch_len(3)
     it = iter(dataset)

@@ -56,9 +56,9 @@ def same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=sources())
-def test_round_trip(tmp_path_factory, runtime, case) -> None:
+def test_round_trip(tmp_path_factory, runtime, io_backend, case) -> None:
     rows, algo, shard_bytes = case
     base: Path = tmp_path_factory.mktemp("rt")
     config = drt.WriterConfig(
@@ -70,7 +70,7 @@ def test_round_trip(tmp_path_factory, runtime, case) -> None:
     assert isinstance(result, drt.CacheWriteSuccess), result
     for validate in (False, True):
         dataset = runtime.cached_dataset(
-            [result.path], reader_config=drt.ReaderConfig(seed=0, shuffle=False, validate_cache=validate)
+            [result.path], reader_config=drt.ReaderConfig(seed=0, shuffle=False, validate_cache=validate, io_backend=io_backend)
         )
         samples = list(dataset)
         assert len(samples) == len(rows)

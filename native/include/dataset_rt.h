@@ -247,6 +247,42 @@ int32_t drt_dataset_field(drt_dataset *dataset, uint64_t index, drt_field *out);
 int32_t drt_dataset_attach_metadata(drt_dataset *dataset, uint64_t cache_index,
                                     uint64_t row_count, const drt_column *columns);
 
+/* Value types of a table column handed to drt_dataset_set_table (Arrow's). */
+enum {
+    DRT_TYPE_OTHER = 0, /* any type the column does not accept */
+    DRT_TYPE_U64 = 1,
+    DRT_TYPE_U32 = 2,
+    DRT_TYPE_I64 = 3,
+    DRT_TYPE_I32 = 4,
+    DRT_TYPE_F64 = 5,
+    DRT_TYPE_F32 = 6
+};
+
+/* One column of the active table, laid out like an Arrow array: `values` holds row_count
+ * values of `type` (may be NULL for DRT_TYPE_OTHER), `validity` is an Arrow validity
+ * bitmap (bit offset + i set = row i is not null; NULL = no nulls). */
+typedef struct drt_table_column {
+    int32_t type;     /* DRT_TYPE_* */
+    uint32_t reserved; /* must be 0 */
+    const void *values;
+    const uint8_t *validity;
+    uint64_t offset;  /* bit offset of row 0 in validity */
+} drt_table_column;
+
+/* Replaces the active table with row_count rows (>= 1) identified by (cache_ids[i],
+ * sample_ids[i]) and weighted by weights[i]. Validates everything first, in the
+ * reference's order: one pass over the rows (cache_id null / integer type / non-negative,
+ * sample_id likewise, identity known, weight null / numeric type; the first failing row
+ * wins), then weights positive and finite. Only then swaps the table, switches shuffled
+ * reading to weighted draws, resets the cursor and draw counter to 0 and sets the epoch
+ * length to row_count; on any error nothing changes. The columns are borrowed for the
+ * call. Iterators already started keep their snapshot. O(row_count). Thread-safe.
+ * Returns DRT_E_INVALID_ARGUMENT with the reference's messages, DRT_E_OUT_OF_MEMORY. */
+int32_t drt_dataset_set_table(drt_dataset *dataset, uint64_t row_count,
+                              const drt_table_column *cache_ids,
+                              const drt_table_column *sample_ids,
+                              const drt_table_column *weights);
+
 /* The epoch length: samples each new iterator yields. Thread-safe. */
 int32_t drt_dataset_epoch_len(drt_dataset *dataset, uint64_t *out);
 

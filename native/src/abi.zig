@@ -70,6 +70,22 @@ pub const Batch = extern struct {
     columns: ?[*]const Column,
 };
 
+pub const TableColumn = extern struct {
+    type: i32,
+    reserved: u32,
+    values: ?*const anyopaque,
+    validity: ?[*]const u8,
+    offset: u64,
+};
+
+pub const type_other = 0;
+pub const type_u64 = 1;
+pub const type_u32 = 2;
+pub const type_i64 = 3;
+pub const type_i32 = 4;
+pub const type_f64 = 5;
+pub const type_f32 = 6;
+
 pub const abi_version_major = 1;
 pub const abi_version_minor = 0;
 
@@ -87,6 +103,7 @@ test "structs and constants match dataset_rt.h" {
         .{ DatasetOptions, c.drt_dataset_options },
         .{ CacheInfo, c.drt_cache_info },
         .{ Batch, c.drt_batch },
+        .{ TableColumn, c.drt_table_column },
     };
     inline for (pairs) |pair| {
         const Z = pair[0];
@@ -116,4 +133,7 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, io_uring), c.DRT_IO_URING);
     try std.testing.expectEqual(@as(i64, io_threads), c.DRT_IO_THREADS);
     try std.testing.expectEqual(@as(i64, 1), c.DRT_COMPRESSION_LZ4);
+    try std.testing.expectEqual(@as(i64, type_u64), c.DRT_TYPE_U64);
+    try std.testing.expectEqual(@as(i64, type_f32), c.DRT_TYPE_F32);
+    try std.testing.expectEqual(@as(i64, type_other), c.DRT_TYPE_OTHER);
 }

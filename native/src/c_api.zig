@@ -13,6 +13,7 @@ const Writer = @import("writer.zig").Writer;
 const WriterColumn = @import("writer.zig").Column;
 const Dataset = @import("dataset.zig").Dataset;
 const reader = @import("reader.zig");
+const table = @import("table.zig");
 
 const gpa = std.heap.c_allocator;
 
@@ -241,6 +242,24 @@ export fn drt_dataset_attach_metadata(ds: ?*Dataset, cache_index: u64, row_count
     return wrap(d.attach(cache_index, row_count, columns orelse &empty));
 }
 
+export fn drt_dataset_set_table(
+    ds: ?*Dataset,
+    row_count: u64,
+    cache_ids: ?*const abi.TableColumn,
+    sample_ids: ?*const abi.TableColumn,
+    weights: ?*const abi.TableColumn,
+) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const cids = cache_ids orelse return nullArgument("cache_ids");
+    const sids = sample_ids orelse return nullArgument("sample_ids");
+    const w = weights orelse return nullArgument("weights");
+    status.clear();
+    d.runtime.checkPid() catch |err| return fromError(err);
+    const new_table = table.build(d, row_count, cids.*, sids.*, w.*) catch |err| return fromError(err);
+    d.replaceTable(new_table);
+    return ok();
+}
+
 export fn drt_dataset_epoch_len(ds: ?*Dataset, out: ?*u64) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
@@ -308,6 +327,7 @@ test {
     _ = @import("cache.zig");
     _ = @import("dataset.zig");
     _ = @import("reader.zig");
+    _ = @import("table.zig");
     _ = @import("writer.zig");
     _ = @import("lz4.zig");
     _ = @import("metadata_json.zig");

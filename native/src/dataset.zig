@@ -240,6 +240,18 @@ pub const Dataset = struct {
         ds.epoch_len = n;
     }
 
+    /// Replaces the active table (already validated): resets the stream position to 0 and
+    /// the epoch length to the new row count. Takes ownership of `table`.
+    pub fn replaceTable(ds: *Dataset, table: *Table) void {
+        ds.mutex.lock();
+        const old = ds.table;
+        ds.table = table;
+        ds.position = 0;
+        ds.epoch_len = table.len;
+        ds.mutex.unlock();
+        old.release();
+    }
+
     /// Attaches one cache's metadata columns (see drt_dataset_attach_metadata).
     pub fn attach(ds: *Dataset, cache_index: u64, row_count: u64, columns: [*]const abi.Column) status.Error!void {
         if (cache_index >= ds.caches.len) return status.fail(error.InvalidArgument, "cache index {d} is out of range", .{cache_index});

@@ -1,0 +1,81 @@
+"""``dump_config`` / ``from_config``: a dataset's caches, reader config, active table and
+epoch length saved as ``dataset.json`` + ``metadata.arrow`` (dataset-rt 0.4.8's layout)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import DirectoryPath, FilePath, TypeAdapter
+
+from dataset_rt.config import DatasetConfiguration
+
+CONFIG_NAME = "dataset.json"
+METADATA_NAME = "metadata.arrow"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(directory: Path, name: str, write: Any) -> Path:
+    """Write ``name`` through ``name.partial``, fsync it, and rename it into place."""
+    partial = directory / f"{name}.partial"
+    with open(partial, "xb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    target = directory / name
+    os.rename(partial, target)
+    return target
+
+
+def dump_config(dataset: Any, path: str | os.PathLike[str]) -> Path:
+    import pyarrow as pa
+
+    directory = Path(TypeAdapter(DirectoryPath).validate_python(path))
+    names = (CONFIG_NAME, METADATA_NAME, f"{CONFIG_NAME}.partial", f"{METADATA_NAME}.partial")
+    if any(os.path.lexists(directory / name) for name in names):
+        raise FileExistsError("dataset export already exists; choose an unused directory")
+    table = dataset.get_metadata().to_arrow()
+
+    def write_arrow(handle: Any) -> None:
+        with pa.ipc.new_file(handle, table.schema) as writer:
+            writer.write_table(table)
+
+    _publish(directory, METADATA_NAME, write_arrow)
+    config = DatasetConfiguration(
+        cache_paths=tuple(Path(p).resolve() for p in dataset.cache_paths),
+        reader_config=dataset.reader_config,
+        num_workers=dataset._runtime.num_workers,
+        epoch_len=len(dataset),
+        row_count=table.num_rows,
+    )
+    text = config.model_dump_json(indent=2).encode("utf-8")
+    target = _publish(directory, CONFIG_NAME, lambda handle: handle.write(text))
+    _fsync_dir(directory)
+    return target
+
+
+def load_config(path: str | os.PathLike[str]) -> Any:
+    import polars as pl
+    import pyarrow as pa
+
+    from dataset_rt.runtime import DatasetRuntime
+
+    file = Path(TypeAdapter(FilePath).validate_python(path))
+    config = DatasetConfiguration.model_validate_json(file.read_bytes())
+    with pa.OSFile(str(file.parent / config.metadata_file), "rb") as source:
+        metadata = pl.from_arrow(pa.ipc.open_file(source).read_all())
+    if metadata.height != config.row_count:
+        raise ValueError("metadata row count does not match dataset configuration")
+    runtime = DatasetRuntime(num_workers=config.num_workers)
+    dataset = runtime.cached_dataset(list(config.cache_paths), reader_config=config.reader_config)
+    dataset.update_metadata(metadata)
+    dataset.set_epoch_len(config.epoch_len)
+    return dataset

@@ -1,0 +1,305 @@
+"""A Python interpreter with the reference release, dataset-rt 0.4.8, in its own virtualenv.
+
+The reference and this project share the import name ``dataset_rt``, so the reference can
+never be installed into the project's environment. This module builds a separate
+virtualenv with the standard library's ``venv`` and pip (uv is not needed inside it), at a
+stable cache location outside the repository, keyed by the reference version and the
+Python version, and runs scripts in it as subprocesses.
+
+- Reuse: a virtualenv whose marker file (written only after a successful install and
+  import check) matches this module's expectations is reused as is.
+- Concurrency: creation is serialized with an exclusive ``fcntl.flock`` on a lock file
+  beside the virtualenv, so pytest-xdist workers or two test runs never build it together;
+  a half-built virtualenv (no marker) is deleted and rebuilt by the next holder of the lock.
+- Offline machines: when pip cannot reach the package registry, ``ensure_reference``
+  raises :class:`ReferenceUnavailable` (the tests skip with pip's last error line); any
+  other failure raises :class:`ReferenceSetupError` (the tests fail).
+- Isolation: scripts run with ``-I`` (no user site, no ``PYTHON*`` variables, no script
+  or working directory on ``sys.path``), ``PYTHONPATH`` removed, and a fresh temporary
+  working directory, and a prelude asserts that ``dataset_rt`` is the reference release
+  imported from inside the virtualenv, so the project is never compared with itself.
+
+Environment overrides (developer use): ``DATASET_RT_REF_VENV`` sets the virtualenv path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import venv
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REFERENCE_VERSION = "0.4.8"
+REFERENCE_REQUIREMENT = f"dataset-rt=={REFERENCE_VERSION}"
+VENV_ENV_VAR = "DATASET_RT_REF_VENV"
+MARKER_NAME = "dataset_rt_reference.ok.json"
+# Bumped when the way the virtualenv is built changes, so old ones are rebuilt.
+MARKER_SCHEMA = 1
+
+INSTALL_TIMEOUT_S = 1200.0
+CHECK_TIMEOUT_S = 120.0
+RUN_TIMEOUT_S = 300.0
+
+# Text in pip's output that means the registry could not be reached (as opposed to a
+# broken requirement, a failing build or a full disk, which must fail the tests).
+NETWORK_ERROR_MARKERS = (
+    "NewConnectionError",
+    "ConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "Max retries exceeded",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "No route to host",
+    "Connection refused",
+    "Connection reset by peer",
+    "ProxyError",
+    "Failed to establish a new connection",
+    "connection broken by",
+)
+
+# Run before every reference script: prove that the interpreter imports the reference
+# release from its own virtualenv and not this project (they share the import name).
+_PRELUDE = r"""
+import importlib.metadata, os, runpy, sys
+import dataset_rt
+_file = os.path.realpath(dataset_rt.__file__)
+_prefix = os.path.realpath(sys.prefix)
+assert _file.startswith(_prefix + os.sep), f"dataset_rt imported from {_file}, outside {_prefix}"
+assert sys.prefix != sys.base_prefix, "not running inside a virtualenv"
+_version = importlib.metadata.version("dataset-rt")
+assert _version == "@VERSION@", f"dataset-rt {_version} installed, expected @VERSION@"
+del _file, _prefix, _version
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+""".replace("@VERSION@", REFERENCE_VERSION)
+
+
+class ReferenceUnavailable(Exception):
+    """The reference cannot be installed because the package registry is unreachable."""
+
+
+class ReferenceSetupError(Exception):
+    """Building or checking the reference virtualenv failed for another reason."""
+
+
+@dataclass(frozen=True)
+class ReferenceEnv:
+    """A working virtualenv with dataset-rt 0.4.8."""
+
+    venv: Path
+    python: Path
+
+    def run(
+        self, script: str, *args: str, timeout: float = RUN_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``script`` (Python source) in the reference virtualenv; see :func:`run_reference`."""
+        return _run_script(self.python, script, args, timeout)
+
+
+def default_venv_dir() -> Path:
+    """``~/.cache/dataset_rt-tests/ref-<version>-py<major>.<minor>`` (or ``$XDG_CACHE_HOME``)."""
+    override = os.environ.get(VENV_ENV_VAR)
+    if override:
+        return Path(override).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    tag = f"ref-{REFERENCE_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
+    return Path(cache_home) / "dataset_rt-tests" / tag
+
+
+def _venv_python(venv_dir: Path) -> Path:
+    return venv_dir / "bin" / "python"
+
+
+def _expected_marker() -> dict[str, object]:
+    return {
+        "schema": MARKER_SCHEMA,
+        "requirement": REFERENCE_REQUIREMENT,
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+    }
+
+
+def _marker_ok(venv_dir: Path) -> bool:
+    """True when the virtualenv was completed by a successful install and import check."""
+    marker = venv_dir / MARKER_NAME
+    try:
+        recorded = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(recorded, dict):
+        return False
+    if any(recorded.get(key) != value for key, value in _expected_marker().items()):
+        return False
+    python = _venv_python(venv_dir)
+    # The base interpreter the venv links to may have gone away (e.g. a Python upgrade).
+    return python.exists() and os.access(python, os.X_OK)
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for key in (
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONSAFEPATH",
+        "VIRTUAL_ENV",
+        "PYTHONUSERBASE",
+    ):
+        env.pop(key, None)
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _last_error_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("ERROR:")]
+    if errors:
+        return errors[-1]
+    return lines[-1] if lines else "(pip printed nothing)"
+
+
+def _base_python() -> str:
+    """The interpreter to build the virtualenv from (not the project's venv wrapper)."""
+    # venv follows sys._base_executable itself; keep the project's venv out of the picture.
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
+def _build(venv_dir: Path) -> None:
+    """Create the virtualenv, install the reference, check the import, write the marker."""
+    if venv_dir.exists():
+        shutil.rmtree(venv_dir)
+    builder = venv.EnvBuilder(with_pip=True, clear=True, symlinks=True)
+    try:
+        builder.create(venv_dir)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ReferenceSetupError(
+            f"could not create the reference virtualenv {venv_dir}: {exc}"
+        ) from exc
+    python = _venv_python(venv_dir)
+    command = [
+        str(python),
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        "--disable-pip-version-check",
+        "--retries",
+        "2",
+        REFERENCE_REQUIREMENT,
+    ]
+    try:
+        proc = subprocess.run(
+            command,
+            env=_clean_env(),
+            cwd=venv_dir,
+            capture_output=True,
+            text=True,
+            timeout=INSTALL_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ReferenceUnavailable(
+            f"pip install {REFERENCE_REQUIREMENT} timed out after {INSTALL_TIMEOUT_S:.0f} s"
+        ) from exc
+    if proc.returncode != 0:
+        output = proc.stdout + "\n" + proc.stderr
+        reason = _last_error_line(output)
+        network = [
+            line.strip()
+            for line in output.splitlines()
+            if any(marker in line for marker in NETWORK_ERROR_MARKERS)
+        ]
+        if network:
+            reason = f"{reason} (after: {network[-1][:240]})"
+            raise ReferenceUnavailable(
+                f"cannot install {REFERENCE_REQUIREMENT} (registry unreachable): {reason}"
+            )
+        raise ReferenceSetupError(
+            f"pip install {REFERENCE_REQUIREMENT} failed (exit {proc.returncode}): {reason}\n"
+            f"{output[-4000:]}"
+        )
+    check = _run_script(python, "print('ok')", (), CHECK_TIMEOUT_S)
+    if check.returncode != 0 or check.stdout.strip() != "ok":
+        raise ReferenceSetupError(
+            f"the reference virtualenv does not import dataset_rt {REFERENCE_VERSION} "
+            "from itself:\n"
+            f"{check.stdout}\n{check.stderr}"
+        )
+    marker = dict(_expected_marker())
+    marker["base_python"] = _base_python()
+    tmp_marker = venv_dir / (MARKER_NAME + ".partial")
+    tmp_marker.write_text(json.dumps(marker, indent=2), encoding="utf-8")
+    os.replace(tmp_marker, venv_dir / MARKER_NAME)
+
+
+def ensure_reference(venv_dir: Path | None = None) -> ReferenceEnv:
+    """The reference virtualenv, built first if needed (safe to call concurrently).
+
+    Raises ReferenceUnavailable when the registry cannot be reached, ReferenceSetupError
+    for any other failure.
+    """
+    venv_dir = Path(venv_dir) if venv_dir is not None else default_venv_dir()
+    if not _marker_ok(venv_dir):
+        with _exclusive_lock(venv_dir.parent / (venv_dir.name + ".lock")):
+            # Another process may have finished it while we waited for the lock.
+            if not _marker_ok(venv_dir):
+                _build(venv_dir)
+    return ReferenceEnv(venv=venv_dir, python=_venv_python(venv_dir))
+
+
+def _run_script(
+    python: Path, script: str, args: tuple[str, ...] | list[str], timeout: float
+) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory(prefix="dataset_rt-ref-") as workdir:
+        work = Path(workdir)
+        (work / "prelude.py").write_text(_PRELUDE, encoding="utf-8")
+        (work / "script.py").write_text(script, encoding="utf-8")
+        return subprocess.run(
+            [str(python), "-I", str(work / "prelude.py"), str(work / "script.py"), *map(str, args)],
+            env=_clean_env(),
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def run_reference(
+    script: str, *args: str, timeout: float = RUN_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run Python source ``script`` with dataset-rt 0.4.8 and return the finished process.
+
+    ``args`` become ``sys.argv[1:]``. The interpreter runs isolated (``-I``, no
+    ``PYTHONPATH``) in a fresh temporary working directory, so it cannot import this
+    project's ``dataset_rt``. Builds the virtualenv on first use (see
+    :func:`ensure_reference` for the exceptions).
+    """
+    return ensure_reference().run(script, *args, timeout=timeout)
+
+
+if __name__ == "__main__":
+    # `python tests/refenv.py` builds (or checks) the virtualenv and prints its path.
+    env = ensure_reference()
+    print(env.python)
