@@ -38,13 +38,16 @@ def read_arrow_file(path: Path) -> Any:
 
     try:
         source = pa.memory_map(str(path), "r")
+    except OSError as exc:
+        raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
+    try:
         reader = pa.ipc.open_file(source)
     except pa.ArrowInvalid as exc:
-        if "footer" in str(exc).lower() or "magic" in str(exc).lower():
+        # Not an IPC file at all (wrong magic) is the reference's "invalid footer"; a
+        # damaged IPC file is an Arrow parser error.
+        if source.size() < 6 or source.read_at(6, 0) != b"ARROW1":
             raise ValueError("invalid metadata Arrow footer") from exc
-        raise RuntimeError(f"Arrow error: {exc}") from exc
-    except OSError as exc:
-        raise RuntimeError(f"I/O error: {exc}") from exc
+        raise RuntimeError(f"Arrow error: Parser error: {exc}: {path}") from exc
     try:
         return reader.read_all()
     except pa.ArrowException as exc:

@@ -17,6 +17,7 @@ Contract (see the compatibility page of the docs for the deliberate fixes):
 
 from __future__ import annotations
 
+import decimal
 import math
 import numbers
 import os
@@ -53,15 +54,30 @@ def python_error(exc: BaseException) -> str:
     return f"Python error: {type(exc).__name__}: {exc}"
 
 
+def _is_numpy_bool(value: object) -> bool:
+    cls = type(value)
+    return cls.__module__ == "numpy" and cls.__name__ in ("bool_", "bool")
+
+
 def value_kind(value: object) -> int:
-    """Kind of one metadata value (bool before int: bool is an int subclass)."""
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    """Kind of one metadata value (bool before int: bool is an int subclass).
+
+    As in the reference: numpy integers and IntEnum are ints; numpy floats, Decimal and
+    Fraction are floats; numpy bools are bools; str subclasses (np.str_) are strings."""
+    cls = type(value)
+    if cls is int:
+        return KIND_INT
+    if cls is str:
+        return KIND_STRING
+    if cls is float:
+        return KIND_FLOAT
+    if isinstance(value, bool) or _is_numpy_bool(value):
         return KIND_BOOL
     if isinstance(value, str):
         return KIND_STRING
     if isinstance(value, numbers.Integral):
         return KIND_INT
-    if isinstance(value, (float, numbers.Real)):
+    if isinstance(value, (numbers.Real, decimal.Decimal)):
         return KIND_FLOAT
     raise SourceFailure("metadata values must be bool, int, float, or str")
 
@@ -86,25 +102,38 @@ class _Plan:
 def validate_writer_config(config: WriterConfig) -> tuple[int, int, int, float]:
     """Re-check a (possibly duck-typed) config as the native layer of the reference does.
 
-    Raises ValueError before anything is created on disk.
+    Reading the config fails like the reference's extraction (``RuntimeError("Python
+    error: ...")``, e.g. for ``writer_config=None`` or sizes of 2**64 and more); invalid
+    values raise ValueError. Either way nothing is created on disk.
     """
-    prefetch_size = int(config.prefetch_size)
-    max_shard_bytes = int(config.max_shard_bytes)
+    try:
+        max_shard_bytes = _u64(config.max_shard_bytes)
+        prefetch_size = _u64(config.prefetch_size)
+        compression = config.shard_compression
+        algo, ratio = compression.algo, float(compression.ratio)
+    except Exception as exc:
+        raise RuntimeError(python_error(exc)) from exc
     if prefetch_size <= 0:
         raise ValueError("prefetch_size must be greater than zero")
     if max_shard_bytes <= 0:
         raise ValueError("max_shard_bytes must be greater than zero")
-    compression = config.shard_compression
-    algo, ratio = compression.algo, float(compression.ratio)
     if algo not in ("none", "lz4"):
         raise ValueError(f"unsupported shard compression algorithm '{algo}'")
     if not (math.isfinite(ratio) and ratio > 0):
         raise ValueError("shard_compression.ratio must be positive and finite")
     if algo == "none" and ratio != 1.0:
         raise ValueError("shard_compression.ratio must be 1.0 when algo is 'none'")
-    if prefetch_size >= 2**64 or max_shard_bytes >= 2**64:
-        raise OverflowError("int too big to convert")
     return prefetch_size, max_shard_bytes, 1 if algo == "lz4" else 0, ratio
+
+
+def _u64(value: Any) -> int:
+    """An unsigned 64-bit count, converted like pyo3 does (OverflowError when too big)."""
+    number = value.__index__()
+    if number < 0:
+        raise OverflowError("can't convert negative int to unsigned")
+    if number >= 2**64:
+        raise OverflowError("int too big to convert")
+    return number
 
 
 def _plan_sources(sources: list[Any], base: Path) -> tuple[list[_Plan], dict[int, CacheWriteError]]:

@@ -144,7 +144,7 @@ typedef struct drt_writer_options {
 
 /* Starts writing the cache `<base_dir>/<name>`. Creates base_dir (with parents) and
  * `<base_dir>/tmp/`, removes abandoned staging directories there whose lock is free,
- * and creates a fresh staging directory `<base_dir>/tmp/<name>.<random>` held under an
+ * and creates a fresh staging directory `<base_dir>/tmp/<name prefix>.<random>.drt` held under an
  * exclusive flock. Nothing is published until drt_writer_finish().
  * name must be a plain path segment (not empty, no '/', '\\', NUL, not "." / ".." / "tmp").
  * Returns DRT_E_INVALID_ARGUMENT (bad name or options), DRT_E_EXISTS ("cache path

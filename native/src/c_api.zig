@@ -32,8 +32,9 @@ fn nullArgument(comptime what: []const u8) Rc {
     return fromError(status.fail(error.InvalidArgument, what ++ " must not be NULL", .{}));
 }
 
+/// Maps the result of an already evaluated call. (It must not clear the message: the
+/// call ran before this function, and its failure message is the one to keep.)
 fn wrap(result: status.Error!void) Rc {
-    status.clear();
     result catch |err| return fromError(err);
     return ok();
 }

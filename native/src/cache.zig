@@ -32,12 +32,16 @@ pub const Cache = struct {
         errdefer gpa.free(own_path);
 
         var dir = std.fs.cwd().openDir(path, .{}) catch |err| switch (err) {
-            error.FileNotFound, error.NotDir => return status.fail(error.InvalidCache, "missing manifest: {s}/manifest.json", .{path}),
+            error.FileNotFound, error.NotDir => {
+                const manifest_path = try joinPath(gpa, path, "manifest.json");
+                defer gpa.free(manifest_path);
+                return status.fail(error.InvalidCache, "missing manifest: {s}", .{manifest_path});
+            },
             else => return status.failIo(err, path),
         };
         defer dir.close();
 
-        const manifest_path = try std.fmt.allocPrint(gpa, "{s}/manifest.json", .{path});
+        const manifest_path = try joinPath(gpa, path, "manifest.json");
         defer gpa.free(manifest_path);
         const text = dir.readFileAlloc(gpa, "manifest.json", 64 << 20) catch |err| switch (err) {
             error.FileNotFound => return status.fail(error.InvalidCache, "missing manifest: {s}", .{manifest_path}),
@@ -100,6 +104,12 @@ pub const Cache = struct {
         return index.get(c.index_map, sample_id);
     }
 };
+
+/// `dir/name` without doubling a trailing slash of `dir` (so "/" gives "/manifest.json").
+fn joinPath(gpa: std.mem.Allocator, dir: []const u8, name: []const u8) error{OutOfMemory}![]u8 {
+    const sep = if (dir.len > 0 and dir[dir.len - 1] == '/') "" else "/";
+    return std.fmt.allocPrint(gpa, "{s}{s}{s}", .{ dir, sep, name });
+}
 
 fn mapIndex(dir: std.fs.Dir, path: []const u8, sample_count: u64, shard_count: usize) status.Error![]align(std.heap.page_size_min) const u8 {
     const file = dir.openFile("index.bin", .{}) catch |err| {

@@ -528,6 +528,11 @@ fn findField(fields: []const Field, cursor: usize, key: []const u8) ?usize {
             .eq => return mid,
         }
     }
+    // A manifest may list its schema unsorted (hand-edited); the reference still finds
+    // every key, so fall back to a linear scan before calling a key unknown.
+    for (fields, 0..) |f, i| {
+        if (eqlShort(f.name, key)) return i;
+    }
     return null;
 }
 

@@ -393,6 +393,10 @@ pub const Iter = struct {
     delivered: u64 = 0,
     held_samples: u64 = 0,
     finished: bool = false,
+    /// A failure met after some samples of a batch; raised by the next call.
+    deferred: ?status.Error = null,
+    deferred_message: [status.message_bytes_max]u8 = undefined,
+    deferred_len: usize = 0,
     files: FileCache = .{},
     batch: BatchBuffers,
     mutex: std.Thread.Mutex = .{},
@@ -459,11 +463,14 @@ pub const Iter = struct {
             it.planned += 1;
             // Ordered mode: extend the read over records adjacent in the same shard.
             if (!ds.options.shuffle) {
-                while (it.planned < it.len and it.planned - it.delivered + it.held_samples < prefetch and slot.len < coalesce_bytes_max) {
+                while (it.planned < it.len and it.planned - it.delivered + it.held_samples < prefetch and slot.len < coalesce_bytes_max and slot.len <= c.manifest.shards[@intCast(row.shard_id)].byte_len -| slot.offset) {
                     const next = ds.locate(it.table, it.start +% it.planned);
                     if (next.cache != loc.cache) break;
                     const r = c.row(next.sample_id);
                     if (r.shard_id != row.shard_id or r.offset != slot.offset + slot.len) break;
+                    // A record reaching past its shard fails alone, after the ones before it.
+                    const shard_bytes = c.manifest.shards[@intCast(row.shard_id)].byte_len;
+                    if (r.byte_len > shard_bytes -| r.offset) break;
                     slot.len += r.byte_len;
                     slot.count += 1;
                     it.loc_ring[@intCast(it.planned % prefetch)] = next;
@@ -474,6 +481,7 @@ pub const Iter = struct {
             const shard_len = c.manifest.shards[@intCast(row.shard_id)].byte_len;
             slot.failure = null;
             slot.done_bytes = 0;
+            slot.decoded.clearRetainingCapacity();
             if (slot.offset > shard_len or slot.len > shard_len - slot.offset) {
                 slot.fail(status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(ds)}));
                 slot.state.store(.done, .release);
@@ -561,6 +569,22 @@ pub const Iter = struct {
         slot.file = null;
     }
 
+    fn addSample(it: *Iter, slot: *Slot, k: u32) status.Error!void {
+        const d = slot.decoded.items[k];
+        const json = slot.buf.items[d.json_at..][0..d.json_len];
+        const payload_buf = if (d.in_raw) slot.raw.items else slot.buf.items;
+        const payload = payload_buf[@intCast(d.payload_at)..][0..@intCast(d.payload_len)];
+        try it.batch.add(it.ds, it.locAt(slot.first + k), json, payload);
+    }
+
+    fn deferFailure(it: *Iter, err: status.Error) void {
+        const msg = status.lastMessage();
+        const n = @min(msg.len, it.deferred_message.len);
+        @memcpy(it.deferred_message[0..n], msg[0..n]);
+        it.deferred_len = n;
+        it.deferred = err;
+    }
+
     /// Releases the slots fully handed out by the previous batch.
     fn releaseDelivered(it: *Iter) void {
         while (it.pending_release > 0) : (it.pending_release -= 1) {
@@ -578,6 +602,11 @@ pub const Iter = struct {
         try ds.runtime.checkPid();
         if (max_count == 0) return status.fail(error.InvalidArgument, "max_count must be at least 1", .{});
         it.releaseDelivered();
+        if (it.deferred) |err| {
+            it.deferred = null;
+            it.finished = true;
+            return status.failText(err, it.deferred_message[0..it.deferred_len]);
+        }
         if (it.finished or it.delivered >= it.len) {
             it.finished = true;
             out.* = std.mem.zeroes(abi.Batch);
@@ -594,15 +623,25 @@ pub const Iter = struct {
             const slot = &it.slots[(it.head + i) % it.slots.len];
             // Wait for the oldest read only; after that, deliver what is already complete.
             if (i == 0) try it.waitHead() else if (slot.state.load(.acquire) != .done) break;
-            if (slot.failure) |err| return status.failText(err, slot.message[0..slot.message_len]);
             var k: u32 = if (i == 0) it.head_taken else 0;
             while (k < slot.count and taken < limit) : (k += 1) {
-                const d = slot.decoded.items[k];
-                const json = slot.buf.items[d.json_at..][0..d.json_len];
-                const payload_buf = if (d.in_raw) slot.raw.items else slot.buf.items;
-                const payload = payload_buf[@intCast(d.payload_at)..][0..@intCast(d.payload_len)];
-                try it.batch.add(ds, it.locAt(slot.first + k), json, payload);
+                // Records decoded before a slot's failure are still delivered.
+                const added = if (k < slot.decoded.items.len)
+                    it.addSample(slot, k)
+                else
+                    status.failText(slot.failure.?, slot.message[0..slot.message_len]);
+                added catch |err| {
+                    // Samples before the failing one are delivered first, like the reference;
+                    // the failure is raised by the next call.
+                    if (taken == 0) return err;
+                    it.deferFailure(err);
+                    break;
+                };
                 taken += 1;
+            }
+            if (it.deferred != null) {
+                it.head_taken = k;
+                break;
             }
             if (k < slot.count) {
                 // Partly delivered: once the slots before it are released it is the head.

@@ -1,4 +1,4 @@
-//! Cache writer: stages one cache under `<base>/tmp/<name>.<random>.drt`, appends records
+//! Cache writer: stages one cache under `<base>/tmp/<name prefix>.<random>.drt`, appends records
 //! to shards (rotating at `max_shard_bytes` like the reference), streams `index.bin`,
 //! hashes every file with SHA-256, writes `manifest.json` last, fsyncs, and publishes with
 //! `renameat2(RENAME_NOREPLACE)` so an existing cache is never replaced.
@@ -138,7 +138,8 @@ pub const Writer = struct {
         std.fs.cwd().makePath(base) catch |err| return status.failIo(err, base);
         var base_dir = std.fs.cwd().openDir(base, .{}) catch |err| return status.failIo(err, base);
         defer base_dir.close();
-        if (base_dir.access(name, .{})) |_| {
+        // Anything at the destination counts, a dangling symlink included (no follow).
+        if (posix.fstatat(base_dir.fd, name, posix.AT.SYMLINK_NOFOLLOW)) |_| {
             return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path});
         } else |err| switch (err) {
             error.FileNotFound => {},
@@ -157,7 +158,11 @@ pub const Writer = struct {
         defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
         var random_bytes: [8]u8 = undefined;
         std.crypto.random.bytes(&random_bytes);
-        const staging_name = try std.fmt.allocPrint(gpa, "{s}.{s}.drt", .{ name, std.fmt.bytesToHex(random_bytes, .lower) });
+        // At most 64 bytes of the name (cut on a UTF-8 boundary) keep staging names
+        // readable and within NAME_MAX for every valid cache name.
+        var prefix_len = @min(name.len, 64);
+        while (prefix_len < name.len and prefix_len > 0 and (name[prefix_len] & 0xC0) == 0x80) prefix_len -= 1;
+        const staging_name = try std.fmt.allocPrint(gpa, "{s}.{s}.drt", .{ name[0..prefix_len], std.fmt.bytesToHex(random_bytes, .lower) });
         defer gpa.free(staging_name);
         const staging_path = try std.fmt.allocPrintSentinel(gpa, "{s}/tmp/{s}", .{ base, staging_name }, 0);
         errdefer gpa.free(staging_path);
