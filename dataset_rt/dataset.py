@@ -244,20 +244,12 @@ class CachedDataset:
         _native.check(lib.drt_iter_open(self._handle, out))
         iterator = out[0]
         batch = ffi.new("drt_batch *")
-        parts: list[SampleBatch] = []
-        pending = 0
         try:
             while True:
-                _native.check(lib.drt_iter_next_batch(iterator, size - pending, lib.DRT_BATCH_CONTIGUOUS, batch))
+                _native.check(lib.drt_iter_next_batch(iterator, size, lib.DRT_BATCH_CONTIGUOUS, batch))
                 if batch.count == 0:
-                    break
-                parts.append(_sample_batch(batch, self._columns))
-                pending += int(batch.count)
-                if pending == size:
-                    yield _concat_batches(parts)
-                    parts, pending = [], 0
-            if parts:
-                yield _concat_batches(parts)
+                    return
+                yield _sample_batch(batch, self._columns)
         finally:
             lib.drt_iter_close(iterator)
 
@@ -393,26 +385,6 @@ def _sample_batch(batch: Any, columns: list[tuple[str, int]]) -> SampleBatch:
         {name: _column_array(batch.columns[i], kind, n) for i, (name, kind) in enumerate(columns)}
     )
     return SampleBatch(data, offsets, cache_id, sample_id, frame)
-
-
-def _concat_batches(parts: list[SampleBatch]) -> SampleBatch:
-    import numpy as np
-    import polars as pl
-
-    if len(parts) == 1:
-        return parts[0]
-    sizes = np.array([part.offsets[-1] for part in parts], dtype=np.uint64)
-    shifts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.uint64)
-    offsets = np.concatenate(
-        [part.offsets[:-1] + shift for part, shift in zip(parts, shifts)] + [np.array([sizes.sum()], dtype=np.uint64)]
-    )
-    return SampleBatch(
-        np.concatenate([part.data for part in parts]),
-        offsets,
-        np.concatenate([part.cache_id for part in parts]),
-        np.concatenate([part.sample_id for part in parts]),
-        pl.concat([part.metadata for part in parts]),
-    )
 
 
 def _column_array(column: Any, kind: int, n: int) -> Any:

@@ -323,10 +323,13 @@ enum {
 int32_t drt_iter_open(drt_dataset *dataset, drt_iter **out);
 
 /* Fills *out with the next up to max_count (>= 1) samples in stream order; out->count
- * is 0 at the end of the window. A batch holds at most half of prefetch_size samples
- * (at least one), so reads continue while the caller works on it. flags: 0 or
- * DRT_BATCH_CONTIGUOUS. After a failure the iterator is finished (later calls return
- * count 0).
+ * is 0 at the end of the window. Without flags, payloads point into the read buffers and
+ * a batch holds at most half of prefetch_size samples (at least one), so reads continue
+ * while the caller works on it. With DRT_BATCH_CONTIGUOUS, payloads are copied into one
+ * buffer and the batch holds max_count samples (fewer only at the end of the window or
+ * before an error). When a record fails after some samples were batched, those samples
+ * are returned and the failure is returned by the next call. After a failure the
+ * iterator is finished (later calls return count 0).
  * Returns DRT_E_INVALID_CACHE, DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
 int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, uint32_t flags, drt_batch *out);
 

@@ -11,10 +11,11 @@
 //! - At most `prefetch_size` samples are planned and not yet released by the consumer
 //!   (in flight, completed, or in the batch last handed out), so an iterator's memory is
 //!   bounded by `prefetch_size` records plus fixed buffers. A slow consumer stops reads.
-//! - A batch holds at most half the prefetch window (at least one sample), so the other
-//!   half stays in flight while the consumer works on the batch.
-//! - Payload pointers in a batch point into slot buffers (no copy) unless the caller asks
-//!   for a contiguous batch; they stay valid until the next call on the iterator.
+//! - A batch whose payloads stay in the slot buffers (no copy) holds at most half the
+//!   prefetch window (at least one sample), so the other half stays in flight while the
+//!   consumer works on the batch. A contiguous batch copies payloads into one arena and
+//!   releases slots as it goes, so it may be any size the caller asks for.
+//! - Batch pointers stay valid until the next call on the iterator.
 //! - Closing an iterator waits for, or dequeues, every outstanding read before freeing
 //!   the buffers the reads target. An error finishes the iterator; the dataset stays usable.
 
@@ -201,8 +202,26 @@ const BatchBuffers = struct {
         try b.sample_ids.append(gpa, loc.sample_id);
     }
 
-    /// The `drt_batch` view. With `contiguous`, payloads are first copied into one arena.
-    fn view(b: *BatchBuffers, gpa: std.mem.Allocator, fields: []const schema.Field, contiguous: bool) status.Error!abi.Batch {
+    fn count(b: *const BatchBuffers) u64 {
+        return b.cache_ids.items.len;
+    }
+
+    /// Copies the payloads of samples `first..` into the arena (their slots can then be
+    /// released) and records their offsets.
+    fn pack(b: *BatchBuffers, gpa: std.mem.Allocator, first: u64) status.Error!void {
+        const start: usize = @intCast(first);
+        var total: usize = 0;
+        for (b.payload_lens.items[start..]) |n| total += @intCast(n);
+        try b.arena.ensureUnusedCapacity(gpa, @max(total, 1)); // a real address even when all payloads are empty
+        for (b.payloads.items[start..], b.payload_lens.items[start..]) |p, n| {
+            try b.payload_offsets.append(gpa, b.arena.items.len);
+            b.arena.appendSliceAssumeCapacity(p[0..@intCast(n)]);
+        }
+    }
+
+    /// The `drt_batch` view. For a contiguous batch (all payloads packed), payload
+    /// pointers are rebased onto the arena, which no longer moves.
+    fn view(b: *BatchBuffers, fields: []const schema.Field, contiguous: bool) abi.Batch {
         for (b.columns, b.views, fields) |*c, *v, f| {
             v.* = .{ .kind = @intFromEnum(f.kind), .reserved = 0, .values = null, .offsets = null };
             switch (f.kind) {
@@ -215,22 +234,14 @@ const BatchBuffers = struct {
                 },
             }
         }
-        var base: ?[*]const u8 = null;
         if (contiguous) {
-            var total: usize = 0;
-            for (b.payload_lens.items) |n| total += @intCast(n);
-            try b.arena.ensureTotalCapacity(gpa, @max(total, 1));
-            for (b.payloads.items, b.payload_lens.items) |p, n| {
-                try b.payload_offsets.append(gpa, b.arena.items.len);
-                b.arena.appendSliceAssumeCapacity(p[0..@intCast(n)]);
-            }
-            base = b.arena.items.ptr;
+            for (b.payloads.items, b.payload_offsets.items) |*p, off| p.* = b.arena.items.ptr + @as(usize, @intCast(off));
         }
         return .{
-            .count = b.cache_ids.items.len,
+            .count = b.count(),
             .payloads = b.payloads.items.ptr,
             .payload_lens = b.payload_lens.items.ptr,
-            .payload_base = base,
+            .payload_base = if (contiguous) b.arena.items.ptr else null,
             .payload_offsets = if (contiguous) b.payload_offsets.items.ptr else null,
             .cache_ids = b.cache_ids.items.ptr,
             .sample_ids = b.sample_ids.items.ptr,
@@ -613,15 +624,38 @@ pub const Iter = struct {
             return;
         }
         errdefer it.finished = true;
-        try it.fill();
         try it.batch.reset(ds.gpa, ds.fields);
-        const half = @max(1, it.loc_ring.len / 2);
-        const limit = @min(max_count, half, it.len - it.delivered);
+        const contiguous = flags & batch_contiguous != 0;
+        if (!contiguous) {
+            // Payloads stay in the slots: hand out at most half the window so the other
+            // half keeps reading while the caller copies this batch.
+            try it.fill();
+            const taken = try it.deliver(@min(max_count, @max(1, it.loc_ring.len / 2)));
+            it.held_samples = taken;
+        } else {
+            // Payloads are copied into the batch arena, so slots are released round by
+            // round and a batch may be larger than the prefetch window.
+            while (it.batch.count() < max_count and it.delivered < it.len and it.deferred == null) {
+                try it.fill();
+                const first = it.batch.count();
+                if (try it.deliver(max_count - first) == 0) break;
+                try it.batch.pack(ds.gpa, first);
+                it.releaseDelivered();
+            }
+        }
+        out.* = it.batch.view(ds.fields, contiguous);
+    }
+
+    /// Appends up to `limit` samples in plan order to the batch: waits for the oldest
+    /// read, then takes whatever is already complete. A failure after samples of this
+    /// batch were taken is deferred to the next call (the reference delivers the samples
+    /// before a corrupt one first). Returns the samples taken.
+    fn deliver(it: *Iter, wanted: u64) status.Error!u64 {
+        const limit = @min(wanted, it.len - it.delivered);
         var taken: u64 = 0;
         var i: usize = 0;
         while (taken < limit and i < it.used) : (i += 1) {
             const slot = &it.slots[(it.head + i) % it.slots.len];
-            // Wait for the oldest read only; after that, deliver what is already complete.
             if (i == 0) try it.waitHead() else if (slot.state.load(.acquire) != .done) break;
             var k: u32 = if (i == 0) it.head_taken else 0;
             while (k < slot.count and taken < limit) : (k += 1) {
@@ -631,19 +665,13 @@ pub const Iter = struct {
                 else
                     status.failText(slot.failure.?, slot.message[0..slot.message_len]);
                 added catch |err| {
-                    // Samples before the failing one are delivered first, like the reference;
-                    // the failure is raised by the next call.
-                    if (taken == 0) return err;
+                    if (taken == 0 and it.batch.count() == 0) return err;
                     it.deferFailure(err);
                     break;
                 };
                 taken += 1;
             }
-            if (it.deferred != null) {
-                it.head_taken = k;
-                break;
-            }
-            if (k < slot.count) {
+            if (it.deferred != null or k < slot.count) {
                 // Partly delivered: once the slots before it are released it is the head.
                 it.head_taken = k;
                 break;
@@ -652,8 +680,7 @@ pub const Iter = struct {
             it.pending_release += 1;
         }
         it.delivered += taken;
-        it.held_samples = taken;
-        out.* = try it.batch.view(ds.gpa, ds.fields, flags & batch_contiguous != 0);
+        return taken;
     }
 
     /// Waits for or dequeues every outstanding read; afterwards no read targets a buffer.
@@ -768,7 +795,9 @@ pub const Lookup = struct {
             const payload = lk.raw.items[@intCast(p[0])..][0..@intCast(p[1])];
             try lk.batch.add(ds, loc, json, payload);
         }
-        out.* = try lk.batch.view(gpa, ds.fields, flags & batch_contiguous != 0);
+        const contiguous = flags & batch_contiguous != 0;
+        if (contiguous) try lk.batch.pack(gpa, 0);
+        out.* = lk.batch.view(ds.fields, contiguous);
     }
 
     pub fn close(lk: *Lookup) void {
