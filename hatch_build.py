@@ -52,7 +52,9 @@ def write_ffi_module(root: Path) -> Path:
     ffibuilder.cdef(cdef_region((root / HEADER).read_text()))
     ffibuilder.set_source("dataset_rt._ffi", None)
     target = root / "dataset_rt" / "_ffi.py"
-    ffibuilder.emit_python_code(str(target))
+    staged = target.with_name(f"._ffi.{os.getpid()}.tmp")
+    ffibuilder.emit_python_code(str(staged))
+    os.replace(staged, target)
     return target
 
 
@@ -67,7 +69,11 @@ class NativeBuildHook(BuildHookInterface):
         cpu = os.environ.get("DATASET_RT_ZIG_CPU", "baseline")
         built = build_native(root, optimize, cpu)
         package = root / "dataset_rt"
-        shutil.copy2(built, package / LIBRARY)
+        # Replace the library by rename, never by writing over it: a process that has the
+        # old file mapped (a running job, a test session) would crash on changed pages.
+        staged = package / f".{LIBRARY}.{os.getpid()}.tmp"
+        shutil.copy2(built, staged)
+        os.replace(staged, package / LIBRARY)
         shutil.rmtree(built.parent.parent, ignore_errors=True)
         write_ffi_module(root)
 

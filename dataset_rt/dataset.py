@@ -12,6 +12,7 @@ import operator
 import os
 import threading
 from collections.abc import Iterator
+from itertools import repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -148,6 +149,7 @@ class CachedDataset:
         self._lookup: Any = None
         self._lookup_lock = threading.Lock()
         self._columns = schema_of(handle)
+        self._make_dicts = _dict_builder([name for name, _ in self._columns])
         self._metadata_keepalive: list[Any] = []
         self._state_lock = threading.RLock()
         self._active: Any = None
@@ -206,23 +208,19 @@ class CachedDataset:
             lib.drt_iter_close(iterator)
 
     def _samples(self, batch: Any) -> list[CachedSample]:
-        """Python records for one native batch (copies everything out of it)."""
-        import numpy as np
+        """Python records for one native batch (copies everything out of it).
 
+        Per-batch work is a handful of C-level ``ffi.unpack`` calls (no numpy: batches
+        are small, and its per-call overhead would dominate); per-sample work is one
+        payload slice, one dict and one tuple.
+        """
         n = int(batch.count)
         payloads = _payloads(batch, n)
-        cache_ids = np.frombuffer(ffi.buffer(batch.cache_ids, 8 * n), dtype=np.uint64).tolist()
-        sample_ids = np.frombuffer(ffi.buffer(batch.sample_ids, 8 * n), dtype=np.uint64).tolist()
-        names = [name for name, _ in self._columns]
+        cache_ids = ffi.unpack(batch.cache_ids, n)
+        sample_ids = ffi.unpack(batch.sample_ids, n)
         columns = [_column_values(batch.columns[i], kind, n) for i, (_, kind) in enumerate(self._columns)]
-        if columns:
-            metadata = [dict(zip(names, row)) for row in zip(*columns)]
-        else:
-            metadata = [{} for _ in range(n)]
-        return [
-            _new_sample(CachedSample, fields)
-            for fields in zip(payloads, metadata, cache_ids, sample_ids)
-        ]
+        metadata = self._make_dicts(n, *columns)
+        return list(map(_new_sample, repeat(CachedSample), zip(payloads, metadata, cache_ids, sample_ids)))
 
     def iter_batches(self, batch_size: int) -> Iterator[SampleBatch]:
         """Iterate the same stream as ``iter(dataset)``, a batch of samples at a time.
@@ -403,6 +401,24 @@ def _column_array(column: Any, kind: int, n: int) -> Any:
     return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
+def _dict_builder(names: list[str]) -> Any:
+    """A function ``(n, *columns) -> list[dict]`` building one metadata dict per row.
+
+    Generated once per dataset with the field names as constants: a dict display in a
+    comprehension is about twice as fast as ``dict(zip(names, row))`` per row. The names
+    enter the source only through ``repr``, so any string is safe.
+    """
+    if not names:
+        return lambda n: [{} for _ in range(n)]
+    args = ", ".join(f"c{i}" for i in range(len(names)))
+    items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
+    values = ", ".join(f"v{i}" for i in range(len(names)))
+    source = f"def build(n, {args}):\n    return [{{{items}}} for {values}{',' if len(names) == 1 else ''} in zip({args})]\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<dataset_rt metadata>", "exec"), namespace)
+    return namespace["build"]
+
+
 def _payloads(batch: Any, n: int) -> list[bytes]:
     """Copy each payload of a batch into a bytes object (the one copy a sample costs).
 
@@ -410,28 +426,24 @@ def _payloads(batch: Any, n: int) -> list[bytes]:
     payload address to the highest end lets each payload be sliced out with one C-level
     copy; slicing reads only the payloads' own bytes, never the gaps between buffers.
     """
-    import numpy as np
-
     if n == 0:
         return []
-    starts = np.frombuffer(ffi.buffer(batch.payloads, 8 * n), dtype=np.uint64)
-    ends = starts + np.frombuffer(ffi.buffer(batch.payload_lens, 8 * n), dtype=np.uint64)
-    base = int(starts.min())
-    span = ffi.buffer(ffi.cast("uint8_t *", base), int(ends.max()) - base)
-    return [span[a:b] for a, b in zip((starts - base).tolist(), (ends - base).tolist())]
+    starts = ffi.unpack(ffi.cast("uint64_t *", batch.payloads), n)
+    lengths = ffi.unpack(batch.payload_lens, n)
+    base = min(starts)
+    end = max(map(sum, zip(starts, lengths)))
+    span = ffi.buffer(ffi.cast("uint8_t *", base), end - base)
+    return [span[a - base : a - base + length] for a, length in zip(starts, lengths)]
 
 
 def _column_values(column: Any, kind: int, n: int) -> list[Any]:
-    import numpy as np
-
-    if n == 0:
-        return []
+    """One metadata column of a native batch as a list of Python values."""
     if kind == KIND_INT:
-        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.int64).tolist()
+        return ffi.unpack(ffi.cast("int64_t *", column.values), n)
     if kind == KIND_FLOAT:
-        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.float64).tolist()
+        return ffi.unpack(ffi.cast("double *", column.values), n)
     if kind == KIND_BOOL:
-        return np.frombuffer(ffi.buffer(column.values, n), dtype=np.uint8).astype(bool).tolist()
-    offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).tolist()
+        return ffi.unpack(ffi.cast("_Bool *", column.values), n)
+    offsets = ffi.unpack(column.offsets, n + 1)
     data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
     return [data[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])]
