@@ -1,0 +1,228 @@
+"""The ``dataset-rt`` command (also ``python -m dataset_rt``): inspect and verify caches.
+
+Subcommands:
+* ``inspect PATH...``: manifest facts, schema, shards, sizes, compression, cache id
+  (a table, or ``--json``);
+* ``verify PATH...``: every SHA-256 and every record's embedded metadata checked against
+  ``metadata.arrow``, with progress and MB/s; exit status 0 only when every cache is
+  intact, and each bad file is named;
+* ``head PATH [-n N]``: the first samples' identities, payload sizes and metadata;
+* ``stats PATH``: per-column summaries of the metadata table (Polars).
+
+Exit status: 0 success, 1 a cache is damaged or cannot be read, 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+VERIFY_BATCH = 4096
+
+
+def _runtime() -> Any:
+    import dataset_rt as drt
+
+    return drt.DatasetRuntime(num_workers=2)
+
+
+def _open(runtime: Any, path: Path, *, validate: bool = False) -> Any:
+    import dataset_rt as drt
+
+    return runtime.cached_dataset(
+        [path], reader_config=drt.ReaderConfig(seed=0, shuffle=False, validate_cache=validate)
+    )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def cache_facts(path: Path) -> dict[str, Any]:
+    """What ``inspect`` reports for one cache (after the library has opened it)."""
+    from dataset_rt import _native
+    from dataset_rt._native import ffi, lib
+
+    dataset = _open(_runtime(), path)
+    info = ffi.new("drt_cache_info *")
+    _native.check(lib.drt_dataset_cache_info(dataset._handle, 0, info))
+    manifest = json.loads((path / "manifest.json").read_bytes())
+    shards = manifest["shards"]
+    sizes = {
+        "shards": sum(s["byte_len"] for s in shards),
+        "payloads_uncompressed": sum(s["uncompressed_byte_len"] for s in shards),
+        "index": (path / "index.bin").stat().st_size,
+        "metadata": (path / "metadata.arrow").stat().st_size,
+    }
+    compression = shards[0]["compression"] if shards else {"algo": "none", "ratio": 1.0}
+    facts = {
+        "path": str(path),
+        "source_name": manifest["source_name"],
+        "format_version": int(info.format_version),
+        "cache_id": int(info.cache_id),
+        "sample_count": int(info.sample_count),
+        "schema": [{"name": name, "kind": kind} for name, kind in _schema(dataset)],
+        "compression": compression,
+        "shard_count": int(info.shard_count),
+        "bytes": sizes,
+    }
+    if "fingerprint" in manifest:
+        facts["fingerprint"] = manifest["fingerprint"]
+    return facts
+
+
+def _schema(dataset: Any) -> list[tuple[str, str]]:
+    from dataset_rt.metadata import KIND_NAMES, schema_of
+
+    return [(name, KIND_NAMES[kind]) for name, kind in schema_of(dataset._handle)]
+
+
+def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
+    status = 0
+    reports = []
+    for path in args.paths:
+        try:
+            reports.append(cache_facts(Path(path)))
+        except (ValueError, RuntimeError, OSError) as exc:
+            print(f"{path}: {exc}", file=sys.stderr)
+            status = 1
+    if args.json:
+        json.dump(reports, out, indent=2, ensure_ascii=False)
+        out.write("\n")
+        return status
+    for facts in reports:
+        sizes = facts["bytes"]
+        compression = facts["compression"]
+        rows = [
+            ("path", facts["path"]),
+            ("source_name", facts["source_name"]),
+            ("format_version", facts["format_version"]),
+            ("cache_id", facts["cache_id"]),
+            ("samples", facts["sample_count"]),
+            ("schema", ", ".join(f"{f['name']}: {f['kind']}" for f in facts["schema"]) or "(none)"),
+            ("compression", f"{compression['algo']} (ratio {compression['ratio']})"),
+            ("shards", f"{facts['shard_count']} ({_human(sizes['shards'])})"),
+            ("payloads", _human(sizes["payloads_uncompressed"])),
+            ("index.bin", _human(sizes["index"])),
+            ("metadata.arrow", _human(sizes["metadata"])),
+        ]
+        if "fingerprint" in facts:
+            rows.append(("fingerprint", facts["fingerprint"]))
+        width = max(len(key) for key, _ in rows)
+        for key, value in rows:
+            out.write(f"{key:<{width}}  {value}\n")
+        out.write("\n")
+    return status
+
+
+def _verify_one(path: Path, out: TextIO, progress: bool) -> bool:
+    started = time.monotonic()
+    try:
+        facts = cache_facts(path)
+        dataset = _open(_runtime(), path, validate=True)  # every SHA-256, metadata kinds
+    except (ValueError, RuntimeError, OSError) as exc:
+        out.write(f"FAIL {path}: {exc}\n")
+        return False
+    total = facts["sample_count"]
+    read_bytes = facts["bytes"]["shards"] + facts["bytes"]["index"] + facts["bytes"]["metadata"]
+    done = 0
+    try:
+        for batch in dataset.iter_batches(VERIFY_BATCH):  # every record vs metadata.arrow
+            done += len(batch)
+            if progress:
+                elapsed = max(time.monotonic() - started, 1e-9)
+                sys.stderr.write(
+                    f"\r\x1b[2Kverify {path}: {done}/{total} samples | "
+                    f"{read_bytes * done / total / elapsed / 1e6:,.1f} MB/s"
+                )
+                sys.stderr.flush()
+    except (ValueError, RuntimeError) as exc:
+        if progress:
+            sys.stderr.write("\r\x1b[2K")
+        out.write(f"FAIL {path}: {exc} (in {path}/shards)\n")
+        return False
+    if progress:
+        sys.stderr.write("\r\x1b[2K")
+    elapsed = max(time.monotonic() - started, 1e-9)
+    out.write(f"OK   {path}: {total} samples, {_human(read_bytes)} in {elapsed:.2f}s ({read_bytes / elapsed / 1e6:,.1f} MB/s)\n")
+    return True
+
+
+def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
+    progress = sys.stderr.isatty() and not args.quiet
+    results = [_verify_one(Path(p), out, progress) for p in args.paths]
+    return 0 if all(results) else 1
+
+
+def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        dataset = _open(_runtime(), Path(args.path))
+        count = min(args.n, len(dataset))
+        if count == 0:
+            return 0
+        dataset.set_epoch_len(count)
+        for sample in dataset:
+            metadata = json.dumps(sample.metadata, ensure_ascii=False)
+            out.write(f"{sample.cache_id} {sample.sample_id} {len(sample.data)} {metadata}\n")
+    except (ValueError, RuntimeError) as exc:
+        print(f"{args.path}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
+    import polars as pl
+
+    try:
+        table = _open(_runtime(), Path(args.path)).get_metadata()
+    except (ValueError, RuntimeError) as exc:
+        print(f"{args.path}: {exc}", file=sys.stderr)
+        return 1
+    stored = table.drop("cache_id", "sample_id", "weight")
+    out.write(f"{table.height} samples, {stored.width} metadata columns\n")
+    if stored.width:
+        with pl.Config(tbl_rows=50, tbl_cols=50, tbl_width_chars=200):
+            out.write(f"{stored.describe()}\n")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dataset-rt", description="Inspect and verify dataset_rt caches.")
+    sub = p.add_subparsers(dest="command", required=True)
+    inspect = sub.add_parser("inspect", help="manifest facts, schema, shards, sizes")
+    inspect.add_argument("paths", nargs="+", metavar="PATH")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.set_defaults(run=cmd_inspect)
+    verify = sub.add_parser("verify", help="check every checksum and record")
+    verify.add_argument("paths", nargs="+", metavar="PATH")
+    verify.add_argument("--quiet", action="store_true", help="no progress line")
+    verify.set_defaults(run=cmd_verify)
+    head = sub.add_parser("head", help="the first samples")
+    head.add_argument("path", metavar="PATH")
+    head.add_argument("-n", type=int, default=10, help="how many samples (default 10)")
+    head.set_defaults(run=cmd_head)
+    stats = sub.add_parser("stats", help="per-column metadata summaries")
+    stats.add_argument("path", metavar="PATH")
+    stats.set_defaults(run=cmd_stats)
+    return p
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command; returns the exit status."""
+    args = parser().parse_args(argv)
+    if getattr(args, "n", 1) < 0:
+        parser().error("-n must be non-negative")
+    return int(args.run(args, out or sys.stdout))
+
+
+def main_exit() -> None:
+    """Console-script entry point."""
+    raise SystemExit(main())

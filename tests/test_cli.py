@@ -1,0 +1,89 @@
+"""The dataset-rt command on reference caches and on deliberately corrupted copies."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import FIXTURES, expected
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dataset_rt", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_inspect_json() -> None:
+    result = run("inspect", "--json", str(FIXTURES / "lz4_many_shards"), str(FIXTURES / "unicode_é_name"))
+    assert result.returncode == 0, result.stderr
+    first, second = json.loads(result.stdout)
+    manifest = json.loads((FIXTURES / "lz4_many_shards" / "manifest.json").read_text())
+    assert first["cache_id"] == manifest["cache_id"]
+    assert first["sample_count"] == 300
+    assert first["shard_count"] == len(manifest["shards"]) == 12
+    assert first["compression"] == {"algo": "lz4", "ratio": 2.0}
+    assert first["schema"] == manifest["metadata_schema"]
+    assert first["bytes"]["shards"] == sum(s["byte_len"] for s in manifest["shards"])
+    assert second["source_name"] == "unicode_é_name"
+
+
+def test_inspect_table_and_missing() -> None:
+    result = run("inspect", str(FIXTURES / "plain_one_shard"), "/nonexistent/cache")
+    assert result.returncode == 1
+    assert "cache_id" in result.stdout and "4233350989699285984" in result.stdout
+    assert "missing manifest: /nonexistent/cache/manifest.json" in result.stderr
+
+
+def test_verify_ok_and_corrupt(fixture_copy) -> None:
+    good = run("verify", str(FIXTURES / "plain_many_shards"), str(FIXTURES / "lz4_many_shards"))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.count("OK ") == 2
+    broken = fixture_copy("plain_one_shard")
+    shard = broken / "shards" / "000000.bin"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    bad = run("verify", str(FIXTURES / "plain_one_shard"), str(broken))
+    assert bad.returncode == 1
+    assert f"FAIL {broken}: checksum mismatch for {broken}/shards/000000.bin" in bad.stdout
+    assert f"OK   {FIXTURES / 'plain_one_shard'}" in bad.stdout
+
+
+def test_verify_detects_edited_record_with_fixed_checksum(fixture_copy) -> None:
+    import hashlib
+
+    cache = fixture_copy("plain_one_shard")
+    shard = cache / "shards" / "000000.bin"
+    data = shard.read_bytes()
+    edited = data.replace(b'"label":-3', b'"label":-4', 1)
+    assert edited != data
+    shard.write_bytes(edited)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = hashlib.sha256(edited).hexdigest()
+    (cache / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    result = run("verify", str(cache))
+    assert result.returncode == 1
+    assert "embedded metadata does not match metadata.arrow for sample 0" in result.stdout
+
+
+def test_head_and_stats() -> None:
+    head = run("head", str(FIXTURES / "plain_one_shard"), "-n", "3")
+    assert head.returncode == 0, head.stderr
+    lines = head.stdout.splitlines()
+    want = expected("plain_one_shard")["samples"][:3]
+    assert len(lines) == 3
+    for line, row in zip(lines, want):
+        cache_id, sample_id, size, metadata = line.split(" ", 3)
+        assert (int(sample_id), int(size)) == (row["sample_id"], row["len"])
+        assert json.loads(metadata) == row["metadata"]
+    assert run("head", str(FIXTURES / "plain_one_shard"), "-n", "0").stdout == ""
+    stats = run("stats", str(FIXTURES / "plain_one_shard"))
+    assert stats.returncode == 0, stats.stderr
+    assert stats.stdout.startswith("120 samples, 4 metadata columns")
+    assert "label" in stats.stdout and "mean" in stats.stdout
+
+
+def test_usage_error() -> None:
+    assert run("frobnicate").returncode == 2
