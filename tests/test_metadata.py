@@ -111,7 +111,7 @@ def test_accepted_widths_and_large_table(dataset) -> None:
         pl.col("cache_id").cast(pl.Int64), pl.col("sample_id").cast(pl.UInt32), pl.col("weight").cast(pl.Float32)
     )
     dataset.update_metadata(df)
-    big = pl.concat([df.head(5)] * 200_000)
+    big = df.head(5).sample(n=1_000_000, with_replacement=True, seed=0)
     dataset.update_metadata(big)
     assert len(dataset) == 1_000_000
 
