@@ -23,6 +23,7 @@ import numbers
 import os
 import sys
 import time
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,10 +137,17 @@ def _u64(value: Any) -> int:
     return number
 
 
-def _plan_sources(sources: list[Any], base: Path) -> tuple[list[_Plan], dict[int, CacheWriteError]]:
-    """Read every name once and validate it; duplicates raise before anything is written."""
+def _plan_sources(
+    sources: list[Any], base: Path, parallel: bool
+) -> tuple[list[_Plan], dict[int, CacheWriteResult]]:
+    """Read every name once and validate it.
+
+    Serial mode raises for duplicate names before anything is written. Parallel mode,
+    like the reference's, compares names case- and Unicode-insensitively (casefold + NFC,
+    also for the reserved ``tmp``) and returns a duplicate error for every source.
+    """
     plans: list[_Plan] = []
-    errors: dict[int, CacheWriteError] = {}
+    errors: dict[int, CacheWriteResult] = {}
     seen: set[str] = set()
     for position, source in enumerate(sources):
         label = f"source[{position}]"
@@ -157,16 +165,24 @@ def _plan_sources(sources: list[Any], base: Path) -> tuple[list[_Plan], dict[int
             errors[position] = CacheWriteError(label, "CacheSource.name must not be empty")
         elif name in (".", "..") or any(c in name for c in "/\\\x00"):
             errors[position] = CacheWriteError(label, "CacheSource.name must be a plain path segment")
-        elif name == "tmp":
+        elif (_fold(name) if parallel else name) == "tmp":
             errors[position] = CacheWriteError(
                 label, "CacheSource.name must be a non-reserved plain path segment"
             )
         else:
-            if name in seen:
-                raise ValueError(f"duplicate generated cache path: {base / name}")
-            seen.add(name)
+            key = _fold(name) if parallel else name
+            if key in seen:
+                if not parallel:
+                    raise ValueError(f"duplicate generated cache path: {base / name}")
+                duplicate = CacheWriteError(name, f"duplicate generated cache path: {name}")
+                return [], {i: errors.get(i, duplicate) for i in range(len(sources))}
+            seen.add(key)
             plans.append(_Plan(position, source, name))
     return plans, errors
+
+
+def _fold(name: str) -> str:
+    return unicodedata.normalize("NFC", name.casefold())
 
 
 def plan_sources(
@@ -177,19 +193,26 @@ def plan_sources(
     Returns the plans to write and the per-position errors found so far. Raises for
     invalid configs and duplicate names before anything is written.
     """
-    if getattr(config, "num_processes", 0):
-        raise NotImplementedError("WriterConfig(num_processes > 0) arrives with issue #5")
     if getattr(getattr(config, "profiler", None), "enabled", False):
         raise NotImplementedError("WriterProfilerConfig(enabled=True) arrives with issue #5")
     validate_writer_config(config)
-    plans, errors = _plan_sources(sources, base)
-    return plans, dict(errors)
+    return _plan_sources(sources, base, parallel=_parallel(config))
+
+
+def _parallel(config: WriterConfig) -> bool:
+    """Sources go to spawned processes (the reference ignores this with the profiler on)."""
+    profiling = bool(getattr(getattr(config, "profiler", None), "enabled", False))
+    return int(getattr(config, "num_processes", 0) or 0) > 0 and not profiling
 
 
 def write_planned(
     runtime: DatasetRuntime, plans: list[_Plan], base: Path, config: WriterConfig
 ) -> dict[int, CacheWriteResult]:
     """Write planned sources in order; returns their results by source position."""
+    if _parallel(config):
+        from dataset_rt.parallel import write_in_processes
+
+        return write_in_processes(plans, base, config, runtime.num_workers)
     options = validate_writer_config(config)
     progress = _Progress.create(bool(config.show_progress), len(plans))
     return {plan.position: _write_one(runtime, plan, base, options, progress) for plan in plans}

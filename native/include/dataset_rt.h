@@ -189,6 +189,12 @@ int32_t drt_writer_finish(drt_writer *writer);
  * directory: a failed write never publishes anything. */
 void drt_writer_close(drt_writer *writer);
 
+/* Removes the staging directories under `<base_dir>/tmp/` whose writer is gone (their
+ * flock is free), e.g. after a writer process was killed. Writers in progress, in this
+ * or any other process, are not touched. drt_writer_open does this too. Succeeds when
+ * there is no staging area. Returns DRT_E_INVALID_ARGUMENT, DRT_E_IO. Thread-safe. */
+int32_t drt_staging_sweep(const char *base_dir, uint64_t base_dir_len);
+
 /* ---------------------------------------------------------------- dataset */
 
 typedef struct drt_dataset_options {

@@ -153,6 +153,13 @@ export fn drt_writer_finish(w: ?*Writer) Rc {
     return wrap(writer.finish());
 }
 
+export fn drt_staging_sweep(base_dir: ?[*]const u8, base_dir_len: u64) Rc {
+    status.clear();
+    const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
+    if (base.len == 0) return fromError(status.fail(error.InvalidArgument, "base_dir must not be empty", .{}));
+    return wrap(Writer.sweepBase(base.slice()));
+}
+
 export fn drt_writer_close(w: ?*Writer) void {
     if (w) |writer| writer.close();
 }

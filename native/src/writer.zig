@@ -189,6 +189,22 @@ pub const Writer = struct {
         return w;
     }
 
+    /// Removes the abandoned staging directories under `<base>/tmp` (see `sweep`);
+    /// nothing to do when there is no such directory.
+    pub fn sweepBase(base: []const u8) status.Error!void {
+        var base_dir = std.fs.cwd().openDir(base, .{}) catch |err| switch (err) {
+            error.FileNotFound => return,
+            else => return status.failIo(err, base),
+        };
+        defer base_dir.close();
+        var tmp_dir = base_dir.openDir("tmp", .{ .iterate = true }) catch |err| switch (err) {
+            error.FileNotFound => return,
+            else => return status.failIo(err, base),
+        };
+        defer tmp_dir.close();
+        sweep(tmp_dir);
+    }
+
     /// Removes staging directories under `tmp/` whose writers are gone (their lock is free).
     fn sweep(tmp_dir: std.fs.Dir) void {
         posix.flock(tmp_dir.fd, posix.LOCK.EX) catch return;

@@ -1,0 +1,51 @@
+"""Picklable test sources (importable from spawned writer processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dataset_rt as drt
+
+
+class Numbers:
+    """`count` samples of `size` deterministic bytes with int/str metadata."""
+
+    def __init__(self, name: str, count: int = 20, size: int = 64) -> None:
+        self.name = name
+        self.count = count
+        self.size = size
+
+    def __iter__(self):
+        for i in range(self.count):
+            yield drt.CacheInput(bytes([i % 251]) * self.size, {"i": i, "tag": f"{self.name}-{i}"})
+
+
+class Failing(Numbers):
+    def __iter__(self):
+        yield from list(super().__iter__())[:3]
+        raise RuntimeError("boom in child")
+
+
+class Slow(Numbers):
+    def __iter__(self):
+        for sample in super().__iter__():
+            time.sleep(0.05)
+            yield sample
+
+
+class Interrupting(Numbers):
+    def __iter__(self):
+        yield from list(super().__iter__())[:2]
+        raise KeyboardInterrupt("stop")
+
+
+class SelfSignal(Numbers):
+    """Sends itself SIGINT half way through (a real Ctrl-C during a write)."""
+
+    def __iter__(self):
+        for i, sample in enumerate(super().__iter__()):
+            if i == self.count // 2:
+                os.kill(os.getpid(), signal.SIGINT)
+            yield sample
