@@ -79,23 +79,6 @@ def _open_native(runtime: Any, paths: list[Path], options: Any) -> Any:
     return ffi.gc(out[0], _close_dataset)
 
 
-def _raise_metadata_row_mismatch(paths: list[Path]) -> None:
-    """With validate_cache the reference compares metadata.arrow's row count with the
-    manifest before the index's; report that mismatch first when there is one."""
-    import json
-
-    from dataset_rt.metadata import read_arrow_file
-
-    for path in paths:
-        try:
-            count = json.loads((path / "manifest.json").read_bytes())["sample_count"]
-            rows = read_arrow_file(path / "metadata.arrow").num_rows
-        except (OSError, ValueError, RuntimeError, KeyError, TypeError):
-            continue
-        if rows != count:
-            raise ValueError("metadata row count does not match manifest")
-
-
 def probe_cache(runtime: Any, path: Path, *, validate: bool) -> str | None:
     """None when ``path`` opens as a complete cache (checksums verified when
     ``validate``), else the load error's message."""
@@ -104,13 +87,6 @@ def probe_cache(runtime: Any, path: Path, *, validate: bool) -> str | None:
         handle = _open_native(runtime, [path], options)
     except (ValueError, RuntimeError, OverflowError) as exc:
         return str(exc)
-    if validate:
-        from dataset_rt.metadata import read_cache_metadata
-
-        try:
-            read_cache_metadata(handle, 0, path)
-        except (ValueError, RuntimeError) as exc:
-            return str(exc)
     ffi.release(handle)
     return None
 
@@ -135,12 +111,7 @@ class CachedDataset:
         options = _native_options(reader_config)
         if not paths:
             raise ValueError("CachedDataset requires at least one cache path")
-        try:
-            handle = _open_native(runtime, paths, options)
-        except ValueError as exc:
-            if reader_config.validate_cache and str(exc) == "index row count does not match manifest":
-                _raise_metadata_row_mismatch(paths)
-            raise
+        handle = _open_native(runtime, paths, options)
         self = object.__new__(cls)
         self.cache_paths = list(paths)
         self.reader_config = reader_config
@@ -150,14 +121,8 @@ class CachedDataset:
         self._lookup_lock = threading.Lock()
         self._columns = schema_of(handle)
         self._make_dicts = _dict_builder([name for name, _ in self._columns])
-        self._metadata_keepalive: list[Any] = []
         self._state_lock = threading.RLock()
         self._active: Any = None
-        if reader_config.validate_cache:
-            from dataset_rt.metadata import read_cache_metadata
-
-            for index, path in enumerate(paths):
-                self._metadata_keepalive.append(read_cache_metadata(handle, index, path))
         return self
 
     def __reduce__(self) -> Any:

@@ -54,53 +54,6 @@ def read_arrow_file(path: Path) -> Any:
         raise RuntimeError(f"Arrow error: {exc}") from exc
 
 
-def read_cache_metadata(handle: Any, cache_index: int, cache_path: Path, table: Any = None) -> list[Any]:
-    """Validate cache ``cache_index``'s metadata.arrow against its manifest and attach its
-    columns to the native dataset (for ``validate_cache`` comparisons and for resolving
-    JSON nulls). ``table`` is the file's content when the caller already read it. Returns
-    the buffers the native side borrows: keep them alive as long as the dataset."""
-    import numpy as np
-
-    fields = schema_of(handle)
-    info = ffi.new("drt_cache_info *")
-    _native.check(lib.drt_dataset_cache_info(handle, cache_index, info))
-    if table is None:
-        table = read_arrow_file(cache_path / "metadata.arrow")
-    if table.num_rows != info.sample_count:
-        raise ValueError("metadata row count does not match manifest")
-    if table.num_columns < len(fields):
-        raise ValueError("metadata batch column count does not match manifest")
-    keep: list[Any] = []
-    columns = ffi.new("drt_column[]", max(1, len(fields)))
-    rows = table.num_rows
-    for i, (name, kind) in enumerate(fields):
-        column = table.column(i)
-        expected = arrow_type(kind)
-        if column.type != expected:
-            raise ValueError(f"metadata '{name}' is not {KIND_NAMES[kind]}")
-        array = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
-        if array.null_count:
-            raise ValueError(f"metadata '{name}' contains null")
-        columns[i].kind = kind
-        if kind == KIND_STRING:
-            offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=rows + 1, offset=array.offset * 4)
-            offsets64 = offsets.astype(np.uint64)
-            data = array.buffers()[2]
-            keep += [offsets64, data]
-            columns[i].values = ffi.cast("void *", data.address if data is not None else 0)
-            columns[i].offsets = ffi.cast("uint64_t *", offsets64.ctypes.data)
-        else:
-            if kind == KIND_BOOL:
-                values = np.ascontiguousarray(array.to_numpy(zero_copy_only=False), dtype=np.uint8)
-            else:
-                values = np.ascontiguousarray(array.to_numpy(zero_copy_only=False))
-            keep.append(values)
-            columns[i].values = ffi.cast("void *", values.ctypes.data)
-    keep.append(table)
-    _native.check(lib.drt_dataset_attach_metadata(handle, cache_index, rows, columns))
-    return keep
-
-
 # ------------------------------------------------------------------------ active table
 
 STORED_ARROW_NAMES = {KIND_BOOL: "Boolean", KIND_INT: "Int64", KIND_FLOAT: "Float64", KIND_STRING: "Utf8"}
@@ -122,8 +75,7 @@ def default_table(dataset: Any) -> Any:
     """The initial active table: cache_id, sample_id, stored columns, weight (all 1.0).
 
     Built from the memory-mapped metadata.arrow of every cache, columnar (no Python row
-    objects). Also attaches each cache's columns to the native dataset, so JSON nulls
-    (NaN or infinite floats written by the reference) resolve to their Arrow values.
+    objects).
     """
     import numpy as np
     import polars as pl
@@ -152,11 +104,6 @@ def default_table(dataset: Any) -> Any:
             )
         for i in range(len(fields)):
             chunks[i].extend(table.column(i).chunks)
-        if table.num_rows:
-            try:
-                dataset._metadata_keepalive.append(read_cache_metadata(handle, index, Path(path), table))
-            except ValueError:
-                pass  # nulls in a stored column: reads keep failing on JSON nulls, as before
     count_array = np.array(counts, dtype=np.int64)
     columns: dict[str, Any] = {
         "cache_id": pa.array(np.repeat(np.array(ids, dtype=np.uint64), count_array), type=pa.uint64()),

@@ -193,8 +193,6 @@ def plan_sources(
     Returns the plans to write and the per-position errors found so far. Raises for
     invalid configs and duplicate names before anything is written.
     """
-    if getattr(getattr(config, "profiler", None), "enabled", False):
-        raise NotImplementedError("WriterProfilerConfig(enabled=True) arrives with issue #5")
     validate_writer_config(config)
     return _plan_sources(sources, base, parallel=_parallel(config))
 
@@ -215,7 +213,22 @@ def write_planned(
         return write_in_processes(plans, base, config, runtime.num_workers)
     options = validate_writer_config(config)
     progress = _Progress.create(bool(config.show_progress), len(plans))
-    return {plan.position: _write_one(runtime, plan, base, options, progress) for plan in plans}
+    profiler = getattr(config, "profiler", None)
+    if not getattr(profiler, "enabled", False):
+        return {plan.position: _write_one(runtime, plan, base, options, progress, None) for plan in plans}
+    profiles: list[dict[str, Any]] = []
+    started = time.perf_counter_ns()
+    results: dict[int, CacheWriteResult] = {}
+    try:
+        for plan in plans:
+            timings = _Timings()
+            try:
+                results[plan.position] = _write_one(runtime, plan, base, options, progress, timings)
+            finally:
+                profiles.append({"source_name": plan.name, "stages": timings.report()})
+    finally:
+        _write_profile(Path(profiler.path), time.perf_counter_ns() - started, profiles)
+    return results
 
 
 def write_sources(
@@ -229,12 +242,62 @@ def write_sources(
     return [results[i] for i in range(len(items))]
 
 
+STAGE_NAMES = (
+    "record_encode",
+    "compression",
+    "disk_write",
+    "shard_flush",
+    "finish_index",
+    "finish_metadata",
+    "finish_manifest",
+    "publish",
+)
+
+
+class _Timings:
+    """Stage timings of one source for WriterProfilerConfig (reference section 5.6)."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, list[int]] = {}
+
+    def add(self, stage: str, started_ns: int, nbytes: int = 0) -> None:
+        entry = self.stages.setdefault(stage, [0, 0, 0])
+        entry[0] += 1
+        entry[1] += time.perf_counter_ns() - started_ns
+        entry[2] += nbytes
+
+    def merge_native(self, writer: Any) -> None:
+        stats = ffi.new("drt_stage_stats[]", lib.DRT_STAGE_COUNT)
+        if lib.drt_writer_stats(writer, stats) != 0:
+            return
+        for name, stat in zip(STAGE_NAMES, stats):
+            if stat.calls:
+                entry = self.stages.setdefault(name, [0, 0, 0])
+                entry[0] += stat.calls
+                entry[1] += stat.total_ns
+                entry[2] += stat.bytes
+
+    def report(self) -> list[dict[str, Any]]:
+        return [
+            {"name": name, "calls": calls, "total_ns": total, "bytes": nbytes}
+            for name, (calls, total, nbytes) in sorted(self.stages.items())
+        ]
+
+
+def _write_profile(path: Path, elapsed_ns: int, sources: list[dict[str, Any]]) -> None:
+    import json
+
+    document = {"format_version": 1, "elapsed_ns": elapsed_ns, "sources": sources}
+    path.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
+
+
 def _write_one(
     runtime: DatasetRuntime,
     plan: _Plan,
     base: Path,
     options: tuple[int, int, int, float],
     progress: _Progress | None,
+    timings: _Timings | None,
 ) -> CacheWriteResult:
     prefetch_size, max_shard_bytes, compression, ratio = options
     native_options = ffi.new(
@@ -244,6 +307,7 @@ def _write_one(
             "prefetch_size": prefetch_size,
             "compression": compression,
             "compression_ratio": ratio,
+            "flags": lib.DRT_WRITER_PROFILE if timings is not None else 0,
         },
     )
     base_bytes = _native.encode_path(base)
@@ -256,12 +320,14 @@ def _write_one(
         return CacheWriteError(plan.name, _native.last_error())
     writer = out[0]
     try:
-        ingest = _Ingest(writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress)
+        ingest = _Ingest(writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress, timings)
         ingest.run(plan.source)
         ingest.check(lib.drt_writer_finish(writer))
     except SourceFailure as failure:
         return CacheWriteError(plan.name, str(failure))
     finally:
+        if timings is not None:
+            timings.merge_native(writer)
         lib.drt_writer_close(writer)
         if progress is not None:
             progress.source_done()
@@ -271,8 +337,11 @@ def _write_one(
 class _Ingest:
     """Pulls one source and feeds the native writer in columnar batches."""
 
-    def __init__(self, writer: Any, name: str, batch_size: int, progress: _Progress | None) -> None:
+    def __init__(
+        self, writer: Any, name: str, batch_size: int, progress: _Progress | None, timings: _Timings | None
+    ) -> None:
         self.writer = writer
+        self.timings = timings
         self.name = name
         self.batch_size = batch_size
         self.progress = progress
@@ -292,7 +361,10 @@ class _Ingest:
             raise SourceFailure(python_error(exc)) from exc
         payloads: list[Any] = []
         rows: list[dict[str, Any]] = []
+        timings = self.timings
+        clock = time.perf_counter_ns
         while True:
+            started = clock() if timings else 0
             try:
                 item = next(iterator)
             except StopIteration:
@@ -301,9 +373,14 @@ class _Ingest:
                 raise
             except BaseException as exc:
                 raise SourceFailure(python_error(exc)) from exc
+            if timings:
+                timings.add("python_next", started)
+                started = clock()
             payload, metadata = self._unpack(item)
             payloads.append(payload)
             rows.append(metadata)
+            if timings:
+                timings.add("python_extract", started, payload.nbytes)
             if len(payloads) >= self.batch_size:
                 self._flush(payloads, rows)
                 payloads, rows = [], []
@@ -311,7 +388,10 @@ class _Ingest:
             self._flush(payloads, rows)
         if self.count == 0:
             raise SourceFailure("cache source yielded no samples")
+        started = clock() if timings else 0
         self._write_arrow()
+        if timings:
+            timings.add("finish_metadata", started)
 
     def _unpack(self, item: Any) -> tuple[memoryview, dict[str, Any]]:
         if not isinstance(item, tuple):
@@ -389,6 +469,7 @@ class _Ingest:
         import numpy as np
 
         assert self.keys is not None
+        started = time.perf_counter_ns() if self.timings else 0
         for row in rows:
             if len(row) != len(self.keys):
                 raise SourceFailure("metadata keys must be identical for every sample")
@@ -407,6 +488,9 @@ class _Ingest:
         offsets = np.zeros(len(payloads) + 1, dtype=np.uint64)
         np.cumsum(lengths, out=offsets[1:])
         blob = b"".join(payloads)
+        if self.timings:
+            self.timings.add("metadata_validate", started)
+            started = time.perf_counter_ns()
         self.check(
             lib.drt_writer_append(
                 self.writer,
@@ -416,6 +500,8 @@ class _Ingest:
                 columns,
             )
         )
+        if self.timings:
+            self.timings.add("ingress_wait", started, len(blob))
         self.count += len(payloads)
         self.payload_bytes += len(blob)
         if self.progress is not None:

@@ -138,9 +138,33 @@ typedef struct drt_writer_options {
     uint64_t max_shard_bytes;  /* > 0; a shard is closed before a record would overflow it */
     uint64_t prefetch_size;    /* > 0; samples in flight inside the writer */
     int32_t compression;       /* DRT_COMPRESSION_* */
-    uint32_t reserved;         /* must be 0 */
+    uint32_t flags;            /* 0 or DRT_WRITER_PROFILE */
     double compression_ratio;  /* recorded in the manifest; 1.0 for NONE; finite, > 0 */
 } drt_writer_options;
+
+/* Writer flags. */
+enum {
+    DRT_WRITER_PROFILE = 1 /* time every stage (drt_writer_stats); costs a clock read per stage */
+};
+
+/* Writer stages timed with DRT_WRITER_PROFILE, indexes into drt_writer_stats' array. */
+enum {
+    DRT_STAGE_RECORD_ENCODE = 0,   /* metadata JSON + record framing; bytes = record headers */
+    DRT_STAGE_COMPRESSION = 1,     /* LZ4; bytes = raw payload bytes compressed */
+    DRT_STAGE_DISK_WRITE = 2,      /* shard and index appends (buffered writes + SHA-256) */
+    DRT_STAGE_SHARD_FLUSH = 3,     /* closing a shard: last write, fsync */
+    DRT_STAGE_FINISH_INDEX = 4,    /* index.bin flush + fsync */
+    DRT_STAGE_FINISH_METADATA = 5, /* hashing metadata.arrow */
+    DRT_STAGE_FINISH_MANIFEST = 6, /* manifest.json write + fsync */
+    DRT_STAGE_PUBLISH = 7,         /* directory fsyncs and the rename */
+    DRT_STAGE_COUNT = 8
+};
+
+typedef struct drt_stage_stats {
+    uint64_t calls;
+    uint64_t total_ns;
+    uint64_t bytes;
+} drt_stage_stats;
 
 /* Starts writing the cache `<base_dir>/<name>`. Creates base_dir (with parents) and
  * `<base_dir>/tmp/`, removes abandoned staging directories there whose lock is free,
@@ -168,6 +192,10 @@ int32_t drt_writer_set_schema(drt_writer *writer, const drt_field *fields, uint6
  * be closed. */
 int32_t drt_writer_append(drt_writer *writer, uint64_t count, const uint8_t *payloads,
                           const uint64_t *payload_offsets, const drt_column *columns);
+
+/* Copies the stage timings (DRT_STAGE_COUNT entries) into out; all zero unless the writer
+ * was opened with DRT_WRITER_PROFILE. Valid at any time, also after a failure. */
+int32_t drt_writer_stats(drt_writer *writer, drt_stage_stats *out);
 
 /* Number of samples appended so far. */
 int32_t drt_writer_sample_count(drt_writer *writer, uint64_t *out);
@@ -221,7 +249,11 @@ typedef struct drt_cache_info {
 /* Opens the caches at paths[0..path_count) (in that order) as one dataset and checks
  * their structure: manifests, versions, unique cache ids, equal schemas, exact shard
  * sizes, index shape and shard ids. With validate_cache, also verifies the SHA-256 of
- * every file. The active table starts as every physical sample in path order.
+ * every file and checks metadata.arrow (row count, column kinds), and every record read
+ * later is compared with its metadata.arrow row. Without it, metadata.arrow is read only
+ * when a record holds a JSON null (how dataset-rt 0.4.8 stores NaN and infinite floats:
+ * the value is taken from metadata.arrow). The active table starts as every physical
+ * sample in path order.
  * paths are borrowed for the call.
  * Returns DRT_E_INVALID_ARGUMENT, DRT_E_INVALID_CACHE ("missing manifest: <p>",
  * "checksum mismatch for <file>", ...), DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
@@ -242,16 +274,6 @@ int32_t drt_dataset_cache_info(drt_dataset *dataset, uint64_t index, drt_cache_i
 
 /* Schema field `index` (< field_count). The name is valid while the dataset is open. */
 int32_t drt_dataset_field(drt_dataset *dataset, uint64_t index, drt_field *out);
-
-/* Attaches the rows of cache `cache_index`'s metadata.arrow as columns (one per schema
- * field, schema order, row_count rows). Used to resolve JSON nulls in float fields and,
- * with validate_cache, to compare every record read with its row. The buffers are
- * borrowed until the dataset is closed: the caller keeps them alive and unchanged. Only
- * the first attachment of a cache takes effect (later calls succeed and change nothing).
- * With validate_cache, every value is checked against the schema kind first.
- * Returns DRT_E_INVALID_CACHE ("metadata row count does not match manifest"), ... */
-int32_t drt_dataset_attach_metadata(drt_dataset *dataset, uint64_t cache_index,
-                                    uint64_t row_count, const drt_column *columns);
 
 /* Value types of a table column handed to drt_dataset_set_table (Arrow's). */
 enum {

@@ -35,8 +35,16 @@ pub const WriterOptions = extern struct {
     max_shard_bytes: u64,
     prefetch_size: u64,
     compression: i32,
-    reserved: u32,
+    flags: u32,
     compression_ratio: f64,
+};
+
+pub const writer_profile: u32 = 1;
+
+pub const StageStats = extern struct {
+    calls: u64 = 0,
+    total_ns: u64 = 0,
+    bytes: u64 = 0,
 };
 
 pub const DatasetOptions = extern struct {
@@ -104,6 +112,7 @@ test "structs and constants match dataset_rt.h" {
         .{ CacheInfo, c.drt_cache_info },
         .{ Batch, c.drt_batch },
         .{ TableColumn, c.drt_table_column },
+        .{ StageStats, c.drt_stage_stats },
     };
     inline for (pairs) |pair| {
         const Z = pair[0];
@@ -136,4 +145,9 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, type_u64), c.DRT_TYPE_U64);
     try std.testing.expectEqual(@as(i64, type_f32), c.DRT_TYPE_F32);
     try std.testing.expectEqual(@as(i64, type_other), c.DRT_TYPE_OTHER);
+    try std.testing.expectEqual(@as(i64, writer_profile), c.DRT_WRITER_PROFILE);
+    const Stage = @import("writer.zig").Stage;
+    try std.testing.expectEqual(@as(i64, std.meta.fields(Stage).len), c.DRT_STAGE_COUNT);
+    try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.publish)), c.DRT_STAGE_PUBLISH);
+    try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.finish_metadata)), c.DRT_STAGE_FINISH_METADATA);
 }

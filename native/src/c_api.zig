@@ -91,6 +91,7 @@ export fn drt_writer_open(
         .prefetch_size = opts.prefetch_size,
         .compression = compression,
         .ratio = opts.compression_ratio,
+        .profile = opts.flags & abi.writer_profile != 0,
     }) catch |err| return fromError(err);
     return ok();
 }
@@ -132,6 +133,13 @@ export fn drt_writer_append(w: ?*Writer, count: u64, payloads: ?[*]const u8, pay
         c.* = .{ .kind = kindFrom(src.kind) catch |err| return fromError(err), .values = src.values, .offsets = src.offsets };
     }
     return wrap(writer.append(count, data, offsets, cols.ptr));
+}
+
+export fn drt_writer_stats(w: ?*Writer, out: ?[*]abi.StageStats) Rc {
+    const writer = w orelse return nullArgument("writer");
+    const o = out orelse return nullArgument("out");
+    @memcpy(o[0..writer.profile.stages.len], &writer.profile.stages);
+    return ok();
 }
 
 export fn drt_writer_sample_count(w: ?*Writer, out: ?*u64) Rc {
@@ -243,13 +251,6 @@ export fn drt_dataset_field(ds: ?*Dataset, i: u64, out: ?*abi.Field) Rc {
     return ok();
 }
 
-export fn drt_dataset_attach_metadata(ds: ?*Dataset, cache_index: u64, row_count: u64, columns: ?[*]const abi.Column) Rc {
-    const d = ds orelse return nullArgument("dataset");
-    if (d.fields.len > 0 and columns == null) return nullArgument("columns");
-    const empty: [0]abi.Column = .{};
-    return wrap(d.attach(cache_index, row_count, columns orelse &empty));
-}
-
 export fn drt_dataset_set_table(
     ds: ?*Dataset,
     row_count: u64,
@@ -342,4 +343,6 @@ test {
     _ = @import("sampler.zig");
     _ = @import("chacha.zig");
     _ = @import("io/uring.zig");
+    _ = @import("arrow.zig");
+    _ = @import("sha256.zig");
 }

@@ -3,8 +3,9 @@
 //! ids), map `index.bin`, and with `validate_cache` verify every SHA-256 first.
 //!
 //! Check order (it decides which message a multiply-broken cache reports, as in the
-//! reference): manifest → shard sizes → metadata.arrow present → checksums (validate
-//! only) → index length → index row count → shard ids.
+//! reference): manifest → shard sizes → metadata.arrow present → checksums and then
+//! metadata.arrow rows and kinds (validate only) → index length → index row count →
+//! shard ids.
 
 const std = @import("std");
 const posix = std.posix;
@@ -12,7 +13,43 @@ const schema = @import("schema.zig");
 const status = @import("status.zig");
 const manifest = @import("manifest.zig");
 const index = @import("index.zig");
+const arrow = @import("arrow.zig");
 const Sha256 = std.crypto.hash.sha2.Sha256;
+
+/// A cache's `metadata.arrow`, mapped and parsed (columns point into the mapping).
+pub const Metadata = struct {
+    map: []align(std.heap.page_size_min) const u8,
+    file: arrow.File,
+
+    /// Maps and parses `<cache>/metadata.arrow`, then checks it against the manifest the
+    /// way the reference's validation does: row count first, then each manifest field's
+    /// kind against the Arrow column at the same position.
+    fn load(gpa: std.mem.Allocator, cache_path: []const u8, m: *const manifest.Manifest) status.Error!Metadata {
+        const path = try std.fmt.allocPrintSentinel(gpa, "{s}/metadata.arrow", .{std.mem.trimRight(u8, cache_path, "/")}, 0);
+        defer gpa.free(path);
+        const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
+        defer file.close();
+        const size = (file.stat() catch |err| return status.failIo(err, path)).size;
+        const map: []align(std.heap.page_size_min) const u8 = if (size == 0)
+            &.{}
+        else
+            posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
+        errdefer if (map.len > 0) posix.munmap(map);
+        var parsed = try arrow.File.parse(gpa, map);
+        errdefer parsed.deinit(gpa);
+        if (parsed.row_count != m.sample_count) return status.fail(error.InvalidCache, "metadata row count does not match manifest", .{});
+        for (m.fields, 0..) |f, i| {
+            const actual: ?schema.Kind = if (i < parsed.fields.len) parsed.fields[i].type.kind() else null;
+            if (actual != f.kind) return status.fail(error.InvalidCache, "metadata '{s}' is not {s}", .{ f.name, f.kind.name() });
+        }
+        return .{ .map = map, .file = parsed };
+    }
+
+    fn deinit(md: *Metadata, gpa: std.mem.Allocator) void {
+        md.file.deinit(gpa);
+        if (md.map.len > 0) posix.munmap(md.map);
+    }
+};
 
 pub const Cache = struct {
     gpa: std.mem.Allocator,
@@ -24,6 +61,12 @@ pub const Cache = struct {
     index_map: []align(std.heap.page_size_min) const u8,
     /// NUL-terminated `<path>/shards/<name>` for every shard.
     shard_paths: [][:0]u8,
+    /// metadata.arrow, loaded at open with validate_cache, else on first need (a JSON
+    /// null float to resolve). `metadata_mutex` guards the lazy load; once `metadata_ready`
+    /// is set the value never changes, so readers use it without the lock.
+    metadata: ?Metadata = null,
+    metadata_ready: std.atomic.Value(bool) = .init(false),
+    metadata_mutex: std.Thread.Mutex = .{},
 
     /// Opens the cache at `path`. `position` is its index in the dataset's path list (the
     /// cache id of a format-2 manifest).
@@ -77,6 +120,10 @@ pub const Cache = struct {
             for (m.shards, shard_paths) |shard, p| try verifySha(p, shard.sha256);
         }
 
+        var metadata: ?Metadata = null;
+        if (validate) metadata = try Metadata.load(gpa, path, &m);
+        errdefer if (metadata) |*md| md.deinit(gpa);
+
         const index_map = try mapIndex(dir, path, m.sample_count, m.shards.len);
         return .{
             .gpa = gpa,
@@ -85,10 +132,26 @@ pub const Cache = struct {
             .cache_id = m.cache_id orelse position,
             .index_map = index_map,
             .shard_paths = shard_paths,
+            .metadata = metadata,
+            .metadata_ready = .init(validate),
         };
     }
 
+    /// The parsed metadata.arrow, loading it on first use. Thread-safe.
+    pub fn metadataFile(c: *Cache) status.Error!*const arrow.File {
+        if (!c.metadata_ready.load(.acquire)) {
+            c.metadata_mutex.lock();
+            defer c.metadata_mutex.unlock();
+            if (!c.metadata_ready.load(.acquire)) {
+                c.metadata = try Metadata.load(c.gpa, c.path, &c.manifest);
+                c.metadata_ready.store(true, .release);
+            }
+        }
+        return &c.metadata.?.file;
+    }
+
     pub fn close(c: *Cache) void {
+        if (c.metadata) |*md| md.deinit(c.gpa);
         if (c.index_map.len > 0) posix.munmap(c.index_map);
         for (c.shard_paths) |p| c.gpa.free(p);
         c.gpa.free(c.shard_paths);

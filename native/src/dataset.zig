@@ -59,13 +59,6 @@ pub const Table = struct {
     }
 };
 
-/// Columns of one cache's metadata.arrow, borrowed from the caller (see
-/// drt_dataset_attach_metadata).
-pub const Attached = struct {
-    row_count: u64,
-    columns: []abi.Column,
-};
-
 pub const Dataset = struct {
     gpa: std.mem.Allocator,
     runtime: *Runtime,
@@ -77,7 +70,6 @@ pub const Dataset = struct {
     /// prefix[i] = samples in caches before i; prefix[caches.len] = total.
     prefix: []u64,
     ids: std.AutoHashMapUnmanaged(u64, u32) = .empty,
-    attached: []?Attached,
 
     mutex: std.Thread.Mutex = .{},
     position: u64 = 0,
@@ -118,10 +110,6 @@ pub const Dataset = struct {
         }
         if (prefix[paths.len] == 0) return status.fail(error.InvalidCache, "dataset contains no physical samples", .{});
 
-        const attached = try gpa.alloc(?Attached, paths.len);
-        errdefer gpa.free(attached);
-        @memset(attached, null);
-
         const io_backend: i32 = switch (options.io_backend) {
             abi.io_threads => abi.io_threads,
             abi.io_uring => if (uring.Ring.available()) abi.io_uring else return status.fail(error.InvalidArgument, "io_backend 'io_uring' is not available here (the kernel or a seccomp filter refuses io_uring_setup); use 'auto' or 'threads'", .{}),
@@ -142,7 +130,6 @@ pub const Dataset = struct {
             .fields = caches[0].manifest.fields,
             .prefix = prefix,
             .ids = ids,
-            .attached = attached,
             .epoch_len = prefix[paths.len],
             .table = table,
         };
@@ -167,8 +154,6 @@ pub const Dataset = struct {
         if (ds.runtime.checkPid()) |_| {} else |_| return; // forked child: leak, never touch
         const gpa = ds.gpa;
         ds.table.release();
-        for (ds.attached) |maybe| if (maybe) |a| gpa.free(a.columns);
-        gpa.free(ds.attached);
         for (ds.caches) |*c| c.close();
         gpa.free(ds.caches);
         gpa.free(ds.prefix);
@@ -252,30 +237,4 @@ pub const Dataset = struct {
         old.release();
     }
 
-    /// Attaches one cache's metadata columns (see drt_dataset_attach_metadata).
-    pub fn attach(ds: *Dataset, cache_index: u64, row_count: u64, columns: [*]const abi.Column) status.Error!void {
-        if (cache_index >= ds.caches.len) return status.fail(error.InvalidArgument, "cache index {d} is out of range", .{cache_index});
-        const c = &ds.caches[@intCast(cache_index)];
-        if (row_count != c.sampleCount()) return status.fail(error.InvalidCache, "metadata row count does not match manifest", .{});
-        for (ds.fields, 0..) |f, i| {
-            if (columns[i].kind != @intFromEnum(f.kind)) return status.fail(error.InvalidCache, "metadata '{s}' is not {s}", .{ f.name, f.kind.name() });
-            if (columns[i].values == null and row_count > 0) return status.fail(error.InvalidArgument, "column {d} has no values", .{i});
-            if (f.kind == .string and columns[i].offsets == null) return status.fail(error.InvalidArgument, "string column {d} has no offsets", .{i});
-        }
-        const copy = try ds.gpa.dupe(abi.Column, columns[0..ds.fields.len]);
-        ds.mutex.lock();
-        defer ds.mutex.unlock();
-        // The first attachment stays: readers may be using its columns right now.
-        if (ds.attached[@intCast(cache_index)] != null) {
-            ds.gpa.free(copy);
-            return;
-        }
-        ds.attached[@intCast(cache_index)] = .{ .row_count = row_count, .columns = copy };
-    }
-
-    pub fn attachedFor(ds: *Dataset, cache_index: u32) ?Attached {
-        ds.mutex.lock();
-        defer ds.mutex.unlock();
-        return ds.attached[cache_index];
-    }
 };

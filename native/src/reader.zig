@@ -29,6 +29,7 @@ const lz4 = @import("lz4.zig");
 const metadata_json = @import("metadata_json.zig");
 const uring = @import("io/uring.zig");
 const runtime_mod = @import("runtime.zig");
+const arrow = @import("arrow.zig");
 const dataset_mod = @import("dataset.zig");
 const Dataset = dataset_mod.Dataset;
 const Loc = dataset_mod.Loc;
@@ -172,15 +173,19 @@ const BatchBuffers = struct {
                 .invalid_cache => status.failText(error.InvalidCache, diag.message()),
             },
         };
-        const attached = ds.attachedFor(loc.cache);
-        for (b.values, ds.fields, 0..) |*v, f, fi| {
-            if (v.* != .null) continue;
-            const a = attached orelse return status.fail(error.InvalidCache, "embedded metadata field '{s}' of sample {d} is null (a NaN or infinite float) and metadata.arrow is not loaded", .{ f.name, loc.sample_id });
-            v.* = .{ .float = @as([*]const f64, @ptrCast(@alignCast(a.columns[fi].values.?)))[@intCast(loc.sample_id)] };
-        }
-        if (ds.options.validate_cache) {
-            const a = attached orelse return status.fail(error.Internal, "validate_cache requires attached metadata", .{});
-            if (!matchesRow(ds.fields, b.values, a, loc.sample_id)) {
+        var has_null = false;
+        for (b.values) |v| has_null = has_null or v == .null;
+        if (has_null or ds.options.validate_cache) {
+            // JSON nulls are how the reference stores NaN and infinite floats: the value
+            // is in metadata.arrow. With validate_cache every record is compared with it.
+            const c = &ds.caches[loc.cache];
+            const md = try c.metadataFile();
+            const at = md.locate(loc.sample_id);
+            const columns = md.batches[at.batch].columns;
+            for (b.values, 0..) |*v, fi| {
+                if (v.* == .null) v.* = .{ .float = columns[fi].getFloat(at.index) };
+            }
+            if (ds.options.validate_cache and !matchesRow(ds.fields, b.values, columns, at.index)) {
                 return status.fail(error.InvalidCache, "embedded metadata does not match metadata.arrow for sample {d}", .{loc.sample_id});
             }
         }
@@ -250,18 +255,14 @@ const BatchBuffers = struct {
     }
 };
 
-fn matchesRow(fields: []const schema.Field, values: []const schema.Value, a: dataset_mod.Attached, row: u64) bool {
-    const r: usize = @intCast(row);
-    for (fields, values, a.columns) |f, v, col| {
+fn matchesRow(fields: []const schema.Field, values: []const schema.Value, columns: []const arrow.Column, row: u64) bool {
+    for (fields, values, columns[0..fields.len]) |f, v, col| {
+        if (col.isNull(row)) return false;
         const same = switch (f.kind) {
-            .bool => @as([*]const u8, @ptrCast(col.values.?))[r] == @intFromBool(v.bool),
-            .int => @as([*]const i64, @ptrCast(@alignCast(col.values.?)))[r] == v.int,
-            .float => @as(u64, @bitCast(@as([*]const f64, @ptrCast(@alignCast(col.values.?)))[r])) == @as(u64, @bitCast(v.float)),
-            .string => blk: {
-                const offs = col.offsets.?;
-                const s = @as([*]const u8, @ptrCast(col.values.?))[@intCast(offs[r])..@intCast(offs[r + 1])];
-                break :blk std.mem.eql(u8, s, v.string);
-            },
+            .bool => col.getBool(row) == v.bool,
+            .int => col.getInt(row) == v.int,
+            .float => @as(u64, @bitCast(col.getFloat(row))) == @as(u64, @bitCast(v.float)),
+            .string => std.mem.eql(u8, col.getString(row), v.string),
         };
         if (!same) return false;
     }

@@ -25,6 +25,7 @@ const index = @import("index.zig");
 const lz4 = @import("lz4.zig");
 const metadata_json = @import("metadata_json.zig");
 const Runtime = @import("runtime.zig").Runtime;
+const abi = @import("abi.zig");
 const Sha256 = std.crypto.hash.sha2.Sha256;
 
 /// renameat2 flag: fail with EEXIST instead of replacing the destination.
@@ -35,6 +36,37 @@ pub const Options = struct {
     prefetch_size: u64,
     compression: manifest.Compression,
     ratio: f64,
+    profile: bool = false,
+};
+
+/// Timed stages (DRT_STAGE_* order).
+pub const Stage = enum(u8) {
+    record_encode,
+    compression,
+    disk_write,
+    shard_flush,
+    finish_index,
+    finish_metadata,
+    finish_manifest,
+    publish,
+};
+
+/// Stage timings, recorded only when profiling (a clock read costs tens of ns).
+const Profile = struct {
+    enabled: bool,
+    stages: [std.meta.fields(Stage).len]abi.StageStats = [_]abi.StageStats{.{}} ** std.meta.fields(Stage).len,
+
+    fn start(p: *const Profile) i128 {
+        return if (p.enabled) std.time.nanoTimestamp() else 0;
+    }
+
+    fn stop(p: *Profile, stage: Stage, started: i128, bytes: u64) void {
+        if (!p.enabled) return;
+        const s = &p.stages[@intFromEnum(stage)];
+        s.calls += 1;
+        s.total_ns += @intCast(@max(0, std.time.nanoTimestamp() - started));
+        s.bytes += bytes;
+    }
 };
 
 /// One column of an append batch (see drt_column).
@@ -111,9 +143,10 @@ pub const Writer = struct {
     record: std.ArrayList(u8) = .empty,
     compressed: std.ArrayList(u8) = .empty,
     values: std.ArrayList(schema.Value) = .empty,
-    path_buf: std.ArrayList(u8) = .empty,
+    shard_path: std.ArrayList(u8) = .empty,
     failed: bool = false,
     published: bool = false,
+    profile: Profile,
 
     pub fn open(gpa: std.mem.Allocator, rt: *Runtime, base: []const u8, name: []const u8, options: Options) status.Error!*Writer {
         try rt.checkPid();
@@ -185,6 +218,7 @@ pub const Writer = struct {
             .name = name_copy,
             .staging_dir = staging_dir,
             .index_file = .{ .file = index_file },
+            .profile = .{ .enabled = options.profile },
         };
         return w;
     }
@@ -288,10 +322,13 @@ pub const Writer = struct {
 
     fn appendOne(w: *Writer, payload: []const u8) status.Error!void {
         const gpa = w.gpa;
+        var t = w.profile.start();
         w.record.clearRetainingCapacity();
         try w.record.appendNTimes(gpa, 0, 8);
         try metadata_json.encodeRecord(gpa, &w.record, w.fields, w.values.items);
         std.mem.writeInt(u64, w.record.items[0..8], w.record.items.len - 8, .little);
+        w.profile.stop(.record_encode, t, w.record.items.len);
+        t = w.profile.start();
         const stored: []const u8 = switch (w.options.compression) {
             .none => payload,
             .lz4 => blk: {
@@ -301,42 +338,42 @@ pub const Writer = struct {
                 break :blk w.compressed.items[0..n];
             },
         };
+        if (w.options.compression == .lz4) w.profile.stop(.compression, t, payload.len);
         const record_len: u64 = w.record.items.len + stored.len;
         if (w.shard) |*shard| {
             if (shard.written > 0 and shard.written + record_len > w.options.max_shard_bytes) try w.closeShard();
         }
         if (w.shard == null) try w.openShard();
+        t = w.profile.start();
         const shard = &w.shard.?;
         const offset = shard.written;
-        const shard_path = try w.currentShardPath();
-        try shard.append(gpa, w.record.items, shard_path);
-        try shard.append(gpa, stored, shard_path);
+        try shard.append(gpa, w.record.items, w.shard_path.items);
+        try shard.append(gpa, stored, w.shard_path.items);
         w.shard_uncompressed += payload.len;
         const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
         try w.index_file.append(gpa, &row, w.staging_path);
         w.sample_count += 1;
-    }
-
-    fn currentShardPath(w: *Writer) status.Error![]const u8 {
-        var name_buf: [32]u8 = undefined;
-        w.path_buf.clearRetainingCapacity();
-        try w.path_buf.print(w.gpa, "{s}/shards/{s}", .{ w.staging_path, manifest.shardName(&name_buf, w.shards.items.len) });
-        return w.path_buf.items;
+        w.profile.stop(.disk_write, t, record_len + index.row_bytes);
     }
 
     fn openShard(w: *Writer) status.Error!void {
         var name_buf: [32]u8 = undefined;
         const name = manifest.shardName(&name_buf, w.shards.items.len);
+        // The shard's path, kept for error messages while it is being written.
+        w.shard_path.clearRetainingCapacity();
+        try w.shard_path.print(w.gpa, "{s}/shards/{s}", .{ w.staging_path, name });
         var shards_dir = w.staging_dir.openDir("shards", .{}) catch |err| return status.failIo(err, w.staging_path);
         defer shards_dir.close();
-        const file = shards_dir.createFile(name, .{ .exclusive = true }) catch |err| return status.failIo(err, try w.currentShardPath());
+        const file = shards_dir.createFile(name, .{ .exclusive = true }) catch |err| return status.failIo(err, w.shard_path.items);
         w.shard = .{ .file = file };
         w.shard_uncompressed = 0;
     }
 
     fn closeShard(w: *Writer) status.Error!void {
+        const t = w.profile.start();
         var shard = &w.shard.?;
-        const digest = try shard.finish(try w.currentShardPath());
+        defer w.profile.stop(.shard_flush, t, 0);
+        const digest = try shard.finish(w.shard_path.items);
         const entry: manifest.WriteShard = .{ .uncompressed_byte_len = w.shard_uncompressed, .byte_len = shard.written, .sha256 = digest };
         shard.deinit(w.gpa, false);
         w.shard = null;
@@ -350,10 +387,15 @@ pub const Writer = struct {
         errdefer w.failed = true;
         if (w.sample_count == 0) return status.fail(error.InvalidArgument, "cache source yielded no samples", .{});
         try w.closeShard();
+        var t = w.profile.start();
         const index_sha = try w.index_file.finish(w.staging_path);
         w.index_open = false;
+        w.profile.stop(.finish_index, t, w.index_file.written);
 
+        t = w.profile.start();
         const metadata_sha = try hashFile(w.staging_dir, "metadata.arrow", w.staging_path);
+        w.profile.stop(.finish_metadata, t, 0);
+        t = w.profile.start();
 
         var text: std.ArrayList(u8) = .empty;
         defer text.deinit(w.gpa);
@@ -373,6 +415,9 @@ pub const Writer = struct {
             file.writeAll(text.items) catch |err| return status.failIo(err, w.staging_path);
             file.sync() catch |err| return status.failIo(err, w.staging_path);
         }
+        w.profile.stop(.finish_manifest, t, text.items.len);
+        t = w.profile.start();
+        defer w.profile.stop(.publish, t, 0);
         try syncDir(w.staging_dir, "shards", w.staging_path);
         posix.fsync(w.staging_dir.fd) catch |err| return status.failIo(err, w.staging_path);
 
@@ -421,7 +466,7 @@ pub const Writer = struct {
         w.record.deinit(gpa);
         w.compressed.deinit(gpa);
         w.values.deinit(gpa);
-        w.path_buf.deinit(gpa);
+        w.shard_path.deinit(gpa);
         w.field_names.deinit(gpa);
         gpa.free(w.fields);
         gpa.free(w.base_path);
