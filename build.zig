@@ -18,7 +18,9 @@ comptime {
 }
 
 pub fn build(b: *std.Build) void {
-    const target = b.standardTargetOptions(.{});
+    // Baseline CPU unless told otherwise (-Dcpu=native for a tuned local build): the
+    // library must run on any x86-64 and under valgrind.
+    const target = b.standardTargetOptions(.{ .default_target = .{ .cpu_model = .baseline } });
     // ReleaseSafe unless asked otherwise: the shipped library keeps safety checks.
     const optimize = b.option(std.builtin.OptimizeMode, "optimize", "Optimization mode (default ReleaseSafe)") orelse .ReleaseSafe;
 
@@ -34,6 +36,9 @@ pub fn build(b: *std.Build) void {
     root.addOptions("build_options", options);
 
     const static_lib = b.addLibrary(.{ .name = "dataset_rt", .linkage = .static, .root_module = root });
+    // GCC and Clang (and so Rust's and Go's linkers) do not provide Zig's compiler_rt
+    // symbols (e.g. __zig_probe_stack): ship them inside the archive.
+    static_lib.bundle_compiler_rt = true;
     const shared_lib = b.addLibrary(.{
         .name = "dataset_rt",
         .linkage = .dynamic,
@@ -58,7 +63,7 @@ pub fn build(b: *std.Build) void {
         \\Libs.private: -lc
         \\Cflags: -I${{includedir}}
         \\
-    , .{ b.install_prefix, lib_version.major, lib_version.minor, lib_version.patch }));
+    , .{ absolutePrefix(b), lib_version.major, lib_version.minor, lib_version.patch }));
     b.getInstallStep().dependOn(&b.addInstallFileWithDir(pc_file, .lib, "pkgconfig/dataset_rt.pc").step);
 
     const test_module = b.createModule(.{
@@ -72,4 +77,12 @@ pub fn build(b: *std.Build) void {
     const unit_tests = b.addTest(.{ .root_module = test_module });
     const run_tests = b.addRunArtifact(unit_tests);
     b.step("test", "Run the Zig unit tests").dependOn(&run_tests.step);
+}
+
+/// The install prefix as an absolute path (a relative --prefix would make the .pc file
+/// usable only from the build directory).
+fn absolutePrefix(b: *std.Build) []const u8 {
+    if (std.fs.path.isAbsolute(b.install_prefix)) return b.install_prefix;
+    const cwd = std.process.getCwdAlloc(b.allocator) catch @panic("OOM");
+    return std.fs.path.resolve(b.allocator, &.{ cwd, b.install_prefix }) catch @panic("OOM");
 }

@@ -244,12 +244,6 @@ def test_system_cc_shared(prefix: Path, binaries: dict[str, Path], tmp_path: Pat
     assert checked([str(binary), *args]).stdout == checked([str(binaries["shared"]), *args]).stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="libdataset_rt.a references __zig_probe_stack (Zig compiler_rt), which GCC/Clang "
-    "do not provide; build.zig could set static_lib.bundle_compiler_rt = true. "
-    "Update docs/c-api.md (Linking) when this passes.",
-)
 def test_system_cc_static(prefix: Path, tmp_path: Path) -> None:
     """The static archive links with the system's C toolchain (needs only libc)."""
     binary = tmp_path / "read_cache_cc_static"

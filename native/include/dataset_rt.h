@@ -16,6 +16,10 @@
  *  - Thread safety: a handle may be used by one thread at a time unless its comment
  *    says otherwise. Distinct handles may be used concurrently. A dataset may have any
  *    number of iterators and lookups in use on different threads at once.
+ *  - Every function taking a handle or an output pointer returns DRT_E_INVALID_ARGUMENT
+ *    for NULL ones, and for a non-zero `reserved` field or unknown flag bits.
+ *  - Lifetimes: "while the dataset is open" means until its last reference is released
+ *    (drt_dataset_close and every iterator and lookup opened from it closed).
  *  - Fork: handles are not fork-safe. In a child process after fork(), every function
  *    taking a handle returns DRT_E_FORKED (closing is a no-op that leaks nothing the
  *    child can reach); open new handles in the child.

@@ -81,6 +81,7 @@ export fn drt_writer_open(
     const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
     const n = abi.Str{ .ptr = name, .len = name_len };
     status.clear();
+    if (opts.flags & ~abi.writer_profile != 0) return fromError(status.fail(error.InvalidArgument, "unknown writer flags 0x{x}", .{opts.flags}));
     const compression: manifest.Compression = switch (opts.compression) {
         0 => .none,
         1 => .lz4,
@@ -104,6 +105,7 @@ export fn drt_writer_set_schema(w: ?*Writer, fields: ?[*]const abi.Field, field_
     defer gpa.free(converted);
     for (converted, 0..) |*f, i| {
         const src = fields.?[i];
+        if (src.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_field.reserved must be 0", .{}));
         f.* = .{ .name = src.name.slice(), .kind = kindFrom(src.kind) catch |err| return fromError(err) };
     }
     return wrap(writer.setSchema(converted));
@@ -130,6 +132,7 @@ export fn drt_writer_append(w: ?*Writer, count: u64, payloads: ?[*]const u8, pay
     if (writer.fields.len > 0 and columns == null) return nullArgument("columns");
     for (cols, 0..) |*c, i| {
         const src = columns.?[i];
+        if (src.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_column.reserved must be 0", .{}));
         c.* = .{ .kind = kindFrom(src.kind) catch |err| return fromError(err), .values = src.values, .offsets = src.offsets };
     }
     return wrap(writer.append(count, data, offsets, cols.ptr));
@@ -183,6 +186,7 @@ export fn drt_dataset_open(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: 
     const slices = gpa.alloc([]const u8, @intCast(path_count)) catch return fromError(error.OutOfMemory);
     defer gpa.free(slices);
     for (slices, 0..) |*s, i| s.* = paths.?[i].slice();
+    if (opts.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_dataset_options.reserved must be 0", .{}));
     if (opts.io_backend < abi.io_auto or opts.io_backend > abi.io_threads) {
         return fromError(status.fail(error.InvalidArgument, "unknown io_backend {d}", .{opts.io_backend}));
     }
@@ -263,6 +267,7 @@ export fn drt_dataset_set_table(
     const sids = sample_ids orelse return nullArgument("sample_ids");
     const w = weights orelse return nullArgument("weights");
     status.clear();
+    if (cids.reserved != 0 or sids.reserved != 0 or w.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_table_column.reserved must be 0", .{}));
     d.runtime.checkPid() catch |err| return fromError(err);
     const new_table = table.build(d, row_count, cids.*, sids.*, w.*) catch |err| return fromError(err);
     d.replaceTable(new_table);
@@ -294,6 +299,7 @@ export fn drt_iter_open(ds: ?*Dataset, out: ?*?*reader.Iter) Rc {
 export fn drt_iter_next_batch(it: ?*reader.Iter, max_count: u64, flags: u32, out: ?*abi.Batch) Rc {
     const iter = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
+    if (flags & ~reader.batch_contiguous != 0) return fromError(status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags}));
     return wrap(iter.nextBatch(max_count, flags, o));
 }
 
@@ -312,6 +318,7 @@ export fn drt_lookup_open(ds: ?*Dataset, out: ?*?*reader.Lookup) Rc {
 export fn drt_lookup_get(lk: ?*reader.Lookup, count: u64, cache_ids: ?[*]const u64, sample_ids: ?[*]const u64, flags: u32, out: ?*abi.Batch) Rc {
     const lookup = lk orelse return nullArgument("lookup");
     const o = out orelse return nullArgument("out");
+    if (flags & ~reader.batch_contiguous != 0) return fromError(status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags}));
     if (count > 0 and (cache_ids == null or sample_ids == null)) return nullArgument("cache_ids and sample_ids");
     const n: usize = @intCast(count);
     const empty: [0]u64 = .{};
