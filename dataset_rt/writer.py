@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataset_rt import _native
 from dataset_rt._native import ffi, lib
-from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
+from dataset_rt.records import CacheInput, CacheWriteError, CacheWriteResult, CacheWriteSuccess
 
 if TYPE_CHECKING:
     from dataset_rt.config import WriterConfig
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 KIND_BOOL, KIND_INT, KIND_FLOAT, KIND_STRING = 0, 1, 2, 3
 KIND_NAMES = {KIND_BOOL: "bool", KIND_INT: "int", KIND_FLOAT: "float", KIND_STRING: "string"}
+_PLAIN_TYPES: dict[int, type] = {KIND_BOOL: bool, KIND_INT: int, KIND_FLOAT: float, KIND_STRING: str}
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -53,6 +54,23 @@ class SourceFailure(Exception):
 def python_error(exc: BaseException) -> str:
     """The reference's text for an exception raised by user code."""
     return f"Python error: {type(exc).__name__}: {exc}"
+
+
+def _byte_view(data: object) -> Any:
+    """A flat byte view of any buffer-protocol object (len() is its size in bytes).
+
+    Only the buffer protocol makes a payload: ints, lists and str are rejected (SPEC
+    compatibility policy 3)."""
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise SourceFailure("data must be bytes-like") from None
+    if view.ndim == 1 and view.format == "B" and view.c_contiguous:
+        return view
+    try:
+        return view.cast("B")
+    except TypeError:  # not C-contiguous: copy it
+        return view.tobytes()
 
 
 def _is_numpy_bool(value: object) -> bool:
@@ -355,6 +373,7 @@ class _Ingest:
     def run(self, source: Any) -> None:
         try:
             iterator: Iterator[Any] = iter(source)
+            pull = iterator.__next__
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
@@ -363,10 +382,11 @@ class _Ingest:
         rows: list[dict[str, Any]] = []
         timings = self.timings
         clock = time.perf_counter_ns
+        batch_size = self.batch_size
         while True:
             started = clock() if timings else 0
             try:
-                item = next(iterator)
+                item = pull()
             except StopIteration:
                 break
             except (KeyboardInterrupt, SystemExit):
@@ -376,12 +396,17 @@ class _Ingest:
             if timings:
                 timings.add("python_next", started)
                 started = clock()
-            payload, metadata = self._unpack(item)
-            payloads.append(payload)
-            rows.append(metadata)
+            # Fast path for the common types; _unpack gives the exact errors otherwise.
+            if type(item) is CacheInput and type(item[0]) is bytes and type(item[1]) is dict and self.keys:
+                payloads.append(item[0])
+                rows.append(item[1])
+            else:
+                payload, metadata = self._unpack(item)
+                payloads.append(payload)
+                rows.append(metadata)
             if timings:
-                timings.add("python_extract", started, payload.nbytes)
-            if len(payloads) >= self.batch_size:
+                timings.add("python_extract", started, len(payloads[-1]))
+            if len(payloads) >= batch_size:
                 self._flush(payloads, rows)
                 payloads, rows = [], []
         if payloads:
@@ -393,21 +418,19 @@ class _Ingest:
         if timings:
             timings.add("finish_metadata", started)
 
-    def _unpack(self, item: Any) -> tuple[memoryview, dict[str, Any]]:
+    def _unpack(self, item: Any) -> tuple[Any, dict[str, Any]]:
         if not isinstance(item, tuple):
             raise SourceFailure("CacheSource must yield CacheInput tuples")
         if len(item) != 2:
             raise SourceFailure("CacheInput must contain data and metadata")
         data, metadata = item
-        try:
-            view = memoryview(data)
-        except TypeError:
-            raise SourceFailure("data must be bytes-like") from None
+        if type(data) is not bytes:
+            data = _byte_view(data)
         if not isinstance(metadata, dict):
             raise SourceFailure("metadata must be a dict")
         if self.keys is None:
             self._infer_schema(metadata)
-        return view, metadata
+        return data, metadata
 
     def _infer_schema(self, metadata: dict[Any, Any]) -> None:
         for key in metadata:
@@ -433,46 +456,73 @@ class _Ingest:
             field.kind = kind
         self.check(lib.drt_writer_set_schema(self.writer, fields, len(keys)))
 
+    def _check_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Raise the first error of the batch in sample order, as a per-sample writer would.
+
+        Only called when the bulk checks of ``_column`` found something wrong."""
+        assert self.keys is not None
+        for row in rows:
+            if len(row) != len(self.keys):
+                raise SourceFailure("metadata keys must be identical for every sample")
+            for key, kind in zip(self.keys, self.kinds):
+                if key not in row:
+                    raise SourceFailure(f"metadata field '{key}' is missing")
+                got = value_kind(row[key])
+                if got != kind:
+                    raise SourceFailure(f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}")
+                if kind == KIND_INT and not INT64_MIN <= int(row[key]) <= INT64_MAX:
+                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
+                if kind == KIND_STRING:
+                    try:
+                        str(row[key]).encode("utf-8")
+                    except UnicodeEncodeError as exc:
+                        raise SourceFailure(python_error(exc)) from exc
+
     def _column(self, index: int, key: str, rows: list[dict[str, Any]]) -> tuple[Any, Any]:
-        """Typed column for one field of a batch: (numpy array or string bytes, offsets)."""
+        """Typed column for one field of a batch: (numpy array or string bytes, offsets).
+
+        Bulk checks (one set of value types per column); anything unusual goes through
+        ``_check_rows``, which reports the first problem in sample order."""
         import numpy as np
 
         kind = self.kinds[index]
-        values = []
-        for row in rows:
-            try:
-                value = row[key]
-            except KeyError:
-                raise SourceFailure(f"metadata field '{key}' is missing") from None
-            got = value_kind(value)
-            if got != kind:
-                raise SourceFailure(f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}")
-            values.append(value)
+        try:
+            values = [row[key] for row in rows]
+        except KeyError:
+            self._check_rows(rows)
+            raise
+        types = set(map(type, values))
+        if types != {_PLAIN_TYPES[kind]}:
+            if any(value_kind(v) != kind for v in values):
+                self._check_rows(rows)
+            if kind != KIND_STRING:
+                values = [_PLAIN_TYPES[kind](v) for v in values]
         if kind == KIND_STRING:
             try:
                 encoded = [str(v).encode("utf-8") for v in values]
-            except UnicodeEncodeError as exc:
-                raise SourceFailure(python_error(exc)) from exc
+            except UnicodeEncodeError:
+                self._check_rows(rows)
+                raise
             offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
-            np.cumsum([len(e) for e in encoded], out=offsets[1:])
+            np.cumsum(list(map(len, encoded)), out=offsets[1:])
             return b"".join(encoded), offsets
         if kind == KIND_INT:
-            for v in values:
-                if not INT64_MIN <= int(v) <= INT64_MAX:
-                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
-            return np.array([int(v) for v in values], dtype=np.int64), None
+            try:
+                return np.array(values, dtype=np.int64), None
+            except OverflowError:
+                self._check_rows(rows)
+                raise
         if kind == KIND_FLOAT:
-            return np.array([float(v) for v in values], dtype=np.float64), None
-        return np.array([bool(v) for v in values], dtype=np.uint8), None
+            return np.array(values, dtype=np.float64), None
+        return np.array(values, dtype=np.uint8), None
 
     def _flush(self, payloads: list[memoryview], rows: list[dict[str, Any]]) -> None:
         import numpy as np
 
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
-        for row in rows:
-            if len(row) != len(self.keys):
-                raise SourceFailure("metadata keys must be identical for every sample")
+        if set(map(len, rows)) != {len(self.keys)}:
+            self._check_rows(rows)
         columns = ffi.new("drt_column[]", max(1, len(self.keys)))
         keep: list[Any] = []
         for i, key in enumerate(self.keys):
@@ -484,9 +534,8 @@ class _Ingest:
                 columns[i].offsets = ffi.cast("uint64_t *", offsets.ctypes.data)
                 keep.append(offsets)
             self.chunks[i].append((values, offsets))
-        lengths = [view.nbytes for view in payloads]
         offsets = np.zeros(len(payloads) + 1, dtype=np.uint64)
-        np.cumsum(lengths, out=offsets[1:])
+        np.cumsum(list(map(len, payloads)), out=offsets[1:])
         blob = b"".join(payloads)
         if self.timings:
             self.timings.add("metadata_validate", started)

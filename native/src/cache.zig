@@ -14,7 +14,7 @@ const status = @import("status.zig");
 const manifest = @import("manifest.zig");
 const index = @import("index.zig");
 const arrow = @import("arrow.zig");
-const Sha256 = std.crypto.hash.sha2.Sha256;
+const Sha256 = @import("sha256.zig").Sha256;
 
 /// A cache's `metadata.arrow`, mapped and parsed (columns point into the mapping).
 pub const Metadata = struct {
@@ -210,7 +210,7 @@ pub fn verifySha(path: [:0]const u8, expected_hex: []const u8) status.Error!void
 pub fn sha256File(path: [:0]const u8) status.Error![32]u8 {
     const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
     defer file.close();
-    var hasher: Sha256 = .init(.{});
+    var hasher: Sha256 = .init();
     var buf: [1 << 17]u8 = undefined;
     while (true) {
         const n = file.read(&buf) catch |err| return status.failIo(err, path);

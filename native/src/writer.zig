@@ -26,7 +26,7 @@ const lz4 = @import("lz4.zig");
 const metadata_json = @import("metadata_json.zig");
 const Runtime = @import("runtime.zig").Runtime;
 const abi = @import("abi.zig");
-const Sha256 = std.crypto.hash.sha2.Sha256;
+const Sha256 = @import("sha256.zig").Sha256;
 
 /// renameat2 flag: fail with EEXIST instead of replacing the destination.
 const rename_noreplace: u32 = 1;
@@ -79,7 +79,7 @@ pub const Column = struct {
 /// Buffered file output that hashes everything it writes.
 const HashedFile = struct {
     file: std.fs.File,
-    hasher: Sha256 = .init(.{}),
+    hasher: Sha256,
     buffer: std.ArrayList(u8) = .empty,
     written: u64 = 0,
 
@@ -217,7 +217,7 @@ pub const Writer = struct {
             .staging_path = staging_path,
             .name = name_copy,
             .staging_dir = staging_dir,
-            .index_file = .{ .file = index_file },
+            .index_file = .{ .file = index_file, .hasher = .init() },
             .profile = .{ .enabled = options.profile },
         };
         return w;
@@ -365,7 +365,7 @@ pub const Writer = struct {
         var shards_dir = w.staging_dir.openDir("shards", .{}) catch |err| return status.failIo(err, w.staging_path);
         defer shards_dir.close();
         const file = shards_dir.createFile(name, .{ .exclusive = true }) catch |err| return status.failIo(err, w.shard_path.items);
-        w.shard = .{ .file = file };
+        w.shard = .{ .file = file, .hasher = .init() };
         w.shard_uncompressed = 0;
     }
 
@@ -437,7 +437,7 @@ pub const Writer = struct {
         const file = dir.openFile(name, .{}) catch |err| return status.failIo(err, where);
         defer file.close();
         file.sync() catch |err| return status.failIo(err, where);
-        var hasher: Sha256 = .init(.{});
+        var hasher: Sha256 = .init();
         var buf: [1 << 16]u8 = undefined;
         while (true) {
             const n = file.read(&buf) catch |err| return status.failIo(err, where);
