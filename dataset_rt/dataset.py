@@ -120,7 +120,8 @@ class CachedDataset:
         self._lookup: Any = None
         self._lookup_lock = threading.Lock()
         self._columns = schema_of(handle)
-        self._make_dicts = _dict_builder([name for name, _ in self._columns])
+        self._field_names = [name for name, _ in self._columns]
+        self._make_dicts = _dict_builder(self._field_names)
         self._state_lock = threading.RLock()
         self._active: Any = None
         return self
@@ -187,22 +188,28 @@ class CachedDataset:
         metadata = self._make_dicts(n, *columns)
         return list(map(_new_sample, repeat(CachedSample), zip(payloads, metadata, cache_ids, sample_ids)))
 
-    def iter_batches(self, batch_size: int) -> Iterator[SampleBatch]:
+    def iter_batches(self, batch_size: int, *, copy: bool = True) -> Iterator[SampleBatch]:
         """Iterate the same stream as ``iter(dataset)``, a batch of samples at a time.
 
         Takes one window (``len(dataset)`` samples) like a per-sample iterator, on the first
         ``next()``. Each :class:`SampleBatch` holds up to ``batch_size`` samples (the last one
         may be shorter): the payloads as one contiguous ``numpy.uint8`` array with
         ``len + 1`` offsets, the identities as ``numpy.uint64`` arrays, and the embedded
-        metadata as a Polars frame. The arrays own their memory (copied once out of the
-        native read buffers), so they stay valid for as long as the caller keeps them.
+        metadata as a Polars frame.
+
+        Lifetime: with ``copy=True`` (the default) the arrays own their memory and stay
+        valid as long as the caller keeps them. With ``copy=False``, ``data``,
+        ``cache_id`` and ``sample_id`` are zero-copy views of the native batch buffer,
+        valid only until the next batch is requested or the iterator is closed; reading
+        them later returns other samples' bytes. Use it when each batch is consumed (or
+        copied, e.g. into a pinned tensor) before the next one.
         """
         size = operator.index(batch_size)
         if size < 1:
             raise ValueError("batch_size must be at least 1")
-        return self._generate_batches(size)
+        return self._generate_batches(size, bool(copy))
 
-    def _generate_batches(self, size: int) -> Iterator[SampleBatch]:
+    def _generate_batches(self, size: int, copy: bool) -> Iterator[SampleBatch]:
         out = ffi.new("drt_iter **")
         _native.check(lib.drt_iter_open(self._handle, out))
         iterator = out[0]
@@ -212,7 +219,7 @@ class CachedDataset:
                 _native.check(lib.drt_iter_next_batch(iterator, size, lib.DRT_BATCH_CONTIGUOUS, batch))
                 if batch.count == 0:
                     return
-                yield _sample_batch(batch, self._columns)
+                yield _sample_batch(batch, self._columns, copy)
         finally:
             lib.drt_iter_close(iterator)
 
@@ -231,11 +238,18 @@ class CachedDataset:
             if self._lookup is None:
                 out = ffi.new("drt_lookup **")
                 _native.check(lib.drt_lookup_open(self._handle, out))
-                self._lookup = ffi.gc(out[0], _close_lookup)
-            ids = ffi.new("uint64_t[2]", [cache_id, sample_id])
-            batch = ffi.new("drt_batch *")
-            _native.check(lib.drt_lookup_get(self._lookup, 1, ids, ids + 1, 0, batch))
-            return self._samples(batch)[0]
+                # One lookup handle and call buffers per dataset, reused by every call.
+                self._lookup = (ffi.gc(out[0], _close_lookup), ffi.new("uint64_t[2]"), ffi.new("drt_batch *"))
+            handle, ids, batch = self._lookup
+            ids[0] = cache_id
+            ids[1] = sample_id
+            status = lib.drt_lookup_get(handle, 1, ids, ids + 1, 0, batch)
+            if status:
+                _native.raise_status(status)
+            data = ffi.buffer(batch.payloads[0], batch.payload_lens[0])[:]
+            columns = batch.columns
+            values = [_column_values(columns[i], kind, 1)[0] for i, (_, kind) in enumerate(self._columns)]
+            return _new_sample(CachedSample, (data, dict(zip(self._field_names, values)), cache_id, sample_id))
 
     def get_metadata(self) -> Any:
         """The active metadata table as a Polars DataFrame.
@@ -332,8 +346,9 @@ class SampleBatch(NamedTuple):
         return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes()
 
 
-def _sample_batch(batch: Any, columns: list[tuple[str, int]]) -> SampleBatch:
-    """Copy one contiguous native batch into numpy arrays and a Polars frame."""
+def _sample_batch(batch: Any, columns: list[tuple[str, int]], copy: bool) -> SampleBatch:
+    """One contiguous native batch as numpy arrays (copied, or views when ``copy`` is
+    false) and a Polars frame (always its own memory)."""
     import numpy as np
     import polars as pl
 
@@ -341,9 +356,11 @@ def _sample_batch(batch: Any, columns: list[tuple[str, int]]) -> SampleBatch:
     lens = np.frombuffer(ffi.buffer(batch.payload_lens, 8 * n), dtype=np.uint64)
     offsets = np.zeros(n + 1, dtype=np.uint64)
     np.cumsum(lens, out=offsets[1:])
-    data = np.frombuffer(ffi.buffer(batch.payload_base, int(offsets[-1])), dtype=np.uint8).copy()
-    cache_id = np.frombuffer(ffi.buffer(batch.cache_ids, 8 * n), dtype=np.uint64).copy()
-    sample_id = np.frombuffer(ffi.buffer(batch.sample_ids, 8 * n), dtype=np.uint64).copy()
+    data = np.frombuffer(ffi.buffer(batch.payload_base, int(offsets[-1])), dtype=np.uint8)
+    cache_id = np.frombuffer(ffi.buffer(batch.cache_ids, 8 * n), dtype=np.uint64)
+    sample_id = np.frombuffer(ffi.buffer(batch.sample_ids, 8 * n), dtype=np.uint64)
+    if copy:
+        data, cache_id, sample_id = data.copy(), cache_id.copy(), sample_id.copy()
     frame = pl.DataFrame(
         {name: _column_array(batch.columns[i], kind, n) for i, (name, kind) in enumerate(columns)}
     )

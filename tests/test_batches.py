@@ -29,3 +29,13 @@ def test_batches_match_samples(runtime, io_backend: str, shuffle: bool, batch_si
         assert all(len(b) == batch_size for b in window[:-1])
         assert 1 <= len(window[-1]) <= batch_size
     assert isinstance(batches[0].metadata, pl.DataFrame)
+
+
+def test_zero_copy_batches_match_while_current(runtime, io_backend: str) -> None:
+    config = drt.ReaderConfig(seed=1, shuffle=True, io_backend=io_backend)
+    paths = [FIXTURES / "plain_many_shards"]
+    expected = [(s.sample_id, s.data) for s in runtime.cached_dataset(paths, reader_config=config)]
+    got = []
+    for batch in runtime.cached_dataset(paths, reader_config=config).iter_batches(64, copy=False):
+        got += [(int(batch.sample_id[i]), batch.payload(i)) for i in range(len(batch))]
+    assert got == expected

@@ -91,6 +91,14 @@ const FileCache = struct {
     }
 };
 
+/// Sets a byte list's length to `n` without initializing new bytes (a read or a
+/// decompression overwrites them next). `resize` would write `undefined` (0xaa) over them
+/// in safety-checked builds: a memset that showed up as 20% of large-record reads.
+fn growUninit(list: *std.ArrayList(u8), gpa: std.mem.Allocator, n: usize) error{OutOfMemory}!void {
+    try list.ensureTotalCapacity(gpa, n);
+    list.items.len = n;
+}
+
 /// Column storage of one batch for one schema field.
 const ColumnBuffer = struct {
     bytes: std.ArrayList(u8) = .empty, // bool values or string data
@@ -368,7 +376,7 @@ const Slot = struct {
                 const raw_len = lz4.prependedSize(record.stored_payload) catch |err|
                     return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
                 const out_at = s.raw.items.len;
-                try s.raw.resize(gpa, out_at + raw_len);
+                try growUninit(&s.raw, gpa, out_at + raw_len);
                 lz4.decompressPrepended(record.stored_payload, s.raw.items[out_at..][0..raw_len]) catch |err|
                     return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
                 d.payload_at = out_at;
@@ -506,7 +514,7 @@ pub const Iter = struct {
             };
             slot.file = handle;
             slot.fd = handle.fd;
-            slot.buf.resize(gpa, @intCast(slot.len)) catch |err| {
+            growUninit(&slot.buf, gpa, @intCast(slot.len)) catch |err| {
                 slot.fail(err);
                 slot.state.store(.done, .release);
                 continue;
@@ -763,7 +771,7 @@ pub const Lookup = struct {
             if (row.offset > shard_len or row.byte_len > shard_len - row.offset) {
                 return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path});
             }
-            try lk.record.resize(gpa, @intCast(row.byte_len));
+            try growUninit(&lk.record, gpa, @intCast(row.byte_len));
             const handle = try lk.files.acquire(ds, loc.cache, row.shard_id);
             defer lk.files.release(handle);
             var done: usize = 0;
@@ -781,7 +789,7 @@ pub const Lookup = struct {
                 .lz4 => {
                     const raw_len = lz4.prependedSize(record.stored_payload) catch |err|
                         return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
-                    try lk.raw.resize(gpa, payload_at + raw_len);
+                    try growUninit(&lk.raw, gpa, payload_at + raw_len);
                     lz4.decompressPrepended(record.stored_payload, lk.raw.items[payload_at..][0..raw_len]) catch |err|
                         return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
                 },

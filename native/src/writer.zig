@@ -333,7 +333,8 @@ pub const Writer = struct {
             .none => payload,
             .lz4 => blk: {
                 if (payload.len > std.math.maxInt(u32)) return status.fail(error.InvalidArgument, "lz4 payloads must be smaller than 4 GiB", .{});
-                try w.compressed.resize(gpa, lz4.prependedBound(payload.len));
+                try w.compressed.ensureTotalCapacity(gpa, lz4.prependedBound(payload.len));
+                w.compressed.items.len = lz4.prependedBound(payload.len); // overwritten by the compressor
                 const n = lz4.compressPrepended(payload, w.compressed.items);
                 break :blk w.compressed.items[0..n];
             },
