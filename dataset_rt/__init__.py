@@ -31,6 +31,23 @@ from dataset_rt.api import (
     WriterProfilerConfig,
 )
 
+
+
+def native_info() -> dict[str, object]:
+    """Facts about the loaded native library: version, C ABI, path, whether io_uring is
+    usable in this process (the "auto" backend's choice), and the SHA-256 implementation."""
+    from dataset_rt._native import ffi, lib, library_path
+
+    abi = lib.drt_abi_version()
+    return {
+        "version": ffi.string(lib.drt_version()).decode(),
+        "abi": f"{abi >> 16}.{abi & 0xFFFF}",
+        "library": library_path(),
+        "io_uring_available": bool(lib.drt_io_uring_available()),
+        "sha256": ffi.string(lib.drt_sha256_implementation()).decode(),
+    }
+
+
 __all__ = [
     "CacheInput",
     "CacheSource",
@@ -48,6 +65,7 @@ __all__ = [
     "SizedTorchIterableDataset",
     "WriterConfig",
     "WriterProfilerConfig",
+    "native_info",
     "AbsentManifestTarget",
     "Err",
     "ManifestUpdateEntry",

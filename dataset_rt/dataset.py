@@ -155,6 +155,14 @@ class CachedDataset:
         _native.check(lib.drt_dataset_io_backend(self._handle, out))
         return IO_BACKEND_NAMES[out[0]]
 
+    @property
+    def io_stats(self) -> dict[str, int]:
+        """Read counters since the dataset was opened: ``uring_reads``, ``pool_reads``
+        (prefetch reads by backend), ``lookup_reads`` (``get_item``) and ``bytes_read``."""
+        out = ffi.new("drt_io_stats *")
+        _native.check(lib.drt_dataset_io_stats(self._handle, out))
+        return {name: int(getattr(out, name)) for name in ("uring_reads", "pool_reads", "lookup_reads", "bytes_read")}
+
     def __iter__(self) -> Iterator[CachedSample]:
         return self._generate()
 

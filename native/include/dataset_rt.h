@@ -273,6 +273,23 @@ int32_t drt_dataset_cache_count(drt_dataset *dataset, uint64_t *out);
 int32_t drt_dataset_field_count(drt_dataset *dataset, uint64_t *out);
 int32_t drt_dataset_io_backend(drt_dataset *dataset, int32_t *out);
 
+/* Read counters of a dataset since it was opened (all iterators and lookups). */
+typedef struct drt_io_stats {
+    uint64_t uring_reads;   /* positioned reads completed through io_uring */
+    uint64_t pool_reads;    /* positioned reads run on the worker pool */
+    uint64_t lookup_reads;  /* random-access reads (drt_lookup_get, calling thread) */
+    uint64_t bytes_read;    /* bytes read by all of them */
+} drt_io_stats;
+
+/* Copies the dataset's read counters. Thread-safe. */
+int32_t drt_dataset_io_stats(drt_dataset *dataset, drt_io_stats *out);
+
+/* 1 when this process may use io_uring (kernel support, no seccomp refusal), else 0. */
+int32_t drt_io_uring_available(void);
+
+/* Name of the SHA-256 implementation in use ("sha-ni" or "portable"). Static storage. */
+const char *drt_sha256_implementation(void);
+
 /* Facts about cache `index` (< cache_count). Strings valid while the dataset is open. */
 int32_t drt_dataset_cache_info(drt_dataset *dataset, uint64_t index, drt_cache_info *out);
 

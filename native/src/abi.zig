@@ -94,6 +94,13 @@ pub const type_i32 = 4;
 pub const type_f64 = 5;
 pub const type_f32 = 6;
 
+pub const IoStats = extern struct {
+    uring_reads: u64 = 0,
+    pool_reads: u64 = 0,
+    lookup_reads: u64 = 0,
+    bytes_read: u64 = 0,
+};
+
 pub const abi_version_major = 1;
 pub const abi_version_minor = 0;
 
@@ -113,6 +120,7 @@ test "structs and constants match dataset_rt.h" {
         .{ Batch, c.drt_batch },
         .{ TableColumn, c.drt_table_column },
         .{ StageStats, c.drt_stage_stats },
+        .{ IoStats, c.drt_io_stats },
     };
     inline for (pairs) |pair| {
         const Z = pair[0];

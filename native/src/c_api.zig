@@ -225,6 +225,22 @@ export fn drt_dataset_io_backend(ds: ?*Dataset, out: ?*i32) Rc {
     return ok();
 }
 
+export fn drt_dataset_io_stats(ds: ?*Dataset, out: ?*abi.IoStats) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    o.* = d.ioStats();
+    return ok();
+}
+
+export fn drt_io_uring_available() i32 {
+    return @intFromBool(@import("io/uring.zig").Ring.available());
+}
+
+export fn drt_sha256_implementation() [*:0]const u8 {
+    const name = @import("sha256.zig").implementation();
+    return if (std.mem.eql(u8, name, "sha-ni")) "sha-ni" else "portable";
+}
+
 export fn drt_dataset_cache_info(ds: ?*Dataset, i: u64, out: ?*abi.CacheInfo) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");

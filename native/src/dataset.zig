@@ -71,6 +71,12 @@ pub const Dataset = struct {
     prefix: []u64,
     ids: std.AutoHashMapUnmanaged(u64, u32) = .empty,
 
+    /// Read counters (drt_dataset_io_stats), updated with relaxed atomics.
+    uring_reads: std.atomic.Value(u64) = .init(0),
+    pool_reads: std.atomic.Value(u64) = .init(0),
+    lookup_reads: std.atomic.Value(u64) = .init(0),
+    bytes_read: std.atomic.Value(u64) = .init(0),
+
     mutex: std.Thread.Mutex = .{},
     position: u64 = 0,
     epoch_len: u64,
@@ -160,6 +166,25 @@ pub const Dataset = struct {
         ds.ids.deinit(gpa);
         ds.runtime.release();
         gpa.destroy(ds);
+    }
+
+    pub fn countRead(ds: *Dataset, comptime counter: enum { uring, pool, lookup }, bytes: u64) void {
+        const c = switch (counter) {
+            .uring => &ds.uring_reads,
+            .pool => &ds.pool_reads,
+            .lookup => &ds.lookup_reads,
+        };
+        _ = c.fetchAdd(1, .monotonic);
+        _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
+    }
+
+    pub fn ioStats(ds: *const Dataset) abi.IoStats {
+        return .{
+            .uring_reads = ds.uring_reads.load(.monotonic),
+            .pool_reads = ds.pool_reads.load(.monotonic),
+            .lookup_reads = ds.lookup_reads.load(.monotonic),
+            .bytes_read = ds.bytes_read.load(.monotonic),
+        };
     }
 
     pub fn total(ds: *const Dataset) u64 {

@@ -331,6 +331,7 @@ const Slot = struct {
         const s: *Slot = @fieldParentPtr("job", job);
         const it = s.it;
         s.readAll() catch |err| s.fail(err);
+        if (s.failure == null) it.ds.countRead(.pool, s.len);
         if (s.failure == null) s.decode(it.ds) catch |err| s.fail(err);
         it.mutex.lock();
         s.state.store(.done, .release);
@@ -577,6 +578,7 @@ pub const Iter = struct {
                     resubmit = true;
                     continue;
                 }
+                it.ds.countRead(.uring, slot.len);
                 slot.decode(it.ds) catch |err| slot.fail(err);
             }
             slot.state.store(.done, .release);
@@ -780,6 +782,7 @@ pub const Lookup = struct {
                 if (n == 0) return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path});
                 done += n;
             }
+            ds.countRead(.lookup, row.byte_len);
             const record = try shard.split(lk.record.items);
             try lk.jsons.append(gpa, .{ lk.raw.items.len, record.json.len });
             try lk.raw.appendSlice(gpa, record.json);
