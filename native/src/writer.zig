@@ -24,7 +24,8 @@ const manifest = @import("manifest.zig");
 const index = @import("index.zig");
 const lz4 = @import("lz4.zig");
 const metadata_json = @import("metadata_json.zig");
-const Runtime = @import("runtime.zig").Runtime;
+const runtime_mod = @import("runtime.zig");
+const Runtime = runtime_mod.Runtime;
 const abi = @import("abi.zig");
 const Sha256 = @import("sha256.zig").Sha256;
 
@@ -119,6 +120,81 @@ const HashedFile = struct {
     }
 };
 
+/// Samples handed to one encode job at least (smaller batches are not split).
+const chunk_samples_min = 64;
+
+/// A slice of an appended batch, copied out of the caller's buffers, encoded (record
+/// framing, JSON, LZ4) on a pool worker and then committed in sequence order.
+const Chunk = struct {
+    job: runtime_mod.Job = .{ .run = runEncode },
+    w: *Writer = undefined,
+    seq: u64 = 0,
+    state: State = .free,
+    count: usize = 0,
+    /// Input: payload bytes with count + 1 offsets, field values (strings in `strings`).
+    payload: std.ArrayList(u8) = .empty,
+    offsets: std.ArrayList(u64) = .empty,
+    values: std.ArrayList(schema.Value) = .empty,
+    strings: std.ArrayList(u8) = .empty,
+    /// Output: whole records back to back, their lengths and raw payload lengths.
+    records: std.ArrayList(u8) = .empty,
+    record_lens: std.ArrayList(u64) = .empty,
+    raw_lens: std.ArrayList(u64) = .empty,
+    compressed: std.ArrayList(u8) = .empty,
+    encode_error: ?status.Error = null,
+    profile: Profile = .{ .enabled = false },
+
+    const State = enum { free, queued, encoded };
+
+    fn deinit(c: *Chunk, gpa: std.mem.Allocator) void {
+        inline for (.{ "payload", "offsets", "values", "strings", "records", "record_lens", "raw_lens", "compressed" }) |name| {
+            @field(c, name).deinit(gpa);
+        }
+    }
+
+    fn runEncode(job: *runtime_mod.Job) void {
+        const c: *Chunk = @fieldParentPtr("job", job);
+        const w = c.w;
+        c.encode(w) catch |err| {
+            c.encode_error = err; // only OutOfMemory can happen here
+        };
+        w.chunkEncoded(c);
+    }
+
+    /// Encodes every sample of the chunk into `records`. Pure: touches only the chunk.
+    fn encode(c: *Chunk, w: *const Writer) error{OutOfMemory}!void {
+        const gpa = w.gpa;
+        const nf = w.fields.len;
+        c.records.clearRetainingCapacity();
+        c.record_lens.clearRetainingCapacity();
+        c.raw_lens.clearRetainingCapacity();
+        for (0..c.count) |i| {
+            const payload = c.payload.items[@intCast(c.offsets.items[i])..@intCast(c.offsets.items[i + 1])];
+            const start = c.records.items.len;
+            var t = c.profile.start();
+            try c.records.appendNTimes(gpa, 0, 8);
+            try metadata_json.encodeRecord(gpa, &c.records, w.fields, c.values.items[i * nf ..][0..nf]);
+            const json_len = c.records.items.len - start - 8;
+            std.mem.writeInt(u64, c.records.items[start..][0..8], json_len, .little);
+            c.profile.stop(.record_encode, t, json_len + 8);
+            switch (w.options.compression) {
+                .none => try c.records.appendSlice(gpa, payload),
+                .lz4 => {
+                    t = c.profile.start();
+                    const bound = lz4.prependedBound(payload.len);
+                    try c.compressed.ensureTotalCapacity(gpa, bound);
+                    c.compressed.items.len = bound; // overwritten by the compressor
+                    const n = lz4.compressPrepended(payload, c.compressed.items);
+                    try c.records.appendSlice(gpa, c.compressed.items[0..n]);
+                    c.profile.stop(.compression, t, payload.len);
+                },
+            }
+            try c.record_lens.append(gpa, c.records.items.len - start);
+            try c.raw_lens.append(gpa, payload.len);
+        }
+    }
+};
+
 pub const Writer = struct {
     gpa: std.mem.Allocator,
     runtime: *Runtime,
@@ -140,9 +216,21 @@ pub const Writer = struct {
     index_open: bool = true,
     sample_count: u64 = 0,
 
-    record: std.ArrayList(u8) = .empty,
-    compressed: std.ArrayList(u8) = .empty,
-    values: std.ArrayList(schema.Value) = .empty,
+    /// The encode/commit pipeline. `chunks` is a ring indexed by sequence number; chunks
+    /// are committed strictly in sequence order by whichever thread finds the next one
+    /// encoded (`committing` makes that one thread at a time), so the bytes written do not
+    /// depend on the worker count. At most max(prefetch_size, batch) samples are queued.
+    chunks: []Chunk = &.{},
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
+    next_submit: u64 = 0,
+    next_commit: u64 = 0,
+    committing: bool = false,
+    in_flight_samples: u64 = 0,
+    /// First failure of a commit (an I/O error), raised by the next append or finish.
+    async_failure: ?status.Error = null,
+    async_message: [status.message_bytes_max]u8 = undefined,
+    async_message_len: usize = 0,
     shard_path: std.ArrayList(u8) = .empty,
     failed: bool = false,
     published: bool = false,
@@ -207,8 +295,18 @@ pub const Writer = struct {
         staging_dir.makeDir("shards") catch |err| return status.failIo(err, staging_path);
         const index_file = staging_dir.createFile("index.bin", .{}) catch |err| return status.failIo(err, staging_path);
 
+        const chunk_count = @max(2, 2 * rt.num_workers);
+        const chunks = try gpa.alloc(Chunk, chunk_count);
+        errdefer gpa.free(chunks);
+        @memset(chunks, .{});
+
         const w = try gpa.create(Writer);
+        for (chunks) |*c| {
+            c.w = w;
+            c.profile.enabled = options.profile;
+        }
         w.* = .{
+            .chunks = chunks,
             .gpa = gpa,
             .runtime = rt.retain(),
             .options = options,
@@ -272,28 +370,106 @@ pub const Writer = struct {
             c.* = .{ .name = w.field_names.items[start..], .kind = f.kind };
         }
         w.fields = copy;
-        try w.values.resize(w.gpa, fields.len);
         w.schema_set = true;
     }
 
-    /// Appends `count` samples (see drt_writer_append). After an error the writer is
-    /// poisoned: only close is allowed.
+    /// Appends `count` samples (see drt_writer_append): validates them and copies them
+    /// into chunks that the pool encodes while the caller produces the next batch. Blocks
+    /// while max(prefetch_size, count) samples are already queued. After an error the
+    /// writer is poisoned: only close is allowed.
     pub fn append(w: *Writer, count: u64, payloads: [*]const u8, offsets: [*]const u64, columns: [*]const Column) status.Error!void {
         try w.runtime.checkPid();
         if (w.failed or w.published) return status.fail(error.InvalidArgument, "the writer cannot accept samples after a failure or finish", .{});
         if (!w.schema_set) return status.fail(error.InvalidArgument, "drt_writer_set_schema must be called before appending", .{});
         errdefer w.failed = true;
+        try w.checkAsync();
         for (w.fields, 0..) |f, c| {
             if (columns[c].kind != f.kind) return status.fail(error.InvalidArgument, "column {d} has the wrong kind", .{c});
             if (columns[c].values == null and count > 0) return status.fail(error.InvalidArgument, "column {d} has no values", .{c});
             if (f.kind == .string and columns[c].offsets == null) return status.fail(error.InvalidArgument, "string column {d} has no offsets", .{c});
         }
-        var i: usize = 0;
-        while (i < count) : (i += 1) {
+        const n: usize = @intCast(count);
+        for (0..n) |i| {
             if (offsets[i + 1] < offsets[i]) return status.fail(error.InvalidArgument, "payload offsets must not decrease", .{});
-            const payload = payloads[@intCast(offsets[i])..@intCast(offsets[i + 1])];
-            for (w.fields, w.values.items, 0..) |f, *v, c| v.* = try columnValue(f, columns[c], i);
-            try w.appendOne(payload);
+            if (w.options.compression == .lz4 and offsets[i + 1] - offsets[i] > std.math.maxInt(u32)) {
+                return status.fail(error.InvalidArgument, "lz4 payloads must be smaller than 4 GiB", .{});
+            }
+        }
+        const parts = @min(w.runtime.num_workers, @max(1, n / chunk_samples_min));
+        var start: usize = 0;
+        for (0..parts) |p| {
+            const end = if (p + 1 == parts) n else start + n / parts;
+            const chunk = try w.acquireChunk(end - start);
+            w.fillChunk(chunk, start, end, payloads, offsets, columns) catch |err| {
+                w.releaseUnsubmitted(chunk);
+                return err;
+            };
+            w.runtime.pool.submit(&chunk.job);
+            start = end;
+        }
+    }
+
+    /// Waits for a free chunk and room under the in-flight bound, then reserves both.
+    fn acquireChunk(w: *Writer, samples: usize) status.Error!*Chunk {
+        w.mutex.lock();
+        defer w.mutex.unlock();
+        const bound = @max(w.options.prefetch_size, samples);
+        while (true) {
+            if (w.async_failure != null) break;
+            const chunk = &w.chunks[@intCast(w.next_submit % w.chunks.len)];
+            if (chunk.state == .free and w.in_flight_samples + samples <= bound) break;
+            w.cond.wait(&w.mutex);
+        }
+        if (w.async_failure) |err| return status.failText(err, w.async_message[0..w.async_message_len]);
+        const chunk = &w.chunks[@intCast(w.next_submit % w.chunks.len)];
+        chunk.seq = w.next_submit;
+        chunk.state = .queued;
+        chunk.count = samples;
+        chunk.encode_error = null;
+        w.next_submit += 1;
+        w.in_flight_samples += samples;
+        return chunk;
+    }
+
+    /// A chunk reserved but not submitted (its input failed validation): its slot is
+    /// skipped by the commit sequence (the writer is poisoned anyway).
+    fn releaseUnsubmitted(w: *Writer, chunk: *Chunk) void {
+        chunk.encode_error = error.InvalidArgument;
+        w.chunkEncoded(chunk);
+    }
+
+    /// Copies samples [start, end) into the chunk, validating values as it goes.
+    fn fillChunk(w: *Writer, c: *Chunk, start: usize, end: usize, payloads: [*]const u8, offsets: [*]const u64, columns: [*]const Column) status.Error!void {
+        const gpa = w.gpa;
+        const nf = w.fields.len;
+        const first: usize = @intCast(offsets[start]);
+        const last: usize = @intCast(offsets[end]);
+        c.payload.clearRetainingCapacity();
+        try c.payload.appendSlice(gpa, payloads[first..last]);
+        c.offsets.clearRetainingCapacity();
+        for (start..end + 1) |i| try c.offsets.append(gpa, offsets[i] - offsets[start]);
+        // Reserve the string bytes first so slices into `strings` never move.
+        var string_bytes: usize = 0;
+        for (w.fields, 0..) |f, col| {
+            if (f.kind != .string) continue;
+            const offs = columns[col].offsets.?;
+            if (offs[end] < offs[start]) return status.fail(error.InvalidArgument, "string offsets must not decrease", .{});
+            string_bytes += @intCast(offs[end] - offs[start]);
+        }
+        c.strings.clearRetainingCapacity();
+        try c.strings.ensureTotalCapacity(gpa, string_bytes);
+        c.values.clearRetainingCapacity();
+        try c.values.ensureTotalCapacity(gpa, (end - start) * nf);
+        for (start..end) |i| {
+            for (w.fields, 0..) |f, col| {
+                var v = try columnValue(f, columns[col], i);
+                if (v == .string) {
+                    const at = c.strings.items.len;
+                    c.strings.appendSliceAssumeCapacity(v.string);
+                    v = .{ .string = c.strings.items[at..][0..v.string.len] };
+                }
+                c.values.appendAssumeCapacity(v);
+            }
         }
     }
 
@@ -320,41 +496,89 @@ pub const Writer = struct {
         }
     }
 
-    fn appendOne(w: *Writer, payload: []const u8) status.Error!void {
-        const gpa = w.gpa;
-        var t = w.profile.start();
-        w.record.clearRetainingCapacity();
-        try w.record.appendNTimes(gpa, 0, 8);
-        try metadata_json.encodeRecord(gpa, &w.record, w.fields, w.values.items);
-        std.mem.writeInt(u64, w.record.items[0..8], w.record.items.len - 8, .little);
-        w.profile.stop(.record_encode, t, w.record.items.len);
-        t = w.profile.start();
-        const stored: []const u8 = switch (w.options.compression) {
-            .none => payload,
-            .lz4 => blk: {
-                if (payload.len > std.math.maxInt(u32)) return status.fail(error.InvalidArgument, "lz4 payloads must be smaller than 4 GiB", .{});
-                try w.compressed.ensureTotalCapacity(gpa, lz4.prependedBound(payload.len));
-                w.compressed.items.len = lz4.prependedBound(payload.len); // overwritten by the compressor
-                const n = lz4.compressPrepended(payload, w.compressed.items);
-                break :blk w.compressed.items[0..n];
-            },
-        };
-        if (w.options.compression == .lz4) w.profile.stop(.compression, t, payload.len);
-        const record_len: u64 = w.record.items.len + stored.len;
-        if (w.shard) |*shard| {
-            if (shard.written > 0 and shard.written + record_len > w.options.max_shard_bytes) try w.closeShard();
+    /// Called (on a worker, or inline for a skipped chunk) when a chunk is encoded: commits
+    /// it and every following encoded chunk in sequence order, unless another thread is
+    /// already committing (it will pick them up).
+    fn chunkEncoded(w: *Writer, done: *Chunk) void {
+        w.mutex.lock();
+        done.state = .encoded;
+        if (w.committing) {
+            w.mutex.unlock();
+            return;
         }
-        if (w.shard == null) try w.openShard();
-        t = w.profile.start();
-        const shard = &w.shard.?;
-        const offset = shard.written;
-        try shard.append(gpa, w.record.items, w.shard_path.items);
-        try shard.append(gpa, stored, w.shard_path.items);
-        w.shard_uncompressed += payload.len;
-        const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
-        try w.index_file.append(gpa, &row, w.staging_path);
-        w.sample_count += 1;
-        w.profile.stop(.disk_write, t, record_len + index.row_bytes);
+        w.committing = true;
+        while (true) {
+            const c = &w.chunks[@intCast(w.next_commit % w.chunks.len)];
+            if (w.next_commit == w.next_submit or c.state != .encoded) break;
+            w.mutex.unlock();
+            var failure: ?status.Error = null;
+            if (w.async_failure == null) {
+                if (c.encode_error) |err| {
+                    if (err == error.OutOfMemory) failure = status.fail(error.OutOfMemory, "out of memory while encoding records", .{});
+                } else {
+                    w.commitChunk(c) catch |err| {
+                        failure = err;
+                    };
+                }
+            }
+            w.mutex.lock();
+            if (failure) |err| {
+                const msg = status.lastMessage();
+                const len = @min(msg.len, w.async_message.len);
+                @memcpy(w.async_message[0..len], msg[0..len]);
+                w.async_message_len = len;
+                w.async_failure = err;
+            }
+            c.state = .free;
+            w.in_flight_samples -= c.count;
+            w.next_commit += 1;
+            w.cond.broadcast();
+        }
+        w.committing = false;
+        w.mutex.unlock();
+    }
+
+    /// Appends one encoded chunk's records to the shards and index (single-threaded).
+    fn commitChunk(w: *Writer, c: *Chunk) status.Error!void {
+        const gpa = w.gpa;
+        for (c.profile.stages, &w.profile.stages) |from, *to| {
+            to.calls += from.calls;
+            to.total_ns += from.total_ns;
+            to.bytes += from.bytes;
+        }
+        c.profile.stages = [_]abi.StageStats{.{}} ** c.profile.stages.len;
+        var at: usize = 0;
+        for (c.record_lens.items, c.raw_lens.items) |record_len, raw_len| {
+            const record = c.records.items[at..][0..@intCast(record_len)];
+            at += @intCast(record_len);
+            if (w.shard) |*shard| {
+                if (shard.written > 0 and shard.written + record_len > w.options.max_shard_bytes) try w.closeShard();
+            }
+            if (w.shard == null) try w.openShard();
+            const t = w.profile.start();
+            const shard = &w.shard.?;
+            const offset = shard.written;
+            try shard.append(gpa, record, w.shard_path.items);
+            w.shard_uncompressed += raw_len;
+            const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
+            try w.index_file.append(gpa, &row, w.staging_path);
+            w.sample_count += 1;
+            w.profile.stop(.disk_write, t, record_len + index.row_bytes);
+        }
+    }
+
+    /// Raises the first commit failure, if any.
+    fn checkAsync(w: *Writer) status.Error!void {
+        w.mutex.lock();
+        defer w.mutex.unlock();
+        if (w.async_failure) |err| return status.failText(err, w.async_message[0..w.async_message_len]);
+    }
+
+    /// Waits until every submitted chunk is committed (or skipped after a failure).
+    fn drain(w: *Writer) void {
+        w.mutex.lock();
+        defer w.mutex.unlock();
+        while (w.next_commit != w.next_submit) w.cond.wait(&w.mutex);
     }
 
     fn openShard(w: *Writer) status.Error!void {
@@ -386,6 +610,8 @@ pub const Writer = struct {
         try w.runtime.checkPid();
         if (w.failed or w.published) return status.fail(error.InvalidArgument, "the writer cannot finish after a failure or finish", .{});
         errdefer w.failed = true;
+        w.drain();
+        try w.checkAsync();
         if (w.sample_count == 0) return status.fail(error.InvalidArgument, "cache source yielded no samples", .{});
         try w.closeShard();
         var t = w.profile.start();
@@ -457,16 +683,16 @@ pub const Writer = struct {
     /// Releases everything; removes the staging directory unless the cache was published.
     pub fn close(w: *Writer) void {
         const gpa = w.gpa;
-        const forked = w.runtime.checkPid() == error.Forked;
+        const forked = if (w.runtime.checkPid()) |_| false else |_| true;
+        if (!forked) w.drain(); // no job may touch the writer after this
+        for (w.chunks) |*c| c.deinit(gpa);
+        gpa.free(w.chunks);
         if (w.shard) |*shard| shard.deinit(gpa, true);
         w.index_file.deinit(gpa, w.index_open);
         w.staging_dir.close();
         if (!w.published and !forked) std.fs.cwd().deleteTree(w.staging_path) catch {};
         w.runtime.release();
         w.shards.deinit(gpa);
-        w.record.deinit(gpa);
-        w.compressed.deinit(gpa);
-        w.values.deinit(gpa);
         w.shard_path.deinit(gpa);
         w.field_names.deinit(gpa);
         gpa.free(w.fields);

@@ -1,0 +1,62 @@
+"""The writer pipeline: bytes independent of worker count and prefetch size; throughput
+knobs never change the cache."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+import dataset_rt as drt
+
+
+class Mixed:
+    name = "mixed"
+
+    def __iter__(self):
+        for i in range(3000):
+            size = (i * 7919) % 3000
+            yield drt.CacheInput(
+                hashlib.sha256(str(i).encode()).digest() * (size // 32 + 1),
+                {"i": i, "x": i / 7, "s": f"s{i % 13}é", "b": i % 3 == 0},
+            )
+
+
+def tree_digest(path: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file() and p.name != "metadata.arrow"
+    }
+
+
+@pytest.mark.parametrize("algo", ["none", "lz4"])
+def test_bytes_do_not_depend_on_workers_or_prefetch(tmp_path: Path, algo: str) -> None:
+    digests = []
+    for workers, prefetch in [(1, 1), (2, 7), (4, 64), (4, 5000)]:
+        runtime = drt.DatasetRuntime(num_workers=workers)
+        config = drt.WriterConfig(
+            prefetch_size=prefetch, max_shard_bytes=100_000, show_progress=False,
+            shard_compression=drt.ShardCompression(algo=algo),
+        )
+        [result] = runtime.write_cache(Mixed(), tmp_path / f"{workers}-{prefetch}", writer_config=config)
+        assert isinstance(result, drt.CacheWriteSuccess), result
+        digests.append(tree_digest(result.path))
+    assert all(d == digests[0] for d in digests[1:])
+    assert len([k for k in digests[0] if k.startswith("shards/")]) > 2
+
+
+def test_failure_in_a_later_batch_publishes_nothing(tmp_path: Path) -> None:
+    class Bad:
+        name = "bad"
+
+        def __iter__(self):
+            for i in range(1000):
+                yield drt.CacheInput(b"x" * 100, {"x": float("nan") if i == 777 else 1.0})
+
+    runtime = drt.DatasetRuntime(num_workers=4)
+    [result] = runtime.write_cache(Bad(), tmp_path, writer_config=drt.WriterConfig(prefetch_size=16, show_progress=False))
+    assert result == drt.CacheWriteError("bad", "metadata field 'x' must be a finite float")
+    assert not (tmp_path / "bad").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
