@@ -51,6 +51,7 @@ CompressionAlgo: TypeAlias = Literal["none", "lz4"]
 """Per-record payload compression of new shards."""
 
 IoBackend: TypeAlias = Literal["auto", "io_uring", "threads"]
+Sampling: TypeAlias = Literal["with_replacement", "permutation"]
 """Read I/O backend: `auto` probes io_uring once and falls back to threads."""
 
 DATASET_CONFIG_VERSION: Literal[2] = 2
@@ -179,7 +180,7 @@ DEFAULT_WRITER_CONFIG = WriterConfig()
 # Extension fields of ReaderConfig and their defaults. At its default, a field listed
 # here is left out of model_dump/model_dump_json, repr/str and pickles, so reference
 # readers of our output see exactly what dataset-rt 0.4.8 would have written.
-_READER_EXTENSION_DEFAULTS: dict[str, object] = {"io_backend": "auto"}
+_READER_EXTENSION_DEFAULTS: dict[str, object] = {"io_backend": "auto", "sampling": "with_replacement"}
 
 
 class ReaderConfig(BaseModel):
@@ -192,10 +193,11 @@ class ReaderConfig(BaseModel):
     verifies every checksum while loading and compares each sample's embedded metadata
     with its table row on every read. Unknown keys are rejected.
 
-    `io_backend` is this package's extension (not in dataset-rt 0.4.8): which I/O
-    backend reads shards. Every backend returns the same samples in the same order.
-    At its default `"auto"` the field is omitted from dumps, reprs and pickles (see the
-    module docstring).
+    `io_backend` and `sampling` are this package's extensions (not in dataset-rt
+    0.4.8): which I/O backend reads shards (every backend returns the same samples in
+    the same order), and whether shuffled reading draws with replacement (the
+    reference) or in permutation passes. At their defaults the fields are omitted from
+    dumps, reprs and pickles (see the module docstring).
     """
 
     __module__ = _PUBLIC_MODULE
@@ -221,6 +223,15 @@ class ReaderConfig(BaseModel):
         description=(
             "Extension: shard read backend; 'auto' uses io_uring where the kernel "
             "allows it and threads otherwise. Omitted from dumps when 'auto'."
+        ),
+    )
+    sampling: Sampling = Field(
+        default="with_replacement",
+        description=(
+            "Extension: with shuffle=True, 'with_replacement' (the reference's weighted "
+            "draws) or 'permutation' (passes that visit every active row exactly once in a "
+            "seeded order; weights count only through duplicated rows). Ignored when "
+            "shuffle=False. Omitted from dumps at its default."
         ),
     )
 

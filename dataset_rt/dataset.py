@@ -64,6 +64,7 @@ def _native_options(reader_config: Any) -> Any:
             "shuffle": 1 if reader_config.shuffle else 0,
             "validate_cache": 1 if reader_config.validate_cache else 0,
             "io_backend": IO_BACKENDS[backend],
+            "sampling": 1 if getattr(reader_config, "sampling", "with_replacement") == "permutation" else 0,
         },
     )
 

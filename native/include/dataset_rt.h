@@ -235,8 +235,14 @@ typedef struct drt_dataset_options {
     int32_t shuffle;         /* 0: ordered windows; 1: weighted draws with replacement */
     int32_t validate_cache;  /* 1: verify every SHA-256 at open, compare records with metadata */
     int32_t io_backend;      /* DRT_IO_* */
-    uint32_t reserved;       /* must be 0 */
+    int32_t sampling;        /* DRT_SAMPLING_* (with shuffle only) */
 } drt_dataset_options;
+
+/* Shuffled sampling modes. */
+enum {
+    DRT_SAMPLING_WITH_REPLACEMENT = 0, /* dataset-rt 0.4.8: weighted draws with replacement */
+    DRT_SAMPLING_PERMUTATION = 1       /* passes over the active rows, each a seeded permutation */
+};
 
 /* Facts about one cache of a dataset. */
 typedef struct drt_cache_info {

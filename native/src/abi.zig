@@ -53,8 +53,11 @@ pub const DatasetOptions = extern struct {
     shuffle: i32,
     validate_cache: i32,
     io_backend: i32,
-    reserved: u32,
+    sampling: i32,
 };
+
+pub const sampling_with_replacement = 0;
+pub const sampling_permutation = 1;
 
 pub const CacheInfo = extern struct {
     cache_id: u64,
@@ -154,6 +157,7 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, type_f32), c.DRT_TYPE_F32);
     try std.testing.expectEqual(@as(i64, type_other), c.DRT_TYPE_OTHER);
     try std.testing.expectEqual(@as(i64, writer_profile), c.DRT_WRITER_PROFILE);
+    try std.testing.expectEqual(@as(i64, sampling_permutation), c.DRT_SAMPLING_PERMUTATION);
     const Stage = @import("writer.zig").Stage;
     try std.testing.expectEqual(@as(i64, std.meta.fields(Stage).len), c.DRT_STAGE_COUNT);
     try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.publish)), c.DRT_STAGE_PUBLISH);

@@ -186,7 +186,9 @@ export fn drt_dataset_open(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: 
     const slices = gpa.alloc([]const u8, @intCast(path_count)) catch return fromError(error.OutOfMemory);
     defer gpa.free(slices);
     for (slices, 0..) |*s, i| s.* = paths.?[i].slice();
-    if (opts.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_dataset_options.reserved must be 0", .{}));
+    if (opts.sampling != abi.sampling_with_replacement and opts.sampling != abi.sampling_permutation) {
+        return fromError(status.fail(error.InvalidArgument, "unknown sampling mode {d}", .{opts.sampling}));
+    }
     if (opts.io_backend < abi.io_auto or opts.io_backend > abi.io_threads) {
         return fromError(status.fail(error.InvalidArgument, "unknown io_backend {d}", .{opts.io_backend}));
     }
@@ -196,6 +198,7 @@ export fn drt_dataset_open(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: 
         .shuffle = opts.shuffle != 0,
         .validate_cache = opts.validate_cache != 0,
         .io_backend = opts.io_backend,
+        .permutation = opts.sampling == abi.sampling_permutation,
     }) catch |err| return fromError(err);
     return ok();
 }

@@ -25,6 +25,8 @@ pub const Options = struct {
     shuffle: bool,
     validate_cache: bool,
     io_backend: i32,
+    /// Shuffled reading in permutation passes instead of draws with replacement.
+    permutation: bool = false,
 };
 
 /// A physical sample: cache position in the path list and sample id within it.
@@ -207,6 +209,8 @@ pub const Dataset = struct {
     pub fn locate(ds: *const Dataset, table: *const Table, p: u64) Loc {
         const row: u64 = if (!ds.options.shuffle)
             p % table.len
+        else if (ds.options.permutation)
+            sampler.Permutation.at(table.len, ds.options.seed, p)
         else if (table.weights) |*w|
             w.draw(ds.options.seed, p)
         else
