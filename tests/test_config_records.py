@@ -225,7 +225,7 @@ def test_facade_reexports_the_same_objects(facade: ModuleType) -> None:
         # io_backend is our extension and comes after the reference's fields.
         (
             ReaderConfig,
-            ["seed", "prefetch_size", "shuffle", "validate_cache", "io_backend"],
+            ["seed", "prefetch_size", "shuffle", "validate_cache", "io_backend", "sampling"],
         ),
     ],
 )
@@ -262,10 +262,11 @@ def test_config_field_order(cls: Any, fields: list[str]) -> None:
         ),
         (
             ReaderConfig,
-            # The reference's signature plus the io_backend extension.
+            # The reference's signature plus the io_backend and sampling extensions.
             "(*, seed: int, prefetch_size: typing.Annotated[int, Gt(gt=0)] = 64, "
             "shuffle: bool = True, validate_cache: bool = False, "
-            "io_backend: Literal['auto', 'io_uring', 'threads'] = 'auto') -> None",
+            "io_backend: Literal['auto', 'io_uring', 'threads'] = 'auto', "
+            "sampling: Literal['with_replacement', 'permutation'] = 'with_replacement') -> None",
         ),
     ],
 )
