@@ -36,9 +36,14 @@ def build_native(root: Path, optimize: str = "ReleaseSafe", cpu: str = "baseline
     """Build the shared library with the pinned Zig and return its installed path."""
     prefix = Path(tempfile.mkdtemp(prefix="dataset_rt-zig-"))
     command = [
-        sys.executable, "-m", "ziglang", "build",
-        f"-Doptimize={optimize}", f"-Dcpu={cpu}",
-        "--prefix", str(prefix),
+        sys.executable,
+        "-m",
+        "ziglang",
+        "build",
+        f"-Doptimize={optimize}",
+        f"-Dcpu={cpu}",
+        "--prefix",
+        str(prefix),
     ]
     subprocess.run(command, cwd=root, check=True)
     return prefix / "lib" / LIBRARY

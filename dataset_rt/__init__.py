@@ -32,7 +32,6 @@ from dataset_rt.api import (
 )
 
 
-
 def native_info() -> dict[str, object]:
     """Facts about the loaded native library: version, C ABI, path, whether io_uring is
     usable in this process (the "auto" backend's choice), and the SHA-256 implementation."""
@@ -49,6 +48,7 @@ def native_info() -> dict[str, object]:
 
 
 __all__ = [
+    "AbsentManifestTarget",
     "CacheInput",
     "CacheSource",
     "CacheSourcesDatasetError",
@@ -60,17 +60,16 @@ __all__ = [
     "CachedDataset",
     "CachedSample",
     "DatasetRuntime",
-    "ReaderConfig",
-    "ShardCompression",
-    "SizedTorchIterableDataset",
-    "WriterConfig",
-    "WriterProfilerConfig",
-    "native_info",
-    "AbsentManifestTarget",
     "Err",
     "ManifestUpdateEntry",
     "ManifestUpdateError",
     "ManifestUpdateReport",
     "Ok",
+    "ReaderConfig",
     "Result",
+    "ShardCompression",
+    "SizedTorchIterableDataset",
+    "WriterConfig",
+    "WriterProfilerConfig",
+    "native_info",
 ]

@@ -22,7 +22,8 @@ lib: Any = ffi.dlopen(_library_path)
 
 if (lib.drt_abi_version() >> 16) != ABI_MAJOR:
     raise ImportError(
-        f"{_library_path} has C ABI {lib.drt_abi_version() >> 16}.{lib.drt_abi_version() & 0xFFFF}; "
+        f"{_library_path} has C ABI "
+        f"{lib.drt_abi_version() >> 16}.{lib.drt_abi_version() & 0xFFFF}; "
         f"this dataset_rt needs ABI {ABI_MAJOR}.x"
     )
 

@@ -152,7 +152,10 @@ def _verify_one(path: Path, out: TextIO, progress: bool) -> bool:
     if progress:
         sys.stderr.write("\r\x1b[2K")
     elapsed = max(time.monotonic() - started, 1e-9)
-    out.write(f"OK   {path}: {total} samples, {_human(read_bytes)} in {elapsed:.2f}s ({read_bytes / elapsed / 1e6:,.1f} MB/s)\n")
+    out.write(
+        f"OK   {path}: {total} samples, {_human(read_bytes)} in {elapsed:.2f}s "
+        f"({read_bytes / elapsed / 1e6:,.1f} MB/s)\n"
+    )
     return True
 
 
@@ -195,7 +198,9 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dataset-rt", description="Inspect and verify dataset_rt caches.")
+    p = argparse.ArgumentParser(
+        prog="dataset-rt", description="Inspect and verify dataset_rt caches."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     inspect = sub.add_parser("inspect", help="manifest facts, schema, shards, sizes")
     inspect.add_argument("paths", nargs="+", metavar="PATH")

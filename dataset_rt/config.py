@@ -180,7 +180,10 @@ DEFAULT_WRITER_CONFIG = WriterConfig()
 # Extension fields of ReaderConfig and their defaults. At its default, a field listed
 # here is left out of model_dump/model_dump_json, repr/str and pickles, so reference
 # readers of our output see exactly what dataset-rt 0.4.8 would have written.
-_READER_EXTENSION_DEFAULTS: dict[str, object] = {"io_backend": "auto", "sampling": "with_replacement"}
+_READER_EXTENSION_DEFAULTS: dict[str, object] = {
+    "io_backend": "auto",
+    "sampling": "with_replacement",
+}
 
 
 class ReaderConfig(BaseModel):

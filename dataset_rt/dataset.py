@@ -12,7 +12,7 @@ import operator
 import os
 import threading
 from collections.abc import Iterator
-from itertools import repeat
+from itertools import pairwise, repeat
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -55,7 +55,9 @@ def _native_options(reader_config: Any) -> Any:
     if backend == "auto":
         backend = os.environ.get(IO_BACKEND_ENV, "auto") or "auto"
     if backend not in IO_BACKENDS:
-        raise ValueError(f"unknown io_backend {backend!r}; expected 'auto', 'io_uring' or 'threads'")
+        raise ValueError(
+            f"unknown io_backend {backend!r}; expected 'auto', 'io_uring' or 'threads'"
+        )
     return ffi.new(
         "drt_dataset_options *",
         {
@@ -64,7 +66,9 @@ def _native_options(reader_config: Any) -> Any:
             "shuffle": 1 if reader_config.shuffle else 0,
             "validate_cache": 1 if reader_config.validate_cache else 0,
             "io_backend": IO_BACKENDS[backend],
-            "sampling": 1 if getattr(reader_config, "sampling", "with_replacement") == "permutation" else 0,
+            "sampling": 1
+            if getattr(reader_config, "sampling", "with_replacement") == "permutation"
+            else 0,
         },
     )
 
@@ -83,7 +87,9 @@ def _open_native(runtime: Any, paths: list[Path], options: Any) -> Any:
 def probe_cache(runtime: Any, path: Path, *, validate: bool) -> str | None:
     """None when ``path`` opens as a complete cache (checksums verified when
     ``validate``), else the load error's message."""
-    options = ffi.new("drt_dataset_options *", {"seed": 0, "prefetch_size": 1, "validate_cache": int(validate)})
+    options = ffi.new(
+        "drt_dataset_options *", {"seed": 0, "prefetch_size": 1, "validate_cache": int(validate)}
+    )
     try:
         handle = _open_native(runtime, [path], options)
     except (ValueError, RuntimeError, OverflowError) as exc:
@@ -162,7 +168,10 @@ class CachedDataset:
         (prefetch reads by backend), ``lookup_reads`` (``get_item``) and ``bytes_read``."""
         out = ffi.new("drt_io_stats *")
         _native.check(lib.drt_dataset_io_stats(self._handle, out))
-        return {name: int(getattr(out, name)) for name in ("uring_reads", "pool_reads", "lookup_reads", "bytes_read")}
+        return {
+            name: int(getattr(out, name))
+            for name in ("uring_reads", "pool_reads", "lookup_reads", "bytes_read")
+        }
 
     def __iter__(self) -> Iterator[CachedSample]:
         return self._generate()
@@ -193,9 +202,13 @@ class CachedDataset:
         payloads = _payloads(batch, n)
         cache_ids = ffi.unpack(batch.cache_ids, n)
         sample_ids = ffi.unpack(batch.sample_ids, n)
-        columns = [_column_values(batch.columns[i], kind, n) for i, (_, kind) in enumerate(self._columns)]
+        columns = [
+            _column_values(batch.columns[i], kind, n) for i, (_, kind) in enumerate(self._columns)
+        ]
         metadata = self._make_dicts(n, *columns)
-        return list(map(_new_sample, repeat(CachedSample), zip(payloads, metadata, cache_ids, sample_ids)))
+        return list(
+            map(_new_sample, repeat(CachedSample), zip(payloads, metadata, cache_ids, sample_ids))
+        )
 
     def iter_batches(self, batch_size: int, *, copy: bool = True) -> Iterator[SampleBatch]:
         """Iterate the same stream as ``iter(dataset)``, a batch of samples at a time.
@@ -225,7 +238,9 @@ class CachedDataset:
         batch = ffi.new("drt_batch *")
         try:
             while True:
-                _native.check(lib.drt_iter_next_batch(iterator, size, lib.DRT_BATCH_CONTIGUOUS, batch))
+                _native.check(
+                    lib.drt_iter_next_batch(iterator, size, lib.DRT_BATCH_CONTIGUOUS, batch)
+                )
                 if batch.count == 0:
                     return
                 yield _sample_batch(batch, self._columns, copy)
@@ -248,7 +263,11 @@ class CachedDataset:
                 out = ffi.new("drt_lookup **")
                 _native.check(lib.drt_lookup_open(self._handle, out))
                 # One lookup handle and call buffers per dataset, reused by every call.
-                self._lookup = (ffi.gc(out[0], _close_lookup), ffi.new("uint64_t[2]"), ffi.new("drt_batch *"))
+                self._lookup = (
+                    ffi.gc(out[0], _close_lookup),
+                    ffi.new("uint64_t[2]"),
+                    ffi.new("drt_batch *"),
+                )
             handle, ids, batch = self._lookup
             ids[0] = cache_id
             ids[1] = sample_id
@@ -257,8 +276,12 @@ class CachedDataset:
                 _native.raise_status(status)
             data = ffi.buffer(batch.payloads[0], batch.payload_lens[0])[:]
             columns = batch.columns
-            values = [_column_values(columns[i], kind, 1)[0] for i, (_, kind) in enumerate(self._columns)]
-            return _new_sample(CachedSample, (data, dict(zip(self._field_names, values)), cache_id, sample_id))
+            values = [
+                _column_values(columns[i], kind, 1)[0] for i, (_, kind) in enumerate(self._columns)
+            ]
+            return _new_sample(
+                CachedSample, (data, dict(zip(self._field_names, values)), cache_id, sample_id)
+            )
 
     def get_metadata(self) -> Any:
         """The active metadata table as a Polars DataFrame.
@@ -387,7 +410,9 @@ def _column_array(column: Any, kind: int, n: int) -> Any:
         return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.float64).copy()
     if kind == KIND_BOOL:
         return np.frombuffer(ffi.buffer(column.values, n), dtype=np.uint8).astype(bool)
-    offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).astype(np.int64)
+    offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).astype(
+        np.int64
+    )
     data = ffi.buffer(ffi.cast("uint8_t *", column.values), int(offsets[-1]))[:]
     return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
@@ -404,7 +429,8 @@ def _dict_builder(names: list[str]) -> Any:
     args = ", ".join(f"c{i}" for i in range(len(names)))
     items = ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names))
     values = ", ".join(f"v{i}" for i in range(len(names)))
-    source = f"def build(n, {args}):\n    return [{{{items}}} for {values}{',' if len(names) == 1 else ''} in zip({args})]\n"
+    comma = "," if len(names) == 1 else ""
+    source = f"def build(n, {args}):\n    return [{{{items}}} for {values}{comma} in zip({args})]\n"
     namespace: dict[str, Any] = {}
     exec(compile(source, "<dataset_rt metadata>", "exec"), namespace)
     return namespace["build"]
@@ -437,4 +463,4 @@ def _column_values(column: Any, kind: int, n: int) -> list[Any]:
         return ffi.unpack(ffi.cast("_Bool *", column.values), n)
     offsets = ffi.unpack(column.offsets, n + 1)
     data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
-    return [data[a:b].decode("utf-8") for a, b in zip(offsets, offsets[1:])]
+    return [data[a:b].decode("utf-8") for a, b in pairwise(offsets)]

@@ -17,7 +17,12 @@ def arrow_type(kind: int) -> Any:
     """The Arrow type a cache stores for a metadata kind."""
     import pyarrow as pa
 
-    return {KIND_BOOL: pa.bool_(), KIND_INT: pa.int64(), KIND_FLOAT: pa.float64(), KIND_STRING: pa.utf8()}[kind]
+    return {
+        KIND_BOOL: pa.bool_(),
+        KIND_INT: pa.int64(),
+        KIND_FLOAT: pa.float64(),
+        KIND_STRING: pa.utf8(),
+    }[kind]
 
 
 def schema_of(handle: Any) -> list[tuple[str, int]]:
@@ -28,7 +33,9 @@ def schema_of(handle: Any) -> list[tuple[str, int]]:
     fields = []
     for i in range(count[0]):
         _native.check(lib.drt_dataset_field(handle, i, field))
-        fields.append((ffi.buffer(field.name.ptr, field.name.len)[:].decode("utf-8"), int(field.kind)))
+        fields.append(
+            (ffi.buffer(field.name.ptr, field.name.len)[:].decode("utf-8"), int(field.kind))
+        )
     return fields
 
 
@@ -56,7 +63,12 @@ def read_arrow_file(path: Path) -> Any:
 
 # ------------------------------------------------------------------------ active table
 
-STORED_ARROW_NAMES = {KIND_BOOL: "Boolean", KIND_INT: "Int64", KIND_FLOAT: "Float64", KIND_STRING: "Utf8"}
+STORED_ARROW_NAMES = {
+    KIND_BOOL: "Boolean",
+    KIND_INT: "Int64",
+    KIND_FLOAT: "Float64",
+    KIND_STRING: "Utf8",
+}
 ID_COLUMNS = ("cache_id", "sample_id", "weight")
 
 
@@ -100,13 +112,16 @@ def default_table(dataset: Any) -> Any:
                 raise ValueError(f"metadata column '{name}' does not match manifest schema")
         if table.num_rows != info.sample_count:
             raise ValueError(
-                f"metadata row count for cache {index} expected {info.sample_count}, got {table.num_rows}"
+                f"metadata row count for cache {index} expected {info.sample_count}, "
+                f"got {table.num_rows}"
             )
         for i in range(len(fields)):
             chunks[i].extend(table.column(i).chunks)
     count_array = np.array(counts, dtype=np.int64)
     columns: dict[str, Any] = {
-        "cache_id": pa.array(np.repeat(np.array(ids, dtype=np.uint64), count_array), type=pa.uint64()),
+        "cache_id": pa.array(
+            np.repeat(np.array(ids, dtype=np.uint64), count_array), type=pa.uint64()
+        ),
         "sample_id": pa.array(
             np.concatenate([np.arange(c, dtype=np.uint64) for c in counts]), type=pa.uint64()
         ),
@@ -165,7 +180,9 @@ def validate_and_set(dataset: Any, df: Any) -> None:
         if index < 0:
             raise ValueError(f"samples metadata missing '{name}' column")
         if not _arrow_kind_matches(kind, schema.field(index).type):
-            raise ValueError(f"samples metadata column '{name}' must have Arrow type {STORED_ARROW_NAMES[kind]}")
+            raise ValueError(
+                f"samples metadata column '{name}' must have Arrow type {STORED_ARROW_NAMES[kind]}"
+            )
     for name in ID_COLUMNS:
         if name not in df.columns:
             raise ValueError(f"samples metadata missing '{name}' column")
@@ -173,4 +190,6 @@ def validate_and_set(dataset: Any, df: Any) -> None:
     cache_ids = _table_column(df.get_column("cache_id"), _ID_TYPES, keep)
     sample_ids = _table_column(df.get_column("sample_id"), _ID_TYPES, keep)
     weights = _table_column(df.get_column("weight"), _WEIGHT_TYPES, keep)
-    _native.check(lib.drt_dataset_set_table(dataset._handle, df.height, cache_ids, sample_ids, weights))
+    _native.check(
+        lib.drt_dataset_set_table(dataset._handle, df.height, cache_ids, sample_ids, weights)
+    )

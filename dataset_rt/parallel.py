@@ -77,7 +77,9 @@ def _sweep(base: Path) -> None:
     lib.drt_staging_sweep(raw, len(raw))
 
 
-def write_in_processes(plans: list[Any], base: Path, config: Any, num_workers: int) -> dict[int, CacheWriteResult]:
+def write_in_processes(
+    plans: list[Any], base: Path, config: Any, num_workers: int
+) -> dict[int, CacheWriteResult]:
     """Write planned sources in up to ``config.num_processes`` spawned processes."""
     from dataset_rt.records import CacheWriteSuccess
 
@@ -137,7 +139,9 @@ def write_in_processes(plans: list[Any], base: Path, config: Any, num_workers: i
                 job.conn.close()
                 if message[0] == "interrupt":
                     interrupt = (message[1], tuple(message[2]))
-                    results[job.position] = CacheWriteError(job.name, f"{message[1]} in writer process")
+                    results[job.position] = CacheWriteError(
+                        job.name, f"{message[1]} in writer process"
+                    )
                 elif message[0] == "error":
                     results[job.position] = CacheWriteError(job.name, message[1])
                 else:

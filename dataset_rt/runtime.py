@@ -119,13 +119,17 @@ class DatasetRuntime:
                 continue
             error = probe_cache(self, target, validate=validate)
             results[plan.position] = (
-                CacheWriteSuccess(plan.name, target) if error is None else CacheWriteError(plan.name, error)
+                CacheWriteSuccess(plan.name, target)
+                if error is None
+                else CacheWriteError(plan.name, error)
             )
         results.update(write_planned(self, to_write, base, writer_config))
         final = [results[i] for i in range(len(items))]
         paths = [r.path for r in final if isinstance(r, CacheWriteSuccess)]
         if not paths:
-            detail = "; ".join(f"{r.source_name}: {r.message}" for r in final if isinstance(r, CacheWriteError))
+            detail = "; ".join(
+                f"{r.source_name}: {r.message}" for r in final if isinstance(r, CacheWriteError)
+            )
             return CacheSourcesDatasetError(final, f"no caches were written: {detail}")
         dataset = CachedDataset._open(self, paths, reader_config)
         return CacheSourcesDatasetSuccess(dataset, final)

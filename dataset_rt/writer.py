@@ -39,7 +39,12 @@ if TYPE_CHECKING:
 
 KIND_BOOL, KIND_INT, KIND_FLOAT, KIND_STRING = 0, 1, 2, 3
 KIND_NAMES = {KIND_BOOL: "bool", KIND_INT: "int", KIND_FLOAT: "float", KIND_STRING: "string"}
-_PLAIN_TYPES: dict[int, type] = {KIND_BOOL: bool, KIND_INT: int, KIND_FLOAT: float, KIND_STRING: str}
+_PLAIN_TYPES: dict[int, type] = {
+    KIND_BOOL: bool,
+    KIND_INT: int,
+    KIND_FLOAT: float,
+    KIND_STRING: str,
+}
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -182,7 +187,9 @@ def _plan_sources(
         if name == "":
             errors[position] = CacheWriteError(label, "CacheSource.name must not be empty")
         elif name in (".", "..") or any(c in name for c in "/\\\x00"):
-            errors[position] = CacheWriteError(label, "CacheSource.name must be a plain path segment")
+            errors[position] = CacheWriteError(
+                label, "CacheSource.name must be a plain path segment"
+            )
         elif (_fold(name) if parallel else name) == "tmp":
             errors[position] = CacheWriteError(
                 label, "CacheSource.name must be a non-reserved plain path segment"
@@ -233,7 +240,10 @@ def write_planned(
     progress = _Progress.create(bool(config.show_progress), len(plans))
     profiler = getattr(config, "profiler", None)
     if not getattr(profiler, "enabled", False):
-        return {plan.position: _write_one(runtime, plan, base, options, progress, None) for plan in plans}
+        return {
+            plan.position: _write_one(runtime, plan, base, options, progress, None)
+            for plan in plans
+        }
     profiles: list[dict[str, Any]] = []
     started = time.perf_counter_ns()
     results: dict[int, CacheWriteResult] = {}
@@ -332,13 +342,21 @@ def _write_one(
     name_bytes = plan.name.encode("utf-8")
     out = ffi.new("drt_writer **")
     status = lib.drt_writer_open(
-        runtime._handle(), base_bytes, len(base_bytes), name_bytes, len(name_bytes), native_options, out
+        runtime._handle(),
+        base_bytes,
+        len(base_bytes),
+        name_bytes,
+        len(name_bytes),
+        native_options,
+        out,
     )
     if status != 0:
         return CacheWriteError(plan.name, _native.last_error())
     writer = out[0]
     try:
-        ingest = _Ingest(writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress, timings)
+        ingest = _Ingest(
+            writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress, timings
+        )
         ingest.run(plan.source)
         ingest.check(lib.drt_writer_finish(writer))
     except SourceFailure as failure:
@@ -356,7 +374,12 @@ class _Ingest:
     """Pulls one source and feeds the native writer in columnar batches."""
 
     def __init__(
-        self, writer: Any, name: str, batch_size: int, progress: _Progress | None, timings: _Timings | None
+        self,
+        writer: Any,
+        name: str,
+        batch_size: int,
+        progress: _Progress | None,
+        timings: _Timings | None,
     ) -> None:
         self.writer = writer
         self.timings = timings
@@ -397,7 +420,12 @@ class _Ingest:
                 timings.add("python_next", started)
                 started = clock()
             # Fast path for the common types; _unpack gives the exact errors otherwise.
-            if type(item) is CacheInput and type(item[0]) is bytes and type(item[1]) is dict and self.keys:
+            if (
+                type(item) is CacheInput
+                and type(item[0]) is bytes
+                and type(item[1]) is dict
+                and self.keys
+            ):
                 payloads.append(item[0])
                 rows.append(item[1])
             else:
@@ -439,7 +467,8 @@ class _Ingest:
         keys = sorted(metadata, key=lambda k: k.encode("utf-8", "surrogatepass"))
         if not keys:
             raise SourceFailure(
-                "Arrow error: Invalid argument error: must either specify a row count or at least one column"
+                "Arrow error: Invalid argument error: "
+                "must either specify a row count or at least one column"
             )
         for key in keys:
             if key in RESERVED_KEYS:
@@ -469,7 +498,9 @@ class _Ingest:
                     raise SourceFailure(f"metadata field '{key}' is missing")
                 got = value_kind(row[key])
                 if got != kind:
-                    raise SourceFailure(f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}")
+                    raise SourceFailure(
+                        f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
+                    )
                 if kind == KIND_INT and not INT64_MIN <= int(row[key]) <= INT64_MAX:
                     raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
                 if kind == KIND_STRING:

@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "dataset-rt-0.4.8"
-FIXTURE_NAMES = ["plain_one_shard", "plain_many_shards", "lz4_many_shards", "unicode_é_name", "text_records_v1"]
+FIXTURE_NAMES = [
+    "plain_one_shard",
+    "plain_many_shards",
+    "lz4_many_shards",
+    "unicode_é_name",
+    "text_records_v1",
+]
 
 
 def expected(name: str) -> dict[str, Any]:
@@ -44,7 +50,8 @@ def _io_uring_available() -> bool:
 
     try:
         drt.DatasetRuntime(num_workers=1).cached_dataset(
-            [FIXTURES / "text_records_v1"], reader_config=drt.ReaderConfig(seed=0, io_backend="io_uring")
+            [FIXTURES / "text_records_v1"],
+            reader_config=drt.ReaderConfig(seed=0, io_backend="io_uring"),
         )
     except ValueError:
         return False

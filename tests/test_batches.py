@@ -23,7 +23,10 @@ def test_batches_match_samples(runtime, io_backend: str, shuffle: bool, batch_si
     flat = [(b, i) for b in batches for i in range(len(b))]
     for sample, (batch, i) in zip(samples, flat):
         assert batch.payload(i) == sample.data
-        assert (int(batch.cache_id[i]), int(batch.sample_id[i])) == (sample.cache_id, sample.sample_id)
+        assert (int(batch.cache_id[i]), int(batch.sample_id[i])) == (
+            sample.cache_id,
+            sample.sample_id,
+        )
         assert batch.metadata.row(i, named=True) == sample.metadata
     for window in windows:
         assert all(len(b) == batch_size for b in window[:-1])

@@ -16,7 +16,9 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_inspect_json() -> None:
-    result = run("inspect", "--json", str(FIXTURES / "lz4_many_shards"), str(FIXTURES / "unicode_é_name"))
+    result = run(
+        "inspect", "--json", str(FIXTURES / "lz4_many_shards"), str(FIXTURES / "unicode_é_name")
+    )
     assert result.returncode == 0, result.stderr
     first, second = json.loads(result.stdout)
     manifest = json.loads((FIXTURES / "lz4_many_shards" / "manifest.json").read_text())
@@ -75,7 +77,7 @@ def test_head_and_stats() -> None:
     want = expected("plain_one_shard")["samples"][:3]
     assert len(lines) == 3
     for line, row in zip(lines, want):
-        cache_id, sample_id, size, metadata = line.split(" ", 3)
+        _, sample_id, size, metadata = line.split(" ", 3)
         assert (int(sample_id), int(size)) == (row["sample_id"], row["len"])
         assert json.loads(metadata) == row["metadata"]
     assert run("head", str(FIXTURES / "plain_one_shard"), "-n", "0").stdout == ""

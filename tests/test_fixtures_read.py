@@ -27,7 +27,10 @@ def check_sample(sample: drt.CachedSample, want: dict, cache_id: int) -> None:
 def test_reference_cache_reads_back(runtime, io_backend: str, name: str, validate: bool) -> None:
     want = expected(name)["samples"]
     dataset = runtime.cached_dataset(
-        [FIXTURES / name], reader_config=drt.ReaderConfig(seed=1, shuffle=False, validate_cache=validate, io_backend=io_backend)
+        [FIXTURES / name],
+        reader_config=drt.ReaderConfig(
+            seed=1, shuffle=False, validate_cache=validate, io_backend=io_backend
+        ),
     )
     assert len(dataset) == len(want)
     samples = list(dataset)
@@ -43,7 +46,8 @@ def test_reference_cache_reads_back(runtime, io_backend: str, name: str, validat
 
 def test_score_271_many_shards(runtime) -> None:
     dataset = runtime.cached_dataset(
-        [FIXTURES / "plain_many_shards"], reader_config=drt.ReaderConfig(seed=0, validate_cache=True)
+        [FIXTURES / "plain_many_shards"],
+        reader_config=drt.ReaderConfig(seed=0, validate_cache=True),
     )
     cache_id = next(iter(dataset)).cache_id
     assert dataset.get_item(cache_id, 271).metadata["score"] == 90.33333333333333
@@ -52,7 +56,9 @@ def test_score_271_many_shards(runtime) -> None:
 def test_multi_cache_ordered_windows(runtime, io_backend: str) -> None:
     """Two caches in paths order, cyclic windows across iterators (reference 3.2)."""
     paths = [FIXTURES / "unicode_é_name", FIXTURES / "plain_one_shard"]
-    dataset = runtime.cached_dataset(paths, reader_config=drt.ReaderConfig(seed=0, shuffle=False, io_backend=io_backend))
+    dataset = runtime.cached_dataset(
+        paths, reader_config=drt.ReaderConfig(seed=0, shuffle=False, io_backend=io_backend)
+    )
     assert len(dataset) == 130
     dataset.set_epoch_len(100)
     flat = [(s.cache_id, s.sample_id) for _ in range(3) for s in dataset]
@@ -64,7 +70,8 @@ def test_multi_cache_ordered_windows(runtime, io_backend: str) -> None:
 
 def test_abandoned_iterator_uses_its_window(runtime, io_backend: str) -> None:
     dataset = runtime.cached_dataset(
-        [FIXTURES / "unicode_é_name"], reader_config=drt.ReaderConfig(seed=0, shuffle=False, io_backend=io_backend)
+        [FIXTURES / "unicode_é_name"],
+        reader_config=drt.ReaderConfig(seed=0, shuffle=False, io_backend=io_backend),
     )
     dataset.set_epoch_len(3)
     it = iter(dataset)

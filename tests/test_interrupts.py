@@ -51,7 +51,10 @@ def start(tmp_path: Path, *names: str) -> subprocess.Popen[str]:
     script.write_text(WRITER)
     return subprocess.Popen(
         [sys.executable, str(script), str(tmp_path), *names],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -94,9 +97,12 @@ def test_sigkill_never_publishes_a_partial_cache(tmp_path: Path, seed: int) -> N
     base = tmp_path / "base"
     runtime = drt.DatasetRuntime(num_workers=2)
     for cache in published(base):
-        dataset = runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0, validate_cache=True))
+        dataset = runtime.cached_dataset(
+            [cache], reader_config=drt.ReaderConfig(seed=0, validate_cache=True)
+        )
         assert len(list(dataset)) == 50
     assert not (base / "big").exists()
+
     # The killed writer's staging directory is swept by the next writer under the base.
     class Again:
         name = "big"
@@ -104,7 +110,9 @@ def test_sigkill_never_publishes_a_partial_cache(tmp_path: Path, seed: int) -> N
         def __iter__(self):
             yield drt.CacheInput(b"x", {"i": 1, "s": "1"})
 
-    [result] = runtime.write_cache(Again(), base, writer_config=drt.WriterConfig(show_progress=False))
+    [result] = runtime.write_cache(
+        Again(), base, writer_config=drt.WriterConfig(show_progress=False)
+    )
     assert isinstance(result, drt.CacheWriteSuccess), result
     assert list((base / "tmp").iterdir()) == []
 

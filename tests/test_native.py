@@ -44,7 +44,10 @@ def test_exported_symbols_match_header() -> None:
     if nm is None:
         pytest.skip("binutils nm is not installed")
     output = subprocess.run(
-        [nm, "-D", "--defined-only", _native.library_path()], capture_output=True, text=True, check=True
+        [nm, "-D", "--defined-only", _native.library_path()],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     exported = {line.split()[-1] for line in output.splitlines() if " T drt_" in line}
     declared = header_functions()

@@ -27,19 +27,28 @@ def test_results_in_order_and_identical_bytes(runtime, tmp_path: Path) -> None:
         drt.CacheWriteError("c", "cache source yielded no samples"),
         drt.CacheWriteSuccess("d", tmp_path / "p" / "d"),
     ]
-    serial = runtime.write_cache([Numbers("a"), Numbers("d", count=50)], tmp_path / "s",
-                                 writer_config=drt.WriterConfig(show_progress=False))
+    serial = runtime.write_cache(
+        [Numbers("a"), Numbers("d", count=50)],
+        tmp_path / "s",
+        writer_config=drt.WriterConfig(show_progress=False),
+    )
     for result in serial:
         for name in ("index.bin", "shards/000000.bin"):
-            assert (result.path / name).read_bytes() == (tmp_path / "p" / result.source_name / name).read_bytes()
+            assert (result.path / name).read_bytes() == (
+                tmp_path / "p" / result.source_name / name
+            ).read_bytes()
     assert staging(tmp_path / "p") == []
 
 
 def test_names_checked_up_front(runtime, tmp_path: Path) -> None:
     results = runtime.write_cache([Numbers("TMP"), Numbers("ok")], tmp_path, writer_config=config())
-    assert results[0] == drt.CacheWriteError("source[0]", "CacheSource.name must be a non-reserved plain path segment")
+    assert results[0] == drt.CacheWriteError(
+        "source[0]", "CacheSource.name must be a non-reserved plain path segment"
+    )
     assert isinstance(results[1], drt.CacheWriteSuccess)
-    dup = runtime.write_cache([Numbers("x"), Numbers("X"), Numbers("y")], tmp_path / "d", writer_config=config())
+    dup = runtime.write_cache(
+        [Numbers("x"), Numbers("X"), Numbers("y")], tmp_path / "d", writer_config=config()
+    )
     assert dup == [drt.CacheWriteError("X", "duplicate generated cache path: X")] * 3
     assert not (tmp_path / "d").exists()
 
@@ -55,14 +64,20 @@ def test_unpicklable_source(runtime, tmp_path: Path) -> None:
 
 def test_timeout_kills_and_cleans(runtime, tmp_path: Path) -> None:
     sources = [Slow("slow", count=200), Slow("slow2", count=200), Numbers("later")]
-    results = runtime.write_cache(sources, tmp_path, writer_config=config(process_timeout_seconds=1.0))
-    assert results == [drt.CacheWriteError(s.name, "writer process timeout exceeded") for s in sources]
+    results = runtime.write_cache(
+        sources, tmp_path, writer_config=config(process_timeout_seconds=1.0)
+    )
+    assert results == [
+        drt.CacheWriteError(s.name, "writer process timeout exceeded") for s in sources
+    ]
     assert staging(tmp_path) == []
     assert not (tmp_path / "slow").exists()
 
 
 def test_interrupt_in_child_is_reraised(runtime, tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
-        runtime.write_cache([Interrupting("i"), Numbers("n")], tmp_path, writer_config=config(num_processes=1))
+        runtime.write_cache(
+            [Interrupting("i"), Numbers("n")], tmp_path, writer_config=config(num_processes=1)
+        )
     assert staging(tmp_path) == []
     assert not (tmp_path / "i").exists()

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import polars as pl
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +14,9 @@ from tests.conftest import FIXTURES
 CACHE = FIXTURES / "plain_many_shards"  # 300 samples
 
 
-def stream(runtime, seed: int, windows: list[int], backend: str = "threads", table=None) -> list[int]:
+def stream(
+    runtime, seed: int, windows: list[int], backend: str = "threads", table=None
+) -> list[int]:
     config = drt.ReaderConfig(seed=seed, sampling="permutation", io_backend=backend)
     dataset = runtime.cached_dataset([CACHE], reader_config=config)
     if table is not None:
@@ -68,7 +69,9 @@ def test_default_is_the_reference_and_ignored_when_ordered(runtime) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(min_value=1, max_value=300), seed=st.integers(min_value=0, max_value=2**64 - 1))
+@given(
+    n=st.integers(min_value=1, max_value=300), seed=st.integers(min_value=0, max_value=2**64 - 1)
+)
 def test_permutation_property(runtime, n: int, seed: int) -> None:
     def table(df: pl.DataFrame) -> pl.DataFrame:
         return df.head(n)

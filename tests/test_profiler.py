@@ -17,7 +17,9 @@ def test_profile_written_also_after_failures(runtime, tmp_path: Path) -> None:
         shard_compression=drt.ShardCompression(algo="lz4"),
         profiler=drt.WriterProfilerConfig(enabled=True, path=out),
     )
-    results = runtime.write_cache([Numbers("a", count=300), Failing("b")], tmp_path / "base", writer_config=config)
+    results = runtime.write_cache(
+        [Numbers("a", count=300), Failing("b")], tmp_path / "base", writer_config=config
+    )
     assert isinstance(results[0], drt.CacheWriteSuccess)
     assert results[1] == drt.CacheWriteError("b", "Python error: RuntimeError: boom in child")
     document = json.loads(out.read_text())
@@ -25,14 +27,26 @@ def test_profile_written_also_after_failures(runtime, tmp_path: Path) -> None:
     assert [s["source_name"] for s in document["sources"]] == ["a", "b"]
     stages = {stage["name"]: stage for stage in document["sources"][0]["stages"]}
     assert set(stages) == {
-        "compression", "disk_write", "finish_index", "finish_manifest", "finish_metadata",
-        "ingress_wait", "metadata_validate", "publish", "python_extract", "python_next",
-        "record_encode", "shard_flush",
+        "compression",
+        "disk_write",
+        "finish_index",
+        "finish_manifest",
+        "finish_metadata",
+        "ingress_wait",
+        "metadata_validate",
+        "publish",
+        "python_extract",
+        "python_next",
+        "record_encode",
+        "shard_flush",
     }
     assert list(stages) == sorted(stages)
     assert stages["python_next"]["calls"] == 300  # the final StopIteration is not counted
     assert stages["record_encode"]["calls"] == 300
     assert stages["compression"]["bytes"] == 300 * 64
-    assert all(s["total_ns"] >= 0 and set(s) == {"name", "calls", "total_ns", "bytes"} for s in stages.values())
+    assert all(
+        s["total_ns"] >= 0 and set(s) == {"name", "calls", "total_ns", "bytes"}
+        for s in stages.values()
+    )
     failed = {stage["name"] for stage in document["sources"][1]["stages"]}
     assert "python_next" in failed and "publish" not in failed

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_io_uring_really_reads(runtime, io_backend: str) -> None:
     dataset = runtime.cached_dataset(
-        [FIXTURES / "plain_many_shards"], reader_config=drt.ReaderConfig(seed=0, io_backend=io_backend)
+        [FIXTURES / "plain_many_shards"],
+        reader_config=drt.ReaderConfig(seed=0, io_backend=io_backend),
     )
     assert dataset.io_backend == io_backend
     assert sum(len(s.data) for s in dataset) > 0
@@ -34,7 +35,9 @@ def test_io_uring_really_reads(runtime, io_backend: str) -> None:
 def test_auto_backend_and_native_info(runtime) -> None:
     info = drt.native_info()
     assert info["abi"].startswith("1.")
-    dataset = runtime.cached_dataset([FIXTURES / "text_records_v1"], reader_config=drt.ReaderConfig(seed=0))
+    dataset = runtime.cached_dataset(
+        [FIXTURES / "text_records_v1"], reader_config=drt.ReaderConfig(seed=0)
+    )
     assert dataset.io_backend == ("io_uring" if info["io_uring_available"] else "threads")
 
 
@@ -44,21 +47,39 @@ def test_io_uring_syscalls_under_strace(tmp_path: Path) -> None:
     if not drt.native_info()["io_uring_available"]:
         pytest.skip("io_uring is not available here")
     script = tmp_path / "read.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import dataset_rt as drt
         rt = drt.DatasetRuntime(num_workers=1)
         ds = rt.cached_dataset([{str(FIXTURES / "plain_many_shards")!r}],
                                reader_config=drt.ReaderConfig(seed=0, io_backend="io_uring"))
         print(sum(len(s.data) for s in ds))
-    """))
+    """)
+    )
     result = subprocess.run(
-        ["strace", "-f", "-c", "-e", "trace=io_uring_enter,io_uring_setup,pread64", sys.executable, str(script)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [
+            "strace",
+            "-f",
+            "-c",
+            "-e",
+            "trace=io_uring_enter,io_uring_setup,pread64",
+            sys.executable,
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
-    calls = {line.split()[-1]: int(line.split()[-2]) for line in result.stderr.splitlines()
-             if line.split() and line.split()[-1] in ("io_uring_enter", "io_uring_setup", "pread64")}
-    assert calls.get("io_uring_setup", 0) >= 1 and calls.get("io_uring_enter", 0) >= 1, result.stderr
+    calls = {
+        line.split()[-1]: int(line.split()[-2])
+        for line in result.stderr.splitlines()
+        if line.split() and line.split()[-1] in ("io_uring_enter", "io_uring_setup", "pread64")
+    }
+    assert calls.get("io_uring_setup", 0) >= 1 and calls.get("io_uring_enter", 0) >= 1, (
+        result.stderr
+    )
     # 300 records were read; the few preads left are Python's own (imports).
     assert calls.get("pread64", 0) < 20, result.stderr
 
@@ -92,11 +113,16 @@ def test_memory_is_bounded_by_prefetch(tmp_path: Path, io_backend: str) -> None:
     script.write_text(BOUND)
     result = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "c"), io_backend, "4"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stderr
     grown_mib = int(result.stdout.strip())
-    assert grown_mib < 32, f"peak RSS grew by {grown_mib} MiB while reading 96 MiB with prefetch_size=4"
+    assert grown_mib < 32, (
+        f"peak RSS grew by {grown_mib} MiB while reading 96 MiB with prefetch_size=4"
+    )
 
 
 def test_break_cancels_and_iterators_run_together(runtime, io_backend: str) -> None:

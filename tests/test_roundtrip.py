@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 import dataset_rt as drt
 
-keys = st.text(min_size=1, max_size=8).filter(lambda k: k not in ("cache_id", "sample_id", "weight"))
+keys = st.text(min_size=1, max_size=8).filter(
+    lambda k: k not in ("cache_id", "sample_id", "weight")
+)
 kinds = st.sampled_from(["bool", "int", "float", "str"])
 values = {
     "bool": st.booleans(),
@@ -56,7 +58,9 @@ def same(a: object, b: object) -> bool:
     return type(a) is type(b) and a == b
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(case=sources())
 def test_round_trip(tmp_path_factory, runtime, io_backend, case) -> None:
     rows, algo, shard_bytes = case
@@ -70,7 +74,10 @@ def test_round_trip(tmp_path_factory, runtime, io_backend, case) -> None:
     assert isinstance(result, drt.CacheWriteSuccess), result
     for validate in (False, True):
         dataset = runtime.cached_dataset(
-            [result.path], reader_config=drt.ReaderConfig(seed=0, shuffle=False, validate_cache=validate, io_backend=io_backend)
+            [result.path],
+            reader_config=drt.ReaderConfig(
+                seed=0, shuffle=False, validate_cache=validate, io_backend=io_backend
+            ),
         )
         samples = list(dataset)
         assert len(samples) == len(rows)

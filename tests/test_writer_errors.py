@@ -770,7 +770,9 @@ def test_name_with_nul_or_backslash(runtime, tmp_path: Path, name: str) -> None:
     fails late with an I/O error for NUL and accepts a backslash)."""
     base = tmp_path / "base"
     result = write_one(runtime, base, Source(name))
-    assert result == drt.CacheWriteError("source[0]", "CacheSource.name must be a plain path segment")
+    assert result == drt.CacheWriteError(
+        "source[0]", "CacheSource.name must be a plain path segment"
+    )
     assert tree(base) is None
 
 

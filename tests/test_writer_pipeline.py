@@ -37,10 +37,14 @@ def test_bytes_do_not_depend_on_workers_or_prefetch(tmp_path: Path, algo: str) -
     for workers, prefetch in [(1, 1), (2, 7), (4, 64), (4, 5000)]:
         runtime = drt.DatasetRuntime(num_workers=workers)
         config = drt.WriterConfig(
-            prefetch_size=prefetch, max_shard_bytes=100_000, show_progress=False,
+            prefetch_size=prefetch,
+            max_shard_bytes=100_000,
+            show_progress=False,
             shard_compression=drt.ShardCompression(algo=algo),
         )
-        [result] = runtime.write_cache(Mixed(), tmp_path / f"{workers}-{prefetch}", writer_config=config)
+        [result] = runtime.write_cache(
+            Mixed(), tmp_path / f"{workers}-{prefetch}", writer_config=config
+        )
         assert isinstance(result, drt.CacheWriteSuccess), result
         digests.append(tree_digest(result.path))
     assert all(d == digests[0] for d in digests[1:])
@@ -56,7 +60,9 @@ def test_failure_in_a_later_batch_publishes_nothing(tmp_path: Path) -> None:
                 yield drt.CacheInput(b"x" * 100, {"x": float("nan") if i == 777 else 1.0})
 
     runtime = drt.DatasetRuntime(num_workers=4)
-    [result] = runtime.write_cache(Bad(), tmp_path, writer_config=drt.WriterConfig(prefetch_size=16, show_progress=False))
+    [result] = runtime.write_cache(
+        Bad(), tmp_path, writer_config=drt.WriterConfig(prefetch_size=16, show_progress=False)
+    )
     assert result == drt.CacheWriteError("bad", "metadata field 'x' must be a finite float")
     assert not (tmp_path / "bad").exists()
     assert list((tmp_path / "tmp").iterdir()) == []
