@@ -189,7 +189,7 @@ static int parse_args(int argc, char **argv, options *opts) {
             .shuffle = 0,
             .validate_cache = 0,
             .io_backend = DRT_IO_AUTO,
-            .reserved = 0,
+            .sampling = DRT_SAMPLING_WITH_REPLACEMENT,
         },
     };
     int i = 1;
