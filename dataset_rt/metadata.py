@@ -171,10 +171,12 @@ def _table_column(series: Any, accepted: dict[str, int], keep: list[Any]) -> Any
 def validate_and_set(dataset: Any, df: Any) -> None:
     """Validate ``df`` as the new active table and install it natively (see
     ``CachedDataset.update_metadata``). Raises ValueError; the previous state is kept."""
-    arrow = df.to_arrow()
+    df.to_arrow  # noqa: B018 - a non-DataFrame fails here, with the reference's AttributeError
+    # The schema of an empty slice: converting the whole frame would copy every column
+    # (strings included) only to read types.
+    schema = df.head(0).to_arrow().schema
     if df.height == 0:
         raise ValueError("metadata table must include at least one sample")
-    schema = arrow.schema
     for name, kind in schema_of(dataset._handle):
         index = schema.get_field_index(name)
         if index < 0:

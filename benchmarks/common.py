@@ -1,0 +1,752 @@
+"""Helpers shared by the benchmark scripts in ``benchmarks/``.
+
+- Timing: :func:`best_of` (warm-up passes, then the best of ``repeat`` timed passes, each
+  after an untimed ``setup``).
+- Page cache: :func:`drop_page_cache` evicts a file's or a directory tree's pages with
+  ``posix_fadvise(DONTNEED)`` after an ``fsync`` (the kernel only drops clean pages), and
+  :func:`resident_fraction` checks with ``mincore`` that it worked.
+- Machine limits measured in the same run (:func:`measure_limits`): page-cache read and
+  memcpy bandwidth, cold sequential and cold random 1 MiB read bandwidth, and two
+  pure-Python per-sample loops that set the floor for per-sample APIs.
+- The reference release, dataset-rt 0.4.8, in its own virtualenv (:class:`Reference`):
+  it shares this project's import name, so it never runs in this process; scripts run
+  there as isolated subprocesses and print JSON.
+- :func:`machine_facts` and :func:`print_table` for the report.
+
+The functions listed in :data:`PORTABLE` use only the standard library, so their source
+is also sent to the reference's interpreter: both sides are timed and verified by the same
+code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import venv
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+CHUNK_BYTES = 4 * MiB
+DIGEST_BYTES = 16
+
+REFERENCE_VERSION = "0.4.8"
+REFERENCE_REQUIREMENT = f"dataset-rt=={REFERENCE_VERSION}"
+REFERENCE_VENV_ENV = "DATASET_RT_BENCH_REF_VENV"  # developer override of the venv path
+REFERENCE_MARKER = "dataset_rt_bench_reference.ok.json"
+REFERENCE_INSTALL_TIMEOUT_S = 1200.0
+
+
+# ------------------------------------------------------------------ portable helpers
+# Standard library only: their source is shipped to the reference's interpreter too.
+
+
+def best_of(
+    fn: Callable[[Any], Any],
+    repeat: int,
+    warmup: int = 1,
+    setup: Callable[[], Any] | None = None,
+    budget_s: float | None = None,
+) -> tuple[float, list[float], Any]:
+    """Best wall time of ``fn(setup())`` over up to ``repeat`` timed runs.
+
+    ``warmup`` untimed runs come first. ``setup`` (untimed) runs before every call and
+    its result is ``fn``'s argument (None without a setup). Once ``budget_s`` seconds
+    have gone by, no further timed run starts (at least one always runs). Returns
+    (best seconds, every timed run's seconds, the last run's result).
+    """
+    import time as _time
+
+    start = _time.perf_counter()
+    result = None
+    for _ in range(warmup):
+        result = fn(setup() if setup is not None else None)
+    times = []
+    for _ in range(max(1, repeat)):
+        arg = setup() if setup is not None else None
+        t0 = _time.perf_counter()
+        result = fn(arg)
+        times.append(_time.perf_counter() - t0)
+        if budget_s is not None and _time.perf_counter() - start > budget_s:
+            break
+    return min(times), times, result
+
+
+def _files_under(path: Any) -> list[str]:
+    import os as _os
+
+    path = _os.fspath(path)
+    if not _os.path.isdir(path):
+        return [path]
+    found = []
+    for root, _dirs, names in _os.walk(path):
+        found.extend(_os.path.join(root, name) for name in sorted(names))
+    return found
+
+
+def drop_page_cache(path: Any) -> None:
+    """Evict the page cache of a file, or of every file under a directory.
+
+    ``posix_fadvise(DONTNEED)`` only drops clean pages, so each file is fsynced first.
+    Pages mapped by a process stay resident: drop before opening what maps them.
+    """
+    import os as _os
+
+    for name in _files_under(path):
+        fd = _os.open(name, _os.O_RDONLY)
+        try:
+            _os.fsync(fd)
+            _os.posix_fadvise(fd, 0, 0, _os.POSIX_FADV_DONTNEED)
+        finally:
+            _os.close(fd)
+
+
+def resident_fraction(path: Any) -> float:
+    """Fraction of the pages of a file (or directory tree) in the page cache (mincore)."""
+    import ctypes as _ct
+    import mmap as _mmap
+    import os as _os
+
+    libc = _ct.CDLL(None, use_errno=True)
+    libc.mmap.restype = _ct.c_void_p
+    libc.mmap.argtypes = [_ct.c_void_p, _ct.c_size_t, _ct.c_int, _ct.c_int, _ct.c_int, _ct.c_long]
+    libc.munmap.argtypes = [_ct.c_void_p, _ct.c_size_t]
+    libc.mincore.argtypes = [_ct.c_void_p, _ct.c_size_t, _ct.c_void_p]
+    page = _mmap.PAGESIZE
+    resident = total = 0
+    for name in _files_under(path):
+        size = _os.path.getsize(name)
+        if size == 0:
+            continue
+        pages = (size + page - 1) // page
+        fd = _os.open(name, _os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, _mmap.PROT_READ, _mmap.MAP_SHARED, fd, 0)
+            if addr in (None, _ct.c_void_p(-1).value):
+                raise OSError(_ct.get_errno(), f"mmap {name}")
+            try:
+                vec = (_ct.c_ubyte * pages)()
+                if libc.mincore(addr, size, vec) != 0:
+                    raise OSError(_ct.get_errno(), f"mincore {name}")
+                resident += sum(b & 1 for b in bytes(vec))
+            finally:
+                libc.munmap(addr, size)
+        finally:
+            _os.close(fd)
+        total += pages
+    return resident / total if total else 0.0
+
+
+def sample_digest(data: Any) -> bytes:
+    """The 16-byte digest a payload is checked by (BLAKE2b-128)."""
+    import hashlib as _hashlib
+
+    return _hashlib.blake2b(data, digest_size=16).digest()
+
+
+class SampleCheck:
+    """Checks samples one by one against expected per-sample digests.
+
+    ``digests`` holds 16 bytes per sample id. Every payload must match its sample id's
+    digest and every metadata dict must equal ``{"label": id % 10, "split": "train"}``.
+    Also hashes the sequence of (digest) in delivery order (``stream``) and of sample ids
+    (``ids``), so an ordered pass is checked against the expected stream and a shuffled
+    pass can be compared with another implementation's order.
+    """
+
+    def __init__(self, digests: bytes, cache_id: int | None = None) -> None:
+        import hashlib as _hashlib
+
+        self.digests = digests
+        self.cache_id = cache_id
+        self.count = 0
+        self.bad = 0
+        self.first_bad = ""
+        self.bytes = 0
+        self._stream = _hashlib.sha256()
+        self._ids = _hashlib.sha256()
+        self._distinct: set[int] = set()
+
+    def add(self, data: Any, metadata: Any, cache_id: int, sample_id: int) -> None:
+        digest = sample_digest(data)
+        self.count += 1
+        self.bytes += len(data)
+        self._stream.update(digest)
+        self._ids.update(int(sample_id).to_bytes(8, "little"))
+        self._distinct.add(int(sample_id))
+        problem = ""
+        sid = int(sample_id)
+        if not 0 <= sid < len(self.digests) // 16:
+            problem = f"sample_id {sid} out of range"
+        elif digest != self.digests[16 * sid : 16 * sid + 16]:
+            problem = f"payload of sample {sid} does not match"
+        elif self.cache_id is not None and int(cache_id) != self.cache_id:
+            problem = f"cache_id {cache_id} != {self.cache_id}"
+        elif metadata is not None and dict(metadata) != {"label": sid % 10, "split": "train"}:
+            problem = f"metadata of sample {sid} is {metadata!r}"
+        if problem:
+            self.bad += 1
+            self.first_bad = self.first_bad or problem
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "bytes": self.bytes,
+            "bad": self.bad,
+            "first_bad": self.first_bad,
+            "stream": self._stream.hexdigest(),
+            "ids": self._ids.hexdigest(),
+            "distinct": len(self._distinct),
+        }
+
+
+def expected_stream(digests: bytes, ids: Any) -> tuple[str, str]:
+    """(stream hash, ids hash) of ``ids`` delivered in order, as :class:`SampleCheck` computes."""
+    import hashlib as _hashlib
+
+    stream = _hashlib.sha256()
+    id_hash = _hashlib.sha256()
+    for sid in ids:
+        stream.update(digests[16 * sid : 16 * sid + 16])
+        id_hash.update(int(sid).to_bytes(8, "little"))
+    return stream.hexdigest(), id_hash.hexdigest()
+
+
+PORTABLE: list[Callable[..., Any] | type] = [
+    best_of,
+    _files_under,
+    drop_page_cache,
+    resident_fraction,
+    sample_digest,
+    SampleCheck,
+    expected_stream,
+]
+
+
+def portable_source(extra: Sequence[Callable[..., Any] | type] = ()) -> str:
+    """Source of the portable helpers (plus ``extra``) to prepend to a reference script."""
+    import inspect
+
+    header = "from typing import Any, Callable\n\n"
+    return header + "\n\n".join(inspect.getsource(obj) for obj in [*PORTABLE, *extra])
+
+
+# ------------------------------------------------------------------ machine limits
+
+
+def write_random_file(path: Path, size_bytes: int, seed: int = 0) -> None:
+    """A file of ``size_bytes`` pseudo-random bytes, fsynced."""
+    rng = random.Random(seed)
+    block = rng.randbytes(CHUNK_BYTES)
+    with open(path, "wb") as handle:
+        written = 0
+        while written < size_bytes:
+            piece = block[: min(CHUNK_BYTES, size_bytes - written)]
+            handle.write(piece)
+            written += len(piece)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_file_chunks(path: Path, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Read a whole file with ``os.preadv`` into one reused buffer; returns bytes read."""
+    buf = memoryview(bytearray(chunk_bytes))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        offset = 0
+        while True:
+            n = os.preadv(fd, [buf], offset)
+            if n <= 0:
+                return offset
+            offset += n
+    finally:
+        os.close(fd)
+
+
+def read_random_blocks(path: Path, offsets: Sequence[int], block_bytes: int) -> int:
+    """One ``os.preadv`` of ``block_bytes`` at each offset, depth 1; returns bytes read."""
+    buf = memoryview(bytearray(block_bytes))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        total = 0
+        for offset in offsets:
+            total += os.preadv(fd, [buf], offset)
+        return total
+    finally:
+        os.close(fd)
+
+
+def python_ordered_loop(path: Path, record_bytes: int) -> int:
+    """The hand-written per-sample floor: 4 MiB ``preadv`` into numpy, one ``bytes`` per record.
+
+    ``path`` holds records of ``record_bytes`` back to back. Returns the records made.
+    """
+    import numpy as np
+
+    records_per_chunk = max(1, CHUNK_BYTES // record_bytes)
+    chunk = np.empty(records_per_chunk * record_bytes, dtype=np.uint8)
+    view = memoryview(chunk)
+    fd = os.open(path, os.O_RDONLY)
+    count = 0
+    try:
+        offset = 0
+        while True:
+            n = os.preadv(fd, [view], offset)
+            if n <= 0:
+                return count
+            offset += n
+            for start in range(0, n - record_bytes + 1, record_bytes):
+                sample = chunk[start : start + record_bytes].tobytes()
+                count += len(sample) > 0
+    finally:
+        os.close(fd)
+
+
+def python_random_loop(path: Path, record_bytes: int, order: Sequence[int]) -> int:
+    """The per-sample random-access floor: one ``os.pread`` per record, in ``order``."""
+    fd = os.open(path, os.O_RDONLY)
+    count = 0
+    try:
+        for i in order:
+            sample = os.pread(fd, record_bytes, i * record_bytes)
+            count += len(sample) > 0
+        return count
+    finally:
+        os.close(fd)
+
+
+def memcpy_bandwidth(size_bytes: int, repeat: int) -> float:
+    """Bytes/s of a numpy copy between two preallocated, pre-touched arrays."""
+    import numpy as np
+
+    src = np.ones(size_bytes, dtype=np.uint8)
+    dst = np.zeros(size_bytes, dtype=np.uint8)
+    best, _, _ = best_of(lambda _: np.copyto(dst, src), repeat)
+    return size_bytes / best
+
+
+def write_file_fsync(path: Path, size_bytes: int, block: bytes) -> int:
+    """Create ``path``, write ``size_bytes`` with one ``os.write`` per ``len(block)``
+    chunk, then ``fsync`` and close; returns the bytes written."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(block)
+        written = 0
+        while written < size_bytes:
+            piece = view[: min(len(view), size_bytes - written)]
+            while len(piece):
+                n = os.write(fd, piece)
+                written += n
+                piece = piece[n:]
+        os.fsync(fd)
+        return written
+    finally:
+        os.close(fd)
+
+
+def write_fsync_bandwidth(
+    path: Path,
+    size_bytes: int,
+    repeat: int,
+    chunk_bytes: int = CHUNK_BYTES,
+    budget_s: float | None = None,
+) -> tuple[float, list[float]]:
+    """Bytes/s of a plain sequential write of a new ``size_bytes`` file + ``fsync``.
+
+    Chunks of ``chunk_bytes`` pseudo-random bytes (generated once, untimed). Before every
+    run (untimed) the previous file is removed and ``os.sync()`` settles the filesystem;
+    the file is removed at the end. Returns (best bytes/s, every run's seconds).
+    """
+    block = random.Random(3).randbytes(chunk_bytes)
+
+    def fresh() -> None:
+        path.unlink(missing_ok=True)
+        os.sync()
+
+    try:
+        best, times, _ = best_of(
+            lambda _: write_file_fsync(path, size_bytes, block),
+            repeat,
+            warmup=0,
+            setup=fresh,
+            budget_s=budget_s,
+        )
+    finally:
+        path.unlink(missing_ok=True)
+    return size_bytes / best, times
+
+
+def measure_limits(
+    workdir: Path,
+    file_bytes: int,
+    repeat: int,
+    record_file: Path | None = None,
+    record_bytes: int = 512,
+    random_records: int = 200_000,
+) -> dict[str, float]:
+    """The machine's limits, in bytes/s (``*_bps``) and records/s (``*_rps``).
+
+    - ``pagecache_bps``: a warm ``file_bytes`` file read with 4 MiB ``preadv``.
+    - ``memcpy_bps``: numpy copy of a 256 MiB array.
+    - ``cold_seq_bps``: the same file after ``posix_fadvise(DONTNEED)``, 4 MiB reads.
+    - ``cold_rand_bps``: 1 MiB reads at random 1 MiB-aligned offsets, depth 1, cold.
+    - ``py_ordered_rps`` / ``py_random_rps`` (when ``record_file`` is given): the pure
+      Python per-sample loops over ``record_file`` (ordered 4 MiB reads sliced into
+      ``bytes``; one ``os.pread`` per record in a random order).
+    """
+    path = workdir / "limits.bin"
+    if not path.exists() or path.stat().st_size != file_bytes:
+        write_random_file(path, file_bytes)
+    limits: dict[str, float] = {}
+
+    best, _, _ = best_of(lambda _: read_file_chunks(path), repeat)
+    limits["pagecache_bps"] = file_bytes / best
+    limits["memcpy_bps"] = memcpy_bandwidth(256 * MiB, repeat)
+
+    def cold() -> None:
+        drop_page_cache(path)
+
+    best, _, _ = best_of(lambda _: read_file_chunks(path), repeat, warmup=0, setup=cold)
+    limits["cold_seq_bps"] = file_bytes / best
+    blocks = file_bytes // MiB
+    count = min(blocks, 256)
+    rng = random.Random(1)
+
+    def cold_offsets() -> list[int]:
+        drop_page_cache(path)
+        return [b * MiB for b in rng.sample(range(blocks), count)]
+
+    best, _, _ = best_of(
+        lambda offsets: read_random_blocks(path, offsets, MiB), repeat, warmup=0, setup=cold_offsets
+    )
+    limits["cold_rand_bps"] = count * MiB / best
+    drop_page_cache(path)
+    limits["cold_resident_after_drop"] = resident_fraction(path)
+
+    if record_file is not None:
+        records = record_file.stat().st_size // record_bytes
+        best, _, _ = best_of(lambda _: python_ordered_loop(record_file, record_bytes), repeat)
+        limits["py_ordered_rps"] = records / best
+        order = list(range(records))
+        random.Random(2).shuffle(order)
+        order = order[:random_records]
+        best, _, _ = best_of(lambda _: python_random_loop(record_file, record_bytes, order), repeat)
+        limits["py_random_rps"] = len(order) / best
+    return limits
+
+
+# ------------------------------------------------------------------ machine facts
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def _filesystem_of(path: Path) -> str:
+    best = ("", "?", "?")
+    with contextlib.suppress(OSError):
+        target = os.path.realpath(path)
+        for line in Path("/proc/mounts").read_text().splitlines():
+            device, mount, fstype = line.split()[:3]
+            inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) >= len(best[0]):
+                best = (mount, fstype, device)
+    return f"{best[1]} on {best[2]}"
+
+
+def build_mode() -> str:
+    """How the loaded library was built, as far as can be told.
+
+    The build hook reads ``DATASET_RT_ZIG_OPTIMIZE`` / ``DATASET_RT_ZIG_CPU`` (defaults
+    ReleaseSafe / baseline) when uv rebuilds; the library does not report its build
+    mode, so the safety-check panic strings present in ReleaseSafe/Debug builds are
+    looked for in the .so as a cross-check.
+    """
+    optimize = os.environ.get("DATASET_RT_ZIG_OPTIMIZE")
+    cpu = os.environ.get("DATASET_RT_ZIG_CPU")
+    mode = f"optimize={optimize or 'ReleaseSafe'}, cpu={cpu or 'baseline'}"
+    source = "from DATASET_RT_ZIG_* env" if optimize or cpu else "defaults; DATASET_RT_ZIG_* unset"
+    safety = "?"
+    with contextlib.suppress(Exception):
+        from dataset_rt import _native
+
+        blob = Path(_native.library_path()).read_bytes()
+        safety = "present" if b"integer overflow" in blob else "absent (ReleaseFast/Small?)"
+    return f"{mode} ({source}; safety checks in .so: {safety})"
+
+
+def machine_facts(workdir: Path) -> list[tuple[str, str]]:
+    """Facts printed in a benchmark's header."""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = os.cpu_count() or 0
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        memory = f"{pages / 2**30:.1f} GiB"
+    except (ValueError, OSError):
+        memory = "?"
+    facts = [
+        ("date", time.strftime("%Y-%m-%d %H:%M:%S %Z")),
+        ("cpu", f"{os.cpu_count()} logical ({affinity} usable), {_cpu_model()}"),
+        ("memory", memory),
+        ("kernel", f"{platform.system()} {platform.release()}"),
+        ("python", f"{platform.python_implementation()} {platform.python_version()}"),
+        ("workdir", f"{workdir} ({_filesystem_of(workdir)})"),
+    ]
+    with contextlib.suppress(Exception):
+        from dataset_rt import _native
+
+        version = _native.ffi.string(_native.lib.drt_version()).decode()
+        facts.append(("dataset_rt", f"{version}, {_native.library_path()}"))
+    facts.append(("build", build_mode()))
+    return facts
+
+
+# ------------------------------------------------------------------ table
+
+
+def fmt_num(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_rate(samples_per_s: float | None) -> str:
+    """Samples/s, compact: 482k, 1.25M."""
+    if samples_per_s is None:
+        return "-"
+    if samples_per_s >= 1e6:
+        return f"{samples_per_s / 1e6:.2f}M"
+    if samples_per_s >= 1e3:
+        return f"{samples_per_s / 1e3:.1f}k"
+    return f"{samples_per_s:.0f}"
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]
+) -> None:
+    """A GitHub-flavoured Markdown table, padded to line up in a terminal."""
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        parts = [
+            c.rjust(w) if r else c.ljust(w) for c, w, r in zip(cells, widths, right, strict=True)
+        ]
+        return "| " + " | ".join(parts) + " |"
+
+    print(line(headers))
+    print(
+        "|"
+        + "|".join(
+            ("-" * (w + 1) + ":") if r else ("-" * (w + 2))
+            for w, r in zip(widths, right, strict=True)
+        )
+        + "|"
+    )
+    for row in rows:
+        print(line(row))
+
+
+# ------------------------------------------------------------------ reference release
+
+
+def reference_venv_dir() -> Path:
+    """``~/.cache/dataset_rt-bench/ref-0.4.8-py<major>.<minor>`` (or ``$XDG_CACHE_HOME``)."""
+    override = os.environ.get(REFERENCE_VENV_ENV)
+    if override:
+        return Path(override).expanduser()
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    tag = f"ref-{REFERENCE_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
+    return Path(cache_home) / "dataset_rt-bench" / tag
+
+
+def _clean_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONUSERBASE")
+    }
+    env["PYTHONNOUSERSITE"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+class ReferenceUnavailable(Exception):
+    """dataset-rt 0.4.8 could not be installed or does not run."""
+
+
+_REFERENCE_PRELUDE = f"""
+import importlib.metadata, os, sys
+import dataset_rt
+_file = os.path.realpath(dataset_rt.__file__)
+assert _file.startswith(os.path.realpath(sys.prefix) + os.sep), f"dataset_rt from {{_file}}"
+assert importlib.metadata.version("dataset-rt") == "{REFERENCE_VERSION}"
+del _file
+"""
+
+
+class Reference:
+    """dataset-rt 0.4.8 in its own virtualenv (stdlib ``venv`` + pip), built on first use."""
+
+    def __init__(self, venv_dir: Path | None = None) -> None:
+        self.venv_dir = venv_dir or reference_venv_dir()
+        self.python = self.venv_dir / "bin" / "python"
+
+    def _ready(self) -> bool:
+        try:
+            marker = json.loads((self.venv_dir / REFERENCE_MARKER).read_text())
+        except (OSError, ValueError):
+            return False
+        return marker.get("requirement") == REFERENCE_REQUIREMENT and self.python.exists()
+
+    def ensure(self) -> None:
+        """Create the virtualenv and install the reference if needed.
+
+        Raises ReferenceUnavailable when that fails (e.g. offline).
+        """
+        if self._ready():
+            return
+        with _locked(self.venv_dir.parent / (self.venv_dir.name + ".lock")):
+            if self._ready():
+                return
+            print(
+                f"reference: installing {REFERENCE_REQUIREMENT} into {self.venv_dir} ...",
+                flush=True,
+            )
+            if self.venv_dir.exists():
+                shutil.rmtree(self.venv_dir)
+            try:
+                # venv follows sys._base_executable, so the project's virtualenv is not nested.
+                venv.EnvBuilder(with_pip=True, clear=True, symlinks=True).create(self.venv_dir)
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise ReferenceUnavailable(f"cannot create a virtualenv: {exc}") from exc
+            cmd = [
+                str(self.python),
+                "-m",
+                "pip",
+                "install",
+                "--no-input",
+                "--disable-pip-version-check",
+                "--retries",
+                "2",
+                REFERENCE_REQUIREMENT,
+            ]
+            try:
+                proc = subprocess.run(
+                    cmd,
+                    env=_clean_env(),
+                    capture_output=True,
+                    text=True,
+                    timeout=REFERENCE_INSTALL_TIMEOUT_S,
+                    check=False,
+                )
+            except subprocess.TimeoutExpired as exc:
+                raise ReferenceUnavailable("pip install timed out") from exc
+            if proc.returncode != 0:
+                lines = [x for x in (proc.stdout + proc.stderr).splitlines() if x.strip()]
+                errors = [x for x in lines if x.startswith("ERROR")] or lines or ["pip failed"]
+                raise ReferenceUnavailable(
+                    f"pip install {REFERENCE_REQUIREMENT}: {errors[-1].strip()}"
+                )
+            check = self._run_raw("print('ok')", [], timeout=120)
+            if check.returncode != 0 or check.stdout.strip() != "ok":
+                raise ReferenceUnavailable(
+                    f"installed but does not import: {check.stderr.strip()[-300:]}"
+                )
+            (self.venv_dir / REFERENCE_MARKER).write_text(
+                json.dumps({"requirement": REFERENCE_REQUIREMENT, "python": sys.version})
+            )
+
+    def _run_raw(
+        self, script: str, args: Sequence[str], timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        with tempfile.TemporaryDirectory(prefix="dataset_rt-bench-ref-") as work:
+            path = Path(work) / "script.py"
+            # Annotations in the shipped helpers stay unevaluated on any Python version.
+            text = "from __future__ import annotations\n" + _REFERENCE_PRELUDE + "\n" + script
+            path.write_text(text, encoding="utf-8")
+            # -I: no user site, no PYTHON* variables, neither cwd nor the script dir on sys.path.
+            return subprocess.run(
+                [str(self.python), "-I", str(path), *args],
+                env=_clean_env(),
+                cwd=work,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
+
+    def run_json(self, script: str, args: Sequence[str] = (), timeout: float = 1800.0) -> Any:
+        """Run ``script`` in the reference's interpreter; parse the last stdout line as JSON."""
+        proc = self._run_raw(script, args, timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"reference script failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+            )
+        lines = [x for x in proc.stdout.splitlines() if x.strip()]
+        if not lines:
+            raise RuntimeError(f"reference script printed nothing:\n{proc.stderr[-4000:]}")
+        return json.loads(lines[-1])
+
+
+def get_reference(enabled: bool) -> Reference | None:
+    """The reference, or None after printing why it is not available."""
+    if not enabled:
+        print("reference: not available (disabled by --no-reference)")
+        return None
+    ref = Reference()
+    try:
+        ref.ensure()
+    except ReferenceUnavailable as exc:
+        print(f"reference: not available ({exc})")
+        return None
+    return ref
+
+
+__all__ = [
+    "CHUNK_BYTES",
+    "DIGEST_BYTES",
+    "MiB",
+    "Reference",
+    "SampleCheck",
+    "best_of",
+    "drop_page_cache",
+    "expected_stream",
+    "fmt_num",
+    "fmt_rate",
+    "get_reference",
+    "machine_facts",
+    "measure_limits",
+    "portable_source",
+    "print_table",
+    "resident_fraction",
+    "sample_digest",
+]

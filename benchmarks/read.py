@@ -1,0 +1,678 @@
+"""Read benchmark (SPEC section 7): dataset_rt against the machine's limits and dataset-rt 0.4.8.
+
+    uv run python benchmarks/read.py              # full run (W1 200,000 x 512 B, W2 1,000 x 1 MiB)
+    uv run python benchmarks/read.py --quick      # smoke run (W1 20,000, W2 100, one repetition)
+    uv run python benchmarks/read.py --no-reference --only W1 --workdir /tmp/drt-bench
+
+Workloads are written once by this project into the work directory (a temporary directory
+unless ``--workdir`` keeps them); the reference release reads the same caches from its own
+virtualenv. Every configuration is verified in an extra untimed pass: each payload's
+BLAKE2b-128 against the digest recorded when the workload was generated, each sample's
+metadata, and the delivery order (the expected stream for ordered reads and ``get_item``;
+for shuffled reads the order must be equal on both backends and to the reference's
+order). The timed passes only consume the data (``len(sample.data)``); each is the best
+of ``--repeat`` runs after one warm-up (cold runs: no warm-up, the cache's page cache is
+dropped before every run and the dataset opened after the drop).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+from common import (
+    MiB,
+    SampleCheck,
+    best_of,
+    drop_page_cache,
+    expected_stream,
+    fmt_num,
+    fmt_rate,
+    get_reference,
+    machine_facts,
+    measure_limits,
+    portable_source,
+    print_table,
+    resident_fraction,
+    sample_digest,
+)
+
+FULL = {"w1": 200_000, "w2": 1_000}
+QUICK = {"w1": 20_000, "w2": 100}
+RECORD_BYTES = {"w1": 512, "w2": MiB}
+WORKLOAD_SEED = 20240607
+PERMUTATION_SEED = 7
+WORKLOAD_FORMAT = 1  # bump when the generated workloads change
+W1_BATCH = 4096
+W2_BATCH = 64  # 64 MiB per batch
+PREFETCH = 64
+CONFIG_BUDGET_S = 60.0  # no new timed run of one configuration starts after this
+
+
+def _config(
+    key: str,
+    label: str,
+    mode: str,
+    *,
+    shuffle: bool = False,
+    cold: bool = False,
+    ref: bool = True,
+    batch: int = 0,
+) -> dict[str, Any]:
+    """One configuration: ``mode`` is "samples" (``for s in ds``), "get_item" or "batches"
+    (``iter_batches(batch)``); ``ref`` says whether dataset-rt 0.4.8 runs it too."""
+    return {
+        "key": key,
+        "wl": key[:2],
+        "label": label,
+        "mode": mode,
+        "shuffle": shuffle,
+        "cold": cold,
+        "ref": ref,
+        "batch": batch,
+    }
+
+
+CONFIGS: list[dict[str, Any]] = [
+    _config("w1_ordered", "W1 ordered per-sample", "samples"),
+    _config("w1_shuffled", "W1 shuffled per-sample", "samples", shuffle=True),
+    _config("w1_get_item", "W1 get_item random order", "get_item"),
+    _config(
+        "w1_batches", f"W1 iter_batches({W1_BATCH}) ordered", "batches", ref=False, batch=W1_BATCH
+    ),
+    _config("w2_ordered_warm", "W2 ordered per-sample warm", "samples"),
+    _config(
+        "w2_batches_warm",
+        f"W2 iter_batches({W2_BATCH}) ordered warm",
+        "batches",
+        ref=False,
+        batch=W2_BATCH,
+    ),
+    _config("w2_ordered_cold", "W2 ordered per-sample cold", "samples", cold=True),
+    _config("w2_shuffled_cold", "W2 shuffled per-sample cold", "samples", shuffle=True, cold=True),
+]
+
+BACKENDS = ("io_uring", "threads")
+
+
+# ------------------------------------------------------------------ portable runner
+# Standard library + dataset_rt only: the reference's interpreter runs the same code.
+
+
+def run_config(
+    d: Any, rt: Any, cfg: dict[str, Any], spec: dict[str, Any], backend: str | None
+) -> dict[str, Any]:
+    """Verify one configuration in an untimed pass, then time it; returns a result dict."""
+    from array import array as _array
+
+    wl = cfg["wl"]
+    path = spec["paths"][wl]
+    with open(spec["digests"][wl], "rb") as handle:
+        digests = handle.read()
+    perm = _array("Q")
+    if cfg["mode"] == "get_item":
+        with open(spec["perm"], "rb") as handle:
+            perm.frombytes(handle.read())
+    extra = {} if backend is None else {"io_backend": backend}
+
+    def open_ds() -> Any:
+        config = d.ReaderConfig(
+            seed=0, shuffle=cfg["shuffle"], prefetch_size=spec["prefetch"], **extra
+        )
+        return rt.cached_dataset([path], reader_config=config)
+
+    batch = cfg.get("batch", 0)
+    mode = cfg["mode"]
+
+    # Untimed verification on a fresh dataset: its first window is comparable between
+    # implementations and backends (the same seed gives the same stream).
+    ds = open_ds()
+    used_backend = getattr(ds, "io_backend", None)
+    check = SampleCheck(digests)
+    cache_id = None
+    if mode == "samples":
+        for s in ds:
+            check.add(s.data, s.metadata, s.cache_id, s.sample_id)
+    elif mode == "get_item":
+        cache_id = next(iter(ds)).cache_id
+        for sid in perm:
+            s = ds.get_item(cache_id, sid)
+            check.add(s.data, s.metadata, s.cache_id, s.sample_id)
+    else:
+        for b in ds.iter_batches(batch):
+            offsets = [int(x) for x in b.offsets]
+            labels = b.metadata["label"].to_list()
+            splits = b.metadata["split"].to_list()
+            if len(offsets) != len(b.sample_id) + 1 or offsets[-1] != len(b.data):
+                check.bad += 1
+                check.first_bad = check.first_bad or "batch offsets do not match its data"
+            for i in range(len(b.sample_id)):
+                meta = {"label": labels[i], "split": splits[i]}
+                check.add(
+                    b.data[offsets[i] : offsets[i + 1]],
+                    meta,
+                    int(b.cache_id[i]),
+                    int(b.sample_id[i]),
+                )
+    verify = check.summary()
+    del ds
+
+    def consume_samples(ds: Any) -> int:
+        total = 0
+        for s in ds:
+            total += len(s.data)
+        return total
+
+    def consume_get_item(ds: Any) -> int:
+        total = 0
+        get = ds.get_item
+        for sid in perm:
+            total += len(get(cache_id, sid).data)
+        return total
+
+    def consume_batches(ds: Any) -> int:
+        total = 0
+        for b in ds.iter_batches(batch):
+            total += len(b.data)
+        return total
+
+    consume = {
+        "samples": consume_samples,
+        "get_item": consume_get_item,
+        "batches": consume_batches,
+    }[mode]
+    resident = []
+    if cfg["cold"]:
+
+        def setup() -> Any:
+            drop_page_cache(path)
+            resident.append(resident_fraction(path))
+            return open_ds()
+
+        warmup = 0
+    else:
+        warm_ds = open_ds()
+
+        def setup() -> Any:
+            return warm_ds
+
+        warmup = 1
+    best, times, total = best_of(consume, spec["repeat"], warmup, setup, spec["budget_s"])
+    samples = len(perm) if mode == "get_item" else spec["n"][wl]
+    return {
+        "best_s": best,
+        "times": times,
+        "samples": samples,
+        "bytes": total,
+        "backend": used_backend,
+        "verify": verify,
+        "resident_after_drop": max(resident) if resident else None,
+    }
+
+
+REFERENCE_MAIN = r"""
+import json, sys
+import dataset_rt as d
+
+spec = json.loads(open(sys.argv[1]).read())
+rt = d.DatasetRuntime(num_workers=spec["num_workers"])
+out = {"version": __import__("importlib.metadata").metadata.version("dataset-rt"), "results": {}}
+for cfg in spec["configs"]:
+    out["results"][cfg["key"]] = run_config(d, rt, cfg, spec, None)
+print(json.dumps(out))
+"""
+
+
+# ------------------------------------------------------------------ workloads
+
+
+class Source:
+    """A cache source yielding ``count`` records of ``record_bytes`` pseudo-random bytes.
+
+    Records the payload digests and (optionally) the raw payloads back to back in
+    ``raw_path`` as it goes, so the workload is generated once.
+    """
+
+    def __init__(
+        self, name: str, count: int, record_bytes: int, seed: int, raw_path: Path | None
+    ) -> None:
+        self.name = name
+        self.count = count
+        self.record_bytes = record_bytes
+        self.seed = seed
+        self.raw_path = raw_path
+        self.digests = bytearray()
+
+    def __iter__(self) -> Any:
+        import dataset_rt as d
+
+        rng = random.Random(self.seed)
+        self.digests = bytearray()
+        raw = open(self.raw_path, "wb") if self.raw_path else None
+        try:
+            # Generate in blocks of ~4 MiB so no workload is held in memory at once.
+            per_block = max(1, (4 * MiB) // self.record_bytes)
+            for start in range(0, self.count, per_block):
+                n = min(per_block, self.count - start)
+                block = rng.randbytes(n * self.record_bytes)
+                if raw:
+                    raw.write(block)
+                for j in range(n):
+                    i = start + j
+                    data = block[j * self.record_bytes : (j + 1) * self.record_bytes]
+                    self.digests += sample_digest(data)
+                    yield d.CacheInput(data=data, metadata={"label": i % 10, "split": "train"})
+            if raw:
+                raw.flush()
+                os.fsync(raw.fileno())
+        finally:
+            if raw:
+                raw.close()
+
+
+def build_workloads(workdir: Path, counts: dict[str, int], num_workers: int) -> dict[str, Any]:
+    """Write (or reuse) W1 and W2 in ``workdir``; returns the spec shared with the runner."""
+    import dataset_rt as d
+
+    params = {
+        "format": WORKLOAD_FORMAT,
+        "counts": counts,
+        "seed": WORKLOAD_SEED,
+        "record_bytes": RECORD_BYTES,
+        "perm_seed": PERMUTATION_SEED,
+    }
+    marker = workdir / "workloads.json"
+    spec: dict[str, Any] = {
+        "paths": {wl: str(workdir / "caches" / wl) for wl in counts},
+        "digests": {wl: str(workdir / f"{wl}.digests") for wl in counts},
+        "perm": str(workdir / "w1.perm"),
+        "raw_w1": str(workdir / "w1.raw"),
+        "n": dict(counts),
+    }
+    try:
+        if json.loads(marker.read_text()) == params:
+            print(f"workloads: reusing {workdir}")
+            return spec
+    except (OSError, ValueError):
+        pass
+    marker.unlink(missing_ok=True)
+    shutil.rmtree(workdir / "caches", ignore_errors=True)
+    rt = d.DatasetRuntime(num_workers=num_workers)
+    writer_config = d.WriterConfig(
+        show_progress=False, shard_compression=d.ShardCompression(algo="none")
+    )
+    for wl, count in counts.items():
+        raw = Path(spec["raw_w1"]) if wl == "w1" else None
+        source = Source(wl, count, RECORD_BYTES[wl], WORKLOAD_SEED + (wl == "w2"), raw)
+        t0 = time.perf_counter()
+        [result] = rt.write_cache(source, workdir / "caches", writer_config=writer_config)
+        if type(result).__name__ != "CacheWriteSuccess":
+            raise RuntimeError(f"writing {wl} failed: {result}")
+        elapsed = time.perf_counter() - t0
+        Path(spec["digests"][wl]).write_bytes(bytes(source.digests))
+        print(
+            f"workloads: wrote {wl} ({count:,} x {RECORD_BYTES[wl]:,} B) in {elapsed:.1f} s "
+            f"({count / elapsed:,.0f} samples/s incl. generation)"
+        )
+    order = list(range(counts["w1"]))
+    random.Random(PERMUTATION_SEED).shuffle(order)
+    Path(spec["perm"]).write_bytes(array("Q", order).tobytes())
+    drop_page_cache(workdir)  # fsyncs every file, so later drops evict everything
+    marker.write_text(json.dumps(params))
+    return spec
+
+
+# ------------------------------------------------------------------ report
+
+GB = 1e9
+
+
+def limit_for(cfg: dict[str, Any], limits: dict[str, float]) -> tuple[str, float, str]:
+    """(limit name, limit in the row's unit, unit) for a configuration."""
+    key = cfg["key"]
+    if key == "w1_ordered":
+        return "py loop ordered", limits["py_ordered_rps"], "rps"
+    if key in ("w1_shuffled", "w1_get_item"):
+        return "py pread random", limits["py_random_rps"], "rps"
+    if key == "w1_batches":
+        return "page cache", limits["pagecache_bps"] / RECORD_BYTES["w1"], "rps"
+    if key in ("w2_ordered_warm", "w2_batches_warm"):
+        return "page cache", limits["pagecache_bps"], "bps"
+    if key == "w2_ordered_cold":
+        return "cold seq", limits["cold_seq_bps"], "bps"
+    return "cold rand 1M d1", limits["cold_rand_bps"], "bps"
+
+
+# SPEC section 7 (measured there next to a page-cache read of about 18.7 GB/s).
+SPEC_PAGECACHE_BPS = 18.7e9
+
+
+def target_for(
+    cfg: dict[str, Any], limits: dict[str, float], rps: float, bps: float, ref_rps: float | None
+) -> tuple[str, str]:
+    """(target text, "yes"/"no") against SPEC section 7."""
+    key = cfg["key"]
+
+    def yn(ok: bool) -> str:
+        return "yes" if ok else "NO"
+
+    if key == "w1_ordered":
+        ok = rps >= 1e6 and (ref_rps is None or rps >= 20 * ref_rps)
+        return ">=1M/s, >=20x ref", yn(ok)
+    if key == "w1_shuffled":
+        return ">=800k/s", yn(rps >= 800e3)
+    if key == "w1_get_item":
+        return ">=400k/s", yn(rps >= 400e3)
+    if key == "w1_batches":
+        return ">=10M/s", yn(rps >= 10e6)
+    if key in ("w2_ordered_warm", "w2_batches_warm"):
+        # The absolute targets assume an 18.7 GB/s page cache; judged here as the same
+        # fraction of this machine's page-cache bandwidth.
+        absolute = 12e9 if key == "w2_ordered_warm" else 16e9
+        fraction = absolute / SPEC_PAGECACHE_BPS
+        return (
+            f">={absolute / GB:.0f} GB/s (~{fraction:.0%} pc)",
+            yn(bps >= fraction * limits["pagecache_bps"]),
+        )
+    if key == "w2_ordered_cold":
+        return ">=1.0x cold seq", yn(bps >= limits["cold_seq_bps"])
+    return ">=1.5x cold rand", yn(bps >= 1.5 * limits["cold_rand_bps"])
+
+
+def verify_status(
+    cfg: dict[str, Any],
+    res: dict[str, Any],
+    spec: dict[str, Any],
+    expected: dict[str, tuple[str, str]],
+    peer_ids: list[str],
+) -> str:
+    """'ok' or what is wrong with one result's verification pass."""
+    v = res["verify"]
+    n = len(spec["perm_list"]) if cfg["mode"] == "get_item" else spec["n"][cfg["wl"]]
+    if v["bad"]:
+        return f"FAIL: {v['bad']} bad ({v['first_bad']})"
+    if v["count"] != n:
+        return f"FAIL: {v['count']} samples, expected {n}"
+    if res["bytes"] != v["bytes"] and cfg["mode"] != "get_item":
+        return f"FAIL: timed pass consumed {res['bytes']} bytes, verify pass {v['bytes']}"
+    if not cfg["shuffle"]:
+        key = "get_item" if cfg["mode"] == "get_item" else cfg["wl"]
+        stream, ids = expected[key]
+        if v["stream"] != stream or v["ids"] != ids:
+            return "FAIL: order/content differs from the expected stream"
+        return "ok"
+    if any(other != v["ids"] for other in peer_ids):
+        return "FAIL: shuffled order differs between implementations/backends"
+    return f"ok ({v['distinct']:,} distinct)"
+
+
+PINNED: list[str] = []
+
+
+def pin_library(workdir: Path) -> None:
+    """Load a private copy of the native library for the whole run.
+
+    Other checkouts' builds may rewrite ``dataset_rt/libdataset_rt.so`` in place while a
+    benchmark runs, which kills a process that has it mapped (SIGBUS). The copy is made
+    before ``dataset_rt`` is imported and loaded through the developer override
+    ``DATASET_RT_LIBRARY`` (left alone when already set).
+    """
+    import importlib.util
+
+    if os.environ.get("DATASET_RT_LIBRARY"):
+        return
+    found = importlib.util.find_spec("dataset_rt")
+    if found is None or found.origin is None:
+        return
+    built = Path(found.origin).with_name("libdataset_rt.so")
+    if built.exists():
+        pinned = workdir / "libdataset_rt.so"
+        shutil.copy2(built, pinned)
+        os.environ["DATASET_RT_LIBRARY"] = str(pinned)
+        PINNED.append(f"{built} copied to {pinned}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="W1 20,000 records, W2 100, one repetition"
+    )
+    parser.add_argument("--no-reference", action="store_true", help="skip dataset-rt 0.4.8")
+    parser.add_argument("--workdir", type=Path, help="keep workloads here (reused when present)")
+    parser.add_argument(
+        "--repeat", type=int, help="timed runs per configuration (default 3; --quick 1)"
+    )
+    parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--only", default="", help="run configurations whose label contains this")
+    parser.add_argument("--json", type=Path, help="also write all results to this file")
+    args = parser.parse_args()
+
+    counts = QUICK if args.quick else FULL
+    repeat = args.repeat or (1 if args.quick else 3)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dataset_rt-bench-read-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    pin_library(workdir)
+    started = time.perf_counter()
+    try:
+        return run(args, counts, repeat, workdir, started)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run(
+    args: argparse.Namespace, counts: dict[str, int], repeat: int, workdir: Path, started: float
+) -> int:
+    import dataset_rt as d
+
+    print("# dataset_rt read benchmark" + (" (--quick)" if args.quick else ""))
+    for name, value in machine_facts(workdir):
+        print(f"- {name}: {value}")
+    if PINNED:
+        print(f"- native library pinned for the run: {PINNED[0]}")
+    print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"- workloads: W1 {counts['w1']:,} x 512 B, W2 {counts['w2']:,} x 1 MiB; "
+        f"num_workers={args.num_workers}, prefetch_size={PREFETCH}, "
+        f"best of {repeat} after 1 warm-up"
+    )
+    print(flush=True)
+
+    spec = build_workloads(workdir, counts, args.num_workers)
+    spec.update(
+        num_workers=args.num_workers, prefetch=PREFETCH, repeat=repeat, budget_s=CONFIG_BUDGET_S
+    )
+    perm = array("Q")
+    perm.frombytes(Path(spec["perm"]).read_bytes())
+    spec["perm_list"] = perm
+    digests = {wl: Path(spec["digests"][wl]).read_bytes() for wl in counts}
+    expected = {wl: expected_stream(digests[wl], range(counts[wl])) for wl in counts}
+    expected["get_item"] = expected_stream(digests["w1"], perm)
+
+    print("measuring machine limits ...", flush=True)
+    limit_bytes = (256 if args.quick else 1024) * MiB
+    limits = measure_limits(
+        workdir,
+        limit_bytes,
+        repeat,
+        record_file=Path(spec["raw_w1"]),
+        record_bytes=RECORD_BYTES["w1"],
+    )
+    (workdir / "limits.bin").unlink(missing_ok=True)
+
+    configs = [c for c in CONFIGS if args.only.lower() in c["label"].lower()]
+    runnable = {k: v for k, v in spec.items() if k != "perm_list"}
+
+    ours: dict[tuple[str, str], dict[str, Any]] = {}
+    rt = d.DatasetRuntime(num_workers=args.num_workers)
+    for cfg in configs:
+        for backend in BACKENDS:
+            print(f"ours: {cfg['label']} [{backend}] ...", flush=True)
+            ours[(cfg["key"], backend)] = run_config(d, rt, cfg, runnable, backend)
+    del rt
+
+    ref_results: dict[str, Any] = {}
+    ref_version = None
+    ref = get_reference(not args.no_reference)
+    ref_configs = [c for c in configs if c["ref"]]
+    if ref is not None and ref_configs:
+        print(
+            f"reference: running {len(ref_configs)} configurations in {ref.python} ...", flush=True
+        )
+        spec_path = workdir / "reference-spec.json"
+        spec_path.write_text(json.dumps({**runnable, "configs": ref_configs}))
+        script = portable_source([run_config]) + REFERENCE_MAIN
+        try:
+            out = ref.run_json(script, [str(spec_path)])
+            ref_results, ref_version = out["results"], out["version"]
+        except (RuntimeError, ValueError, OSError) as exc:
+            print(f"reference: not available (its run failed: {exc})")
+
+    # ---------------------------------------------------------------- tables
+    print()
+    print(f"## Machine limits (measured in this run; {limit_bytes // MiB} MiB file, 4 MiB reads)")
+    print()
+    print_table(
+        ["limit", "value"],
+        [
+            ["page-cache read (warm, 4 MiB preadv)", f"{limits['pagecache_bps'] / 1e6:,.0f} MB/s"],
+            ["memcpy (numpy copy, 256 MiB)", f"{limits['memcpy_bps'] / 1e6:,.0f} MB/s"],
+            ["cold sequential read (DONTNEED, 4 MiB)", f"{limits['cold_seq_bps'] / 1e6:,.0f} MB/s"],
+            ["cold random 1 MiB reads, depth 1", f"{limits['cold_rand_bps'] / 1e6:,.0f} MB/s"],
+            [
+                "py loop ordered (4 MiB preadv + bytes per 512 B)",
+                f"{fmt_rate(limits['py_ordered_rps'])} samples/s",
+            ],
+            [
+                "py pread random (os.pread 512 B each)",
+                f"{fmt_rate(limits['py_random_rps'])} samples/s",
+            ],
+            ["resident after drop (mincore)", f"{limits['cold_resident_after_drop']:.1%}"],
+        ],
+        [False, True],
+    )
+    print()
+    title = (
+        f"## Read throughput (ref = dataset-rt {ref_version})"
+        if ref_version
+        else "## Read throughput"
+    )
+    print(title)
+    print()
+    rows = []
+    problems = []
+    for cfg in configs:
+        ref_res = ref_results.get(cfg["key"])
+        ref_rps = ref_res["samples"] / ref_res["best_s"] if ref_res else None
+        ref_bps = ref_res["bytes"] / ref_res["best_s"] if ref_res else None
+        peer_ids = [ours[(cfg["key"], b)]["verify"]["ids"] for b in BACKENDS]
+        if ref_res:
+            peer_ids.append(ref_res["verify"]["ids"])
+        lname, lvalue, lunit = limit_for(cfg, limits)
+        for backend in BACKENDS:
+            res = ours[(cfg["key"], backend)]
+            rps = res["samples"] / res["best_s"]
+            bps = res["bytes"] / res["best_s"]
+            if lunit == "rps":
+                limit_text, of_limit = f"{fmt_rate(lvalue)}/s {lname}", rps / lvalue
+            else:
+                limit_text, of_limit = f"{lvalue / 1e6:,.0f} MB/s {lname}", bps / lvalue
+            ref_text = "-"
+            ratio = "-"
+            if ref_rps is not None:
+                ref_text = (
+                    f"{fmt_rate(ref_rps)}/s" if lunit == "rps" else f"{ref_bps / 1e6:,.0f} MB/s"
+                )
+                ratio = f"{rps / ref_rps:.2f}x"
+            target, met = target_for(cfg, limits, rps, bps, ref_rps)
+            status = verify_status(cfg, res, spec, expected, peer_ids)
+            shown_backend = (
+                res["backend"]
+                if res["backend"] == backend
+                else f"{res['backend']} (asked {backend})"
+            )
+            if res["resident_after_drop"] is not None and res["resident_after_drop"] > 0.05:
+                status += f"; {res['resident_after_drop']:.0%} resident after drop"
+            if not status.startswith("ok"):
+                problems.append(f"{cfg['label']} [{backend}]: {status}")
+            rows.append(
+                [
+                    cfg["label"],
+                    shown_backend,
+                    fmt_rate(rps),
+                    fmt_num(bps / 1e6),
+                    limit_text,
+                    f"{of_limit:.0%}",
+                    ref_text,
+                    ratio,
+                    target,
+                    met,
+                    status,
+                ]
+            )
+        if ref_res:
+            status = verify_status(cfg, ref_res, spec, expected, peer_ids)
+            if not status.startswith("ok"):
+                problems.append(f"{cfg['label']} [reference]: {status}")
+    print_table(
+        [
+            "configuration",
+            "backend",
+            "samples/s",
+            "MB/s",
+            "limit",
+            "of limit",
+            "ref",
+            "ratio",
+            "SPEC 7 target",
+            "met",
+            "verified",
+        ],
+        rows,
+        [False, False, True, True, True, True, True, True, False, False, False],
+    )
+    print()
+    print(
+        "ref and ratio are in the row's unit (samples/s for W1, MB/s for W2); ratio = ours / ref."
+    )
+    if ref_results:
+        ref_ok = all(
+            verify_status(c, ref_results[c["key"]], spec, expected, []).startswith("ok")
+            for c in configs
+            if c["key"] in ref_results
+        )
+        print(
+            f"reference verified: {'ok' if ref_ok else 'FAILED'} "
+            "(same checks; shuffled order compared with ours)"
+        )
+    for line in problems:
+        print(f"VERIFY {line}")
+    print(
+        f"total time {time.perf_counter() - started:.0f} s; load average at end: "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "limits": limits,
+                    "ours": {f"{k}/{b}": v for (k, b), v in ours.items()},
+                    "reference": ref_results,
+                },
+                indent=1,
+            )
+        )
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
