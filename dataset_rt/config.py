@@ -162,7 +162,10 @@ class WriterConfig(BaseModel):
     )
     show_progress: bool = Field(
         default=True,
-        description="Whether write progress is drawn on stderr (only on a TTY).",
+        description=(
+            "Whether write progress is shown on stderr: a live line per source when stderr "
+            "is a terminal; with num_processes, a 'sources completed' line per source."
+        ),
     )
     validate_cache: bool = Field(
         default=False,
@@ -192,7 +195,9 @@ class ReaderConfig(BaseModel):
     `seed` (required) drives the deterministic shuffle; it must fit in an unsigned
     64-bit integer when a dataset is built (checked there, not here). `prefetch_size`
     bounds the samples read ahead. `shuffle=False` walks the active rows in table order;
-    `shuffle=True` draws weighted samples with replacement. `validate_cache=True`
+    `shuffle=True` draws with replacement, as dataset-rt 0.4.8 does: uniformly over the
+    physical samples until the first `update_metadata`, then weighted by the active
+    table (or, with `sampling="permutation"`, in permutation passes). `validate_cache=True`
     verifies every checksum while loading and compares each sample's embedded metadata
     with its table row on every read. Unknown keys are rejected.
 
