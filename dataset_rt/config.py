@@ -5,7 +5,7 @@ match dataset-rt 0.4.8 exactly. `ShardCompression` and `WriterProfilerConfig` ig
 unknown keys; `WriterConfig` and `ReaderConfig` reject them (`extra_forbidden`).
 Every model is frozen, so instances are hashable, compare by value and pickle.
 
-Extension fields (ours, not the reference's) are listed in `_READER_EXTENSION_DEFAULTS`.
+Extension fields (ours, not the reference's) are listed in each model's `_extension_defaults`.
 At their defaults they are invisible: `repr`/`str`, `model_dump`/`model_dump_json`
 and pickles look exactly like the reference release's, so `dataset.json` files and
 pickles written by this package load in dataset-rt 0.4.8. Equality and hashing still see
@@ -19,7 +19,7 @@ imported.
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeAlias
+from typing import Any, ClassVar, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -52,6 +52,7 @@ CompressionAlgo: TypeAlias = Literal["none", "lz4"]
 
 IoBackend: TypeAlias = Literal["auto", "io_uring", "threads"]
 Sampling: TypeAlias = Literal["with_replacement", "permutation"]
+OnStale: TypeAlias = Literal["error", "rebuild"]
 """Read I/O backend: `auto` probes io_uring once and falls back to threads."""
 
 DATASET_CONFIG_VERSION: Literal[2] = 2
@@ -117,7 +118,71 @@ DEFAULT_WRITER_PROFILER_CONFIG = WriterProfilerConfig()
 """The default (disabled) profiler; `WriterConfig().profiler` is this object."""
 
 
-class WriterConfig(BaseModel):
+class _WithExtensions(BaseModel):
+    """Base of configs that carry this project's extension fields.
+
+    Subclasses list them with their defaults in `_extension_defaults`. A field at its
+    default is left out of `model_dump`/`model_dump_json`, repr/str and pickles, so
+    whatever reads our output (dataset-rt 0.4.8, its pickles, `dataset.json`) sees
+    exactly what the reference would have produced; a non-default value is kept.
+    """
+
+    _extension_defaults: ClassVar[dict[str, object]] = {}
+
+    # No return annotation on purpose: pydantic would build the serialization JSON
+    # schema from it (a bare object); without one, that schema stays the field-derived
+    # schema, identical to the validation one. The serializer returns dict[str, Any].
+    @model_serializer(mode="wrap")
+    def _omit_default_extensions(  # type: ignore[no-untyped-def]
+        self, handler: SerializerFunctionWrapHandler
+    ):
+        """Serialize like the reference: drop extension fields at their default."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for name, default in self._extension_defaults.items():
+                if name in data and getattr(self, name) == default:
+                    del data[name]
+        return data
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        """Yield repr fields, hiding extension fields that are at their default."""
+        for name, value in super().__repr_args__():
+            if name in self._extension_defaults and value == self._extension_defaults[name]:
+                continue
+            yield name, value
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickle without default-valued extension fields (reference-compatible)."""
+        state = super().__getstate__()
+        fields = state.get("__dict__")
+        if isinstance(fields, dict) and any(
+            name in fields and fields[name] == default
+            for name, default in self._extension_defaults.items()
+        ):
+            state["__dict__"] = {
+                name: value
+                for name, value in fields.items()
+                if not (
+                    name in self._extension_defaults and value == self._extension_defaults[name]
+                )
+            }
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        """Restore a pickle, filling extension fields absent from older pickles."""
+        fields = state.get("__dict__")
+        if isinstance(fields, dict):
+            missing = {
+                name: default
+                for name, default in self._extension_defaults.items()
+                if name not in fields
+            }
+            if missing:
+                state = {**state, "__dict__": {**fields, **missing}}
+        super().__setstate__(state)
+
+
+class WriterConfig(_WithExtensions):
     """How `DatasetRuntime.write_cache` and `from_cache_sources` write caches.
 
     `num_processes == 0` writes every source in the calling process; a positive value
@@ -130,6 +195,7 @@ class WriterConfig(BaseModel):
     __module__ = _PUBLIC_MODULE
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    _extension_defaults: ClassVar[dict[str, object]] = {"on_stale": "error"}
 
     num_processes: int = Field(
         default=0,
@@ -175,6 +241,14 @@ class WriterConfig(BaseModel):
         default=DEFAULT_WRITER_PROFILER_CONFIG,
         description="Optional writer-stage profiler output.",
     )
+    on_stale: OnStale = Field(
+        default="error",
+        description=(
+            "Extension: what from_cache_sources does when a source's fingerprint differs "
+            "from its existing cache's: 'error' reports a CacheWriteError and leaves the "
+            "cache alone; 'rebuild' writes a new cache and swaps it in atomically."
+        ),
+    )
 
 
 DEFAULT_WRITER_CONFIG = WriterConfig()
@@ -189,7 +263,7 @@ _READER_EXTENSION_DEFAULTS: dict[str, object] = {
 }
 
 
-class ReaderConfig(BaseModel):
+class ReaderConfig(_WithExtensions):
     """How a `CachedDataset` reads and samples.
 
     `seed` (required) drives the deterministic shuffle; it must fit in an unsigned
@@ -211,6 +285,7 @@ class ReaderConfig(BaseModel):
     __module__ = _PUBLIC_MODULE
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    _extension_defaults: ClassVar[dict[str, object]] = _READER_EXTENSION_DEFAULTS
 
     seed: int = Field(description="Seed of the deterministic sampling stream.")
     prefetch_size: int = Field(
@@ -243,57 +318,6 @@ class ReaderConfig(BaseModel):
         ),
     )
 
-    # No return annotation on purpose: pydantic would build the serialization JSON
-    # schema from it (a bare object); without one, that schema stays the field-derived
-    # schema, identical to the validation one. The serializer returns dict[str, Any].
-    @model_serializer(mode="wrap")
-    def _omit_default_extensions(  # type: ignore[no-untyped-def]
-        self, handler: SerializerFunctionWrapHandler
-    ):
-        """Serialize like the reference: drop extension fields at their default."""
-        data = handler(self)
-        if isinstance(data, dict):
-            for name, default in _READER_EXTENSION_DEFAULTS.items():
-                if name in data and getattr(self, name) == default:
-                    del data[name]
-        return data
-
-    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
-        """Yield repr fields, hiding extension fields that are at their default."""
-        for name, value in super().__repr_args__():
-            if name in _READER_EXTENSION_DEFAULTS and value == _READER_EXTENSION_DEFAULTS[name]:
-                continue
-            yield name, value
-
-    def __getstate__(self) -> dict[Any, Any]:
-        """Pickle without default-valued extension fields (reference-compatible)."""
-        state = super().__getstate__()
-        fields = state.get("__dict__")
-        if isinstance(fields, dict) and any(
-            name in fields and fields[name] == default
-            for name, default in _READER_EXTENSION_DEFAULTS.items()
-        ):
-            state["__dict__"] = {
-                name: value
-                for name, value in fields.items()
-                if not (
-                    name in _READER_EXTENSION_DEFAULTS and value == _READER_EXTENSION_DEFAULTS[name]
-                )
-            }
-        return state
-
-    def __setstate__(self, state: dict[Any, Any]) -> None:
-        """Restore a pickle, filling extension fields absent from older pickles."""
-        fields = state.get("__dict__")
-        if isinstance(fields, dict):
-            missing = {
-                name: default
-                for name, default in _READER_EXTENSION_DEFAULTS.items()
-                if name not in fields
-            }
-            if missing:
-                state = {**state, "__dict__": {**fields, **missing}}
-        super().__setstate__(state)
 
 
 class DatasetConfiguration(BaseModel):

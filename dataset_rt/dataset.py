@@ -84,18 +84,23 @@ def _open_native(runtime: Any, paths: list[Path], options: Any) -> Any:
     return ffi.gc(out[0], _close_dataset)
 
 
-def probe_cache(runtime: Any, path: Path, *, validate: bool) -> str | None:
-    """None when ``path`` opens as a complete cache (checksums verified when
-    ``validate``), else the load error's message."""
+def probe_cache(runtime: Any, path: Path, *, validate: bool) -> tuple[str | None, str | None]:
+    """``(None, fingerprint)`` when ``path`` opens as a complete cache (checksums verified
+    when ``validate``; fingerprint None when it has none), else ``(error message, None)``."""
     options = ffi.new(
         "drt_dataset_options *", {"seed": 0, "prefetch_size": 1, "validate_cache": int(validate)}
     )
     try:
         handle = _open_native(runtime, [path], options)
     except (ValueError, RuntimeError, OverflowError) as exc:
-        return str(exc)
+        return str(exc), None
+    info = ffi.new("drt_cache_info *")
+    _native.check(lib.drt_dataset_cache_info(handle, 0, info))
+    fingerprint = None
+    if info.fingerprint.ptr != ffi.NULL:
+        fingerprint = ffi.buffer(info.fingerprint.ptr, info.fingerprint.len)[:].decode("utf-8")
     ffi.release(handle)
-    return None
+    return None, fingerprint
 
 
 class CachedDataset:

@@ -40,7 +40,9 @@ def schema_of(handle: Any) -> list[tuple[str, int]]:
 
 
 def read_arrow_file(path: Path) -> Any:
-    """The record batches of an Arrow IPC file, as one memory-mapped table."""
+    """The record batches of an Arrow IPC file, as one memory-mapped table, fully
+    validated (offsets, UTF-8): a damaged file must raise here, not crash whatever
+    consumes the columns later (Polars trusts Arrow data)."""
     import pyarrow as pa
 
     try:
@@ -56,9 +58,11 @@ def read_arrow_file(path: Path) -> Any:
             raise ValueError("invalid metadata Arrow footer") from exc
         raise RuntimeError(f"Arrow error: Parser error: {exc}: {path}") from exc
     try:
-        return reader.read_all()
+        table = reader.read_all()
+        table.validate(full=True)
     except pa.ArrowException as exc:
-        raise RuntimeError(f"Arrow error: {exc}") from exc
+        raise RuntimeError(f"Arrow error: {exc}: {path}") from exc
+    return table
 
 
 # ------------------------------------------------------------------------ active table

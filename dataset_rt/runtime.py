@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 from collections.abc import Sequence
@@ -111,19 +112,30 @@ class DatasetRuntime:
         base = Path(path)
         plans, results = plan_sources(items, base, writer_config)
         validate = bool(getattr(writer_config, "validate_cache", False))
-        to_write = []
+        rebuild = getattr(writer_config, "on_stale", "error") == "rebuild"
+        to_write, to_rebuild = [], []
         for plan in plans:
             target = base / plan.name
             if not os.path.lexists(target):
                 to_write.append(plan)
                 continue
-            error = probe_cache(self, target, validate=validate)
+            error, fingerprint = probe_cache(self, target, validate=validate)
+            if error is None and plan.fingerprint is not None and fingerprint != plan.fingerprint:
+                if rebuild:
+                    to_rebuild.append(dataclasses.replace(plan, replace=True))
+                    continue
+                error = (
+                    f"stale cache {target}: its fingerprint {fingerprint!r} differs from the "
+                    f"source's {plan.fingerprint!r}; nothing was rebuilt or deleted "
+                    "(WriterConfig(on_stale='rebuild') rebuilds it)"
+                )
             results[plan.position] = (
-                CacheWriteSuccess(plan.name, target)
-                if error is None
-                else CacheWriteError(plan.name, error)
+                CacheWriteSuccess(plan.name, target) if error is None else CacheWriteError(plan.name, error)
             )
         results.update(write_planned(self, to_write, base, writer_config))
+        if to_rebuild:  # swapped in by this process (the exchange is not done by children)
+            serial = writer_config.model_copy(update={"num_processes": 0})
+            results.update(write_planned(self, to_rebuild, base, serial))
         final = [results[i] for i in range(len(items))]
         paths = [r.path for r in final if isinstance(r, CacheWriteSuccess)]
         if not paths:

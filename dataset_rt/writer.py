@@ -121,6 +121,9 @@ class _Plan:
     position: int
     source: Any
     name: str
+    fingerprint: str | None = None
+    #: Rebuild: publish by atomically exchanging with the existing (stale) cache.
+    replace: bool = False
 
 
 def validate_writer_config(config: WriterConfig) -> tuple[int, int, int, float]:
@@ -179,10 +182,15 @@ def _plan_sources(
             if not isinstance(name, str):
                 raise TypeError(f"'{type(name).__name__}' object is not an instance of 'str'")
             name.encode("utf-8")
+            # Optional (this project's extension): read once, like the name.
+            fingerprint = getattr(source, "fingerprint", None)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
             errors[position] = CacheWriteError(label, python_error(exc))
+            continue
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            errors[position] = CacheWriteError(label, "CacheSource.fingerprint must be a string")
             continue
         if name == "":
             errors[position] = CacheWriteError(label, "CacheSource.name must not be empty")
@@ -202,7 +210,7 @@ def _plan_sources(
                 duplicate = CacheWriteError(name, f"duplicate generated cache path: {name}")
                 return [], {i: errors.get(i, duplicate) for i in range(len(sources))}
             seen.add(key)
-            plans.append(_Plan(position, source, name))
+            plans.append(_Plan(position, source, name, fingerprint))
     return plans, errors
 
 
@@ -335,9 +343,14 @@ def _write_one(
             "prefetch_size": prefetch_size,
             "compression": compression,
             "compression_ratio": ratio,
-            "flags": lib.DRT_WRITER_PROFILE if timings is not None else 0,
+            "flags": (lib.DRT_WRITER_PROFILE if timings is not None else 0)
+            | (lib.DRT_WRITER_REPLACE if plan.replace else 0),
         },
     )
+    fingerprint = plan.fingerprint.encode("utf-8") if plan.fingerprint is not None else None
+    if fingerprint is not None:
+        native_options.fingerprint = ffi.from_buffer(fingerprint)
+        native_options.fingerprint_len = len(fingerprint)
     base_bytes = _native.encode_path(base)
     name_bytes = plan.name.encode("utf-8")
     out = ffi.new("drt_writer **")

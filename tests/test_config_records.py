@@ -220,6 +220,7 @@ def test_facade_reexports_the_same_objects(facade: ModuleType) -> None:
                 "show_progress",
                 "validate_cache",
                 "profiler",
+                "on_stale",  # our extension, after the reference's fields
             ],
         ),
         # io_backend is our extension and comes after the reference's fields.
@@ -258,7 +259,8 @@ def test_config_field_order(cls: Any, fields: list[str]) -> None:
             "validate_cache: bool = False, "
             "profiler: dataset_rt.api.WriterProfilerConfig = "
             "WriterProfilerConfig(enabled=False, "
-            "path=PosixPath('dataset_rt_profile.json'))) -> None",
+            "path=PosixPath('dataset_rt_profile.json')), "
+            "on_stale: Literal['error', 'rebuild'] = 'error') -> None",
         ),
         (
             ReaderConfig,

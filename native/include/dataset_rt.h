@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 0
+    DRT_ABI_VERSION_MINOR = 1
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -142,13 +142,20 @@ typedef struct drt_writer_options {
     uint64_t max_shard_bytes;  /* > 0; a shard is closed before a record would overflow it */
     uint64_t prefetch_size;    /* > 0; samples in flight inside the writer */
     int32_t compression;       /* DRT_COMPRESSION_* */
-    uint32_t flags;            /* 0 or DRT_WRITER_PROFILE */
+    uint32_t flags;            /* DRT_WRITER_* bits */
     double compression_ratio;  /* recorded in the manifest; 1.0 for NONE; finite, > 0 */
+    const char *fingerprint;   /* NULL or a UTF-8 string stored in the manifest (ABI 1.1) */
+    uint64_t fingerprint_len;
 } drt_writer_options;
 
 /* Writer flags. */
 enum {
-    DRT_WRITER_PROFILE = 1 /* time every stage (drt_writer_stats); costs a clock read per stage */
+    DRT_WRITER_PROFILE = 1, /* time every stage (drt_writer_stats); costs a clock read per stage */
+    DRT_WRITER_REPLACE = 2  /* publish by atomically exchanging with an existing cache at the
+                               destination, then removing the old one (rebuilding a stale
+                               cache); datasets that have the old cache open keep reading
+                               the files they opened and get DRT_E_INVALID_CACHE ("... was
+                               replaced ...") for files they open later, never new bytes */
 };
 
 /* Writer stages timed with DRT_WRITER_PROFILE, indexes into drt_writer_stats' array. */
@@ -254,6 +261,7 @@ typedef struct drt_cache_info {
     double compression_ratio;
     drt_str source_name;     /* valid while the dataset is open */
     drt_str path;            /* as given to drt_dataset_open; valid while open */
+    drt_str fingerprint;     /* the manifest's "fingerprint" or {NULL, 0} (ABI 1.1) */
 } drt_cache_info;
 
 /* Opens the caches at paths[0..path_count) (in that order) as one dataset and checks

@@ -37,9 +37,12 @@ pub const WriterOptions = extern struct {
     compression: i32,
     flags: u32,
     compression_ratio: f64,
+    fingerprint: ?[*]const u8,
+    fingerprint_len: u64,
 };
 
 pub const writer_profile: u32 = 1;
+pub const writer_replace: u32 = 2;
 
 pub const StageStats = extern struct {
     calls: u64 = 0,
@@ -68,6 +71,7 @@ pub const CacheInfo = extern struct {
     compression_ratio: f64,
     source_name: Str,
     path: Str,
+    fingerprint: Str,
 };
 
 pub const Batch = extern struct {
@@ -105,7 +109,7 @@ pub const IoStats = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 0;
+pub const abi_version_minor = 1;
 
 pub const io_auto = 0;
 pub const io_uring = 1;

@@ -81,7 +81,7 @@ export fn drt_writer_open(
     const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
     const n = abi.Str{ .ptr = name, .len = name_len };
     status.clear();
-    if (opts.flags & ~abi.writer_profile != 0) return fromError(status.fail(error.InvalidArgument, "unknown writer flags 0x{x}", .{opts.flags}));
+    if (opts.flags & ~(abi.writer_profile | abi.writer_replace) != 0) return fromError(status.fail(error.InvalidArgument, "unknown writer flags 0x{x}", .{opts.flags}));
     const compression: manifest.Compression = switch (opts.compression) {
         0 => .none,
         1 => .lz4,
@@ -93,6 +93,8 @@ export fn drt_writer_open(
         .compression = compression,
         .ratio = opts.compression_ratio,
         .profile = opts.flags & abi.writer_profile != 0,
+        .replace = opts.flags & abi.writer_replace != 0,
+        .fingerprint = if (opts.fingerprint) |fp| fp[0..@intCast(opts.fingerprint_len)] else null,
     }) catch |err| return fromError(err);
     return ok();
 }
@@ -260,6 +262,7 @@ export fn drt_dataset_cache_info(ds: ?*Dataset, i: u64, out: ?*abi.CacheInfo) Rc
         .compression_ratio = if (first.len > 0) first[0].ratio else 1.0,
         .source_name = abi.Str.from(c.manifest.source_name),
         .path = abi.Str.from(c.path),
+        .fingerprint = if (c.manifest.fingerprint) |fp| abi.Str.from(fp) else .{ .ptr = null, .len = 0 },
     };
     return ok();
 }

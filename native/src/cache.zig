@@ -24,10 +24,11 @@ pub const Metadata = struct {
     /// Maps and parses `<cache>/metadata.arrow`, then checks it against the manifest the
     /// way the reference's validation does: row count first, then each manifest field's
     /// kind against the Arrow column at the same position.
-    fn load(gpa: std.mem.Allocator, cache_path: []const u8, m: *const manifest.Manifest) status.Error!Metadata {
+    fn load(gpa: std.mem.Allocator, dir: posix.fd_t, cache_path: []const u8, m: *const manifest.Manifest) status.Error!Metadata {
         const path = try std.fmt.allocPrintSentinel(gpa, "{s}/metadata.arrow", .{std.mem.trimRight(u8, cache_path, "/")}, 0);
         defer gpa.free(path);
-        const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
+        const fd = posix.openatZ(dir, "metadata.arrow", .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| return status.failIo(err, path);
+        const file = std.fs.File{ .handle = fd };
         defer file.close();
         const size = (file.stat() catch |err| return status.failIo(err, path)).size;
         const map: []align(std.heap.page_size_min) const u8 = if (size == 0)
@@ -65,6 +66,11 @@ pub const Cache = struct {
     /// null float to resolve). `metadata_mutex` guards the lazy load; once `metadata_ready`
     /// is set the value never changes, so readers use it without the lock.
     metadata: ?Metadata = null,
+    /// Identity of the cache directory when it was opened. Files opened later are opened
+    /// relative to the directory only while the path still names this directory, so a
+    /// cache rebuilt in place (DRT_WRITER_REPLACE) is never mixed with the old one.
+    dir_dev: u64,
+    dir_ino: u64,
     metadata_ready: std.atomic.Value(bool) = .init(false),
     metadata_mutex: std.Thread.Mutex = .{},
 
@@ -74,7 +80,7 @@ pub const Cache = struct {
         const own_path = try gpa.dupe(u8, path);
         errdefer gpa.free(own_path);
 
-        var dir = std.fs.cwd().openDir(path, .{}) catch |err| switch (err) {
+        var dir = std.fs.cwd().openDir(path, .{ .iterate = true }) catch |err| switch (err) {
             error.FileNotFound, error.NotDir => {
                 const manifest_path = try joinPath(gpa, path, "manifest.json");
                 defer gpa.free(manifest_path);
@@ -120,8 +126,9 @@ pub const Cache = struct {
             for (m.shards, shard_paths) |shard, p| try verifySha(p, shard.sha256);
         }
 
+        const dir_stat = posix.fstat(dir.fd) catch |err| return status.failIo(err, path);
         var metadata: ?Metadata = null;
-        if (validate) metadata = try Metadata.load(gpa, path, &m);
+        if (validate) metadata = try Metadata.load(gpa, dir.fd, path, &m);
         errdefer if (metadata) |*md| md.deinit(gpa);
 
         const index_map = try mapIndex(dir, path, m.sample_count, m.shards.len);
@@ -133,6 +140,8 @@ pub const Cache = struct {
             .index_map = index_map,
             .shard_paths = shard_paths,
             .metadata = metadata,
+            .dir_dev = dir_stat.dev,
+            .dir_ino = dir_stat.ino,
             .metadata_ready = .init(validate),
         };
     }
@@ -143,11 +152,45 @@ pub const Cache = struct {
             c.metadata_mutex.lock();
             defer c.metadata_mutex.unlock();
             if (!c.metadata_ready.load(.acquire)) {
-                c.metadata = try Metadata.load(c.gpa, c.path, &c.manifest);
+                const dir = try c.openSameDir();
+                defer posix.close(dir);
+                c.metadata = try Metadata.load(c.gpa, dir, c.path, &c.manifest);
                 c.metadata_ready.store(true, .release);
             }
         }
         return &c.metadata.?.file;
+    }
+
+    /// An O_PATH descriptor of the cache directory, provided the path still names the
+    /// directory that was opened; otherwise the cache was replaced (rebuilt) or removed.
+    fn openSameDir(c: *const Cache) status.Error!posix.fd_t {
+        const path_z = try c.gpa.dupeZ(u8, c.path);
+        defer c.gpa.free(path_z);
+        const fd = posix.openZ(path_z, .{ .ACCMODE = .RDONLY, .DIRECTORY = true, .PATH = true, .CLOEXEC = true }, 0) catch |err| switch (err) {
+            error.FileNotFound, error.NotDir => return c.replacedError(),
+            else => return status.failIo(err, c.path),
+        };
+        errdefer posix.close(fd);
+        const st = posix.fstat(fd) catch |err| return status.failIo(err, c.path);
+        if (st.dev != c.dir_dev or st.ino != c.dir_ino) return c.replacedError();
+        return fd;
+    }
+
+    fn replacedError(c: *const Cache) status.Error {
+        return status.fail(error.InvalidCache, "cache {s} was replaced (rebuilt) or removed while this dataset was open; open it again", .{c.path});
+    }
+
+    /// Opens shard `shard_id` of this very cache (see `openSameDir`).
+    pub fn openShard(c: *const Cache, shard_id: u64) status.Error!posix.fd_t {
+        const dir = try c.openSameDir();
+        defer posix.close(dir);
+        const name = c.manifest.shards[@intCast(shard_id)].name;
+        var buf: [std.fs.max_path_bytes]u8 = undefined;
+        const rel = std.fmt.bufPrintZ(&buf, "shards/{s}", .{name}) catch return status.fail(error.InvalidCache, "shard name too long", .{});
+        return posix.openatZ(dir, rel, .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| switch (err) {
+            error.FileNotFound => c.replacedError(),
+            else => status.failIo(err, c.shard_paths[@intCast(shard_id)]),
+        };
     }
 
     pub fn close(c: *Cache) void {

@@ -46,6 +46,9 @@ pub const Manifest = struct {
     metadata_sha256: []const u8,
     index_sha256: []const u8,
     shards: []const Shard,
+    /// This project's extension key: the source's fingerprint, when it had one. The
+    /// reference ignores unknown keys, so such caches stay readable by it.
+    fingerprint: ?[]const u8 = null,
 
     pub fn deinit(self: *Manifest) void {
         self.arena.deinit();
@@ -157,8 +160,11 @@ pub fn parse(gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status
         }
     }
 
+    const fingerprint: ?[]const u8 = if (object.get("fingerprint")) |v| try getString(v, "fingerprint", path) else null;
+
     return .{
         .arena = arena,
+        .fingerprint = fingerprint,
         .format_version = @intCast(version),
         .cache_id = cache_id,
         .source_name = source_name,
@@ -233,6 +239,7 @@ pub const WriteInfo = struct {
     shards: []const WriteShard,
     compression: Compression,
     ratio: f64,
+    fingerprint: ?[]const u8 = null,
 };
 
 pub const WriteShard = struct {
@@ -281,6 +288,10 @@ pub fn write(gpa: std.mem.Allocator, out: *std.ArrayList(u8), info: WriteInfo) e
             try out.appendSlice(gpa, if (i + 1 < info.shards.len) ",\n" else "\n");
         }
         try out.appendSlice(gpa, "  ]");
+    }
+    if (info.fingerprint) |fp| {
+        try out.appendSlice(gpa, ",\n  \"fingerprint\": ");
+        try metadata_json.appendString(gpa, out, fp);
     }
     try out.appendSlice(gpa, "\n}");
 }
@@ -393,6 +404,26 @@ test "format 2 has no cache id and unknown keys are ignored" {
     var m = try parse(testing.allocator, v2, "m.json");
     defer m.deinit();
     try testing.expectEqual(@as(?u64, null), m.cache_id);
+}
+
+test "fingerprint is written last and read back" {
+    var out: std.ArrayList(u8) = .empty;
+    defer out.deinit(testing.allocator);
+    try write(testing.allocator, &out, .{
+        .source_name = "s",
+        .sample_count = 0,
+        .fields = &.{},
+        .metadata_sha256 = [_]u8{0} ** 32,
+        .index_sha256 = [_]u8{0} ** 32,
+        .shards = &.{},
+        .compression = .none,
+        .ratio = 1.0,
+        .fingerprint = "v2 \"quoted\"",
+    });
+    try testing.expect(std.mem.endsWith(u8, out.items, ",\n  \"fingerprint\": \"v2 \\\"quoted\\\"\"\n}"));
+    var m = try parse(testing.allocator, out.items, "m.json");
+    defer m.deinit();
+    try testing.expectEqualStrings("v2 \"quoted\"", m.fingerprint.?);
 }
 
 test "shard names" {

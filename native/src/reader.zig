@@ -70,8 +70,7 @@ const FileCache = struct {
             entry.pins += 1;
             return .{ .fd = entry.fd, .entry = h };
         }
-        const path = ds.caches[cache].shard_paths[@intCast(shard_id)];
-        const fd = posix.openZ(path, .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| return status.failIo(err, path);
+        const fd = try ds.caches[cache].openShard(shard_id);
         if (entry.pins > 0) return .{ .fd = fd, .entry = null };
         if (entry.fd >= 0) posix.close(entry.fd);
         entry.* = .{ .cache = cache, .shard_id = shard_id, .fd = fd, .pins = 1 };

@@ -29,8 +29,9 @@ const Runtime = runtime_mod.Runtime;
 const abi = @import("abi.zig");
 const Sha256 = @import("sha256.zig").Sha256;
 
-/// renameat2 flag: fail with EEXIST instead of replacing the destination.
+/// renameat2 flags: fail with EEXIST instead of replacing the destination; swap the two.
 const rename_noreplace: u32 = 1;
+const rename_exchange: u32 = 2;
 
 pub const Options = struct {
     max_shard_bytes: u64,
@@ -38,6 +39,11 @@ pub const Options = struct {
     compression: manifest.Compression,
     ratio: f64,
     profile: bool = false,
+    /// Stored in the manifest (this project's extension key).
+    fingerprint: ?[]const u8 = null,
+    /// Publish by atomically exchanging with an existing cache at the destination (which
+    /// is then removed) instead of refusing it: rebuilding a stale cache.
+    replace: bool = false,
 };
 
 /// Timed stages (DRT_STAGE_* order).
@@ -243,6 +249,9 @@ pub const Writer = struct {
             return status.fail(error.InvalidArgument, "CacheSource.name must be a non-reserved plain path segment", .{});
         }
         if (!std.unicode.utf8ValidateSlice(name)) return status.fail(error.InvalidArgument, "CacheSource.name must be valid UTF-8", .{});
+        if (options.fingerprint) |fp| {
+            if (!std.unicode.utf8ValidateSlice(fp)) return status.fail(error.InvalidArgument, "CacheSource.fingerprint must be valid UTF-8", .{});
+        }
         if (base.len == 0 or std.mem.indexOfScalar(u8, base, 0) != null) return status.fail(error.InvalidArgument, "invalid cache base directory", .{});
         if (options.max_shard_bytes == 0) return status.fail(error.InvalidArgument, "max_shard_bytes must be greater than zero", .{});
         if (options.prefetch_size == 0) return status.fail(error.InvalidArgument, "prefetch_size must be greater than zero", .{});
@@ -261,7 +270,7 @@ pub const Writer = struct {
         defer base_dir.close();
         // Anything at the destination counts, a dangling symlink included (no follow).
         if (posix.fstatat(base_dir.fd, name, posix.AT.SYMLINK_NOFOLLOW)) |_| {
-            return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path});
+            if (!options.replace) return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path});
         } else |err| switch (err) {
             error.FileNotFound => {},
             else => return status.failIo(err, dest_path),
@@ -300,6 +309,9 @@ pub const Writer = struct {
         errdefer gpa.free(chunks);
         @memset(chunks, .{});
 
+        const fingerprint: ?[]u8 = if (options.fingerprint) |fp| try gpa.dupe(u8, fp) else null;
+        errdefer if (fingerprint) |fp| gpa.free(fp);
+
         const w = try gpa.create(Writer);
         for (chunks) |*c| {
             c.w = w;
@@ -318,6 +330,7 @@ pub const Writer = struct {
             .index_file = .{ .file = index_file, .hasher = .init() },
             .profile = .{ .enabled = options.profile },
         };
+        w.options.fingerprint = fingerprint;
         return w;
     }
 
@@ -635,6 +648,7 @@ pub const Writer = struct {
             .shards = w.shards.items,
             .compression = w.options.compression,
             .ratio = w.options.ratio,
+            .fingerprint = w.options.fingerprint,
         });
         {
             const file = w.staging_dir.createFile("manifest.json", .{ .exclusive = true }) catch |err| return status.failIo(err, w.staging_path);
@@ -648,13 +662,28 @@ pub const Writer = struct {
         try syncDir(w.staging_dir, "shards", w.staging_path);
         posix.fsync(w.staging_dir.fd) catch |err| return status.failIo(err, w.staging_path);
 
-        const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_noreplace);
-        switch (posix.errno(rc)) {
-            .SUCCESS => {},
-            .EXIST, .NOTEMPTY => return status.fail(error.Exists, "cache path already exists: {s}", .{w.dest_path}),
-            else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
+        var exchanged = false;
+        if (w.options.replace) {
+            // Swap the new cache in atomically; the old one lands at the staging path.
+            const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_exchange);
+            switch (posix.errno(rc)) {
+                .SUCCESS => exchanged = true,
+                .NOENT => {}, // nothing to replace any more: publish normally
+                else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
+            }
+        }
+        if (!exchanged) {
+            const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_noreplace);
+            switch (posix.errno(rc)) {
+                .SUCCESS => {},
+                .EXIST, .NOTEMPTY => return status.fail(error.Exists, "cache path already exists: {s}", .{w.dest_path}),
+                else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
+            }
         }
         w.published = true;
+        // The replaced cache: datasets that still have it open keep reading its open files
+        // or get "replaced" errors (cache.zig checks the directory's identity).
+        if (exchanged) std.fs.cwd().deleteTree(w.staging_path) catch {};
         var base_dir = std.fs.cwd().openDir(w.base_path, .{ .iterate = true }) catch |err| return status.failIo(err, w.base_path);
         defer base_dir.close();
         posix.fsync(base_dir.fd) catch |err| return status.failIo(err, w.base_path);
@@ -700,6 +729,7 @@ pub const Writer = struct {
         gpa.free(w.dest_path);
         gpa.free(w.staging_path);
         gpa.free(w.name);
+        if (w.options.fingerprint) |fp| gpa.free(fp);
         gpa.destroy(w);
     }
 
