@@ -548,7 +548,7 @@ class _Ingest:
                 self._check_rows(rows)
                 raise
             offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
-            np.cumsum(list(map(len, encoded)), out=offsets[1:])
+            np.cumsum(np.fromiter(map(len, encoded), np.uint64, len(encoded)), out=offsets[1:])
             return b"".join(encoded), offsets
         if kind == KIND_INT:
             try:
@@ -579,7 +579,7 @@ class _Ingest:
                 keep.append(offsets)
             self.chunks[i].append((values, offsets))
         offsets = np.zeros(len(payloads) + 1, dtype=np.uint64)
-        np.cumsum(list(map(len, payloads)), out=offsets[1:])
+        np.cumsum(np.fromiter(map(len, payloads), np.uint64, len(payloads)), out=offsets[1:])
         blob = b"".join(payloads)
         if self.timings:
             self.timings.add("metadata_validate", started)

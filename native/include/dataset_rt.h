@@ -197,7 +197,10 @@ int32_t drt_writer_set_schema(drt_writer *writer, const drt_field *fields, uint6
 /* Appends `count` samples. Sample i's payload is payloads[payload_offsets[i] ..
  * payload_offsets[i+1]] (count + 1 offsets); columns holds one drt_column per schema
  * field, in schema order, each of `count` rows. All buffers are borrowed for the
- * duration of the call. Records are encoded, compressed and appended in order.
+ * duration of the call (they are copied). Records are encoded and compressed on the
+ * runtime's workers and appended in order; the call returns once the batch is queued,
+ * waiting first while more than prefetch_size earlier samples are still in the pipeline.
+ * A failure of an earlier batch is returned by a later append or by finish.
  * Returns DRT_E_INVALID_ARGUMENT (e.g. "metadata field 'k' must be a finite float",
  * invalid UTF-8), DRT_E_IO, DRT_E_OUT_OF_MEMORY. After a failure the writer can only
  * be closed. */

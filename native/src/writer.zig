@@ -225,7 +225,7 @@ pub const Writer = struct {
     /// The encode/commit pipeline. `chunks` is a ring indexed by sequence number; chunks
     /// are committed strictly in sequence order by whichever thread finds the next one
     /// encoded (`committing` makes that one thread at a time), so the bytes written do not
-    /// depend on the worker count. At most max(prefetch_size, batch) samples are queued.
+    /// depend on the worker count. At most prefetch_size samples plus one batch are queued.
     chunks: []Chunk = &.{},
     mutex: std.Thread.Mutex = .{},
     cond: std.Thread.Condition = .{},
@@ -388,7 +388,7 @@ pub const Writer = struct {
 
     /// Appends `count` samples (see drt_writer_append): validates them and copies them
     /// into chunks that the pool encodes while the caller produces the next batch. Blocks
-    /// while max(prefetch_size, count) samples are already queued. After an error the
+    /// while prefetch_size samples are still queued (one more batch may wait). After an error the
     /// writer is poisoned: only close is allowed.
     pub fn append(w: *Writer, count: u64, payloads: [*]const u8, offsets: [*]const u64, columns: [*]const Column) status.Error!void {
         try w.runtime.checkPid();
@@ -426,7 +426,9 @@ pub const Writer = struct {
     fn acquireChunk(w: *Writer, samples: usize) status.Error!*Chunk {
         w.mutex.lock();
         defer w.mutex.unlock();
-        const bound = @max(w.options.prefetch_size, samples);
+        // One batch may queue while up to prefetch_size samples are still being encoded
+        // or committed, so the caller produces the next batch while the pool works.
+        const bound = w.options.prefetch_size + samples;
         while (true) {
             if (w.async_failure != null) break;
             const chunk = &w.chunks[@intCast(w.next_submit % w.chunks.len)];

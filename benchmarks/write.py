@@ -1,0 +1,693 @@
+"""Write benchmark (SPEC section 7): dataset_rt against the disk's limits and dataset-rt 0.4.8.
+
+    uv run python benchmarks/write.py              # full run (W1 200,000 x 512 B, W2 1,000 x 1 MiB)
+    uv run python benchmarks/write.py --quick      # smoke run (W1 20,000, W2 100, one repetition)
+    uv run python benchmarks/write.py --no-reference --only W1 --workdir /tmp/drt-bench-write
+
+Each configuration writes one source, a Python generator yielding ``CacheInput(data=...,
+metadata={"label": i % 10, "split": "train"})``, with ``DatasetRuntime(num_workers=N)``
+and ``WriterConfig(show_progress=False, prefetch_size=64, shard_compression=...)``. The
+payloads are generated before anything is timed, from fixed seeds, identically in both
+implementations' processes (the generator only indexes a list of ``bytes``). The timed
+region is the whole ``write_cache`` call (encoding, compression, fsync and publication),
+each run into a fresh base directory (the previous one is removed and ``os.sync()`` run
+before, untimed); the figure is the best of ``--repeat`` runs. Before the timed runs, an
+untimed write (also the warm-up: the first write imports pyarrow) is verified: the cache
+is opened with ``validate_cache=True`` (every shard's SHA-256 checked) and read in order,
+and each payload's BLAKE2b-128, each sample's metadata and the sample count are compared
+with what the generator yielded. The reference's caches are also read by this project and
+ours by the reference, and uncompressed caches must be byte-identical (SPEC section 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import (
+    MiB,
+    SampleCheck,
+    _files_under,
+    best_of,
+    expected_stream,
+    fmt_num,
+    fmt_rate,
+    get_reference,
+    machine_facts,
+    portable_source,
+    print_table,
+    sample_digest,
+    write_fsync_bandwidth,
+)
+from read import PINNED, pin_library
+
+FULL = {"w1": 200_000, "w2": 1_000}
+QUICK = {"w1": 20_000, "w2": 100}
+RECORD_BYTES = {"w1": 512, "w2": MiB}
+# Distinct payloads: every W1 record is distinct; W2 cycles through 64 distinct 1 MiB
+# blocks (64 MiB held in memory instead of 1 GiB; LZ4 compresses each record on its
+# own, so repeats across records do not help it).
+W2_POOL = 64
+PAYLOAD_SEED = 20240607
+PREFETCH = 64
+CONFIG_BUDGET_S = 60.0  # no new timed run of one configuration starts after this
+
+
+def _config(key: str, label: str, content: str, algo: str) -> dict[str, Any]:
+    """One configuration: workload ``key[:2]``, payload ``content`` ("random" or "text")
+    and ``algo`` ("none" or "lz4")."""
+    return {"key": key, "wl": key[:2], "label": label, "content": content, "algo": algo}
+
+
+CONFIGS: list[dict[str, Any]] = [
+    _config("w1_none", "W1 512 B random, none", "random", "none"),
+    _config("w1_lz4", "W1 512 B random, lz4", "random", "lz4"),
+    _config("w2_none", "W2 1 MiB random, none", "random", "none"),
+    _config("w2_lz4", "W2 1 MiB random, lz4", "random", "lz4"),
+    _config("w2_lz4_text", "W2 1 MiB text, lz4", "text", "lz4"),
+]
+
+
+# ------------------------------------------------------------------ portable runner
+# Standard library + dataset_rt only: the reference's interpreter runs the same code.
+
+
+def make_pool(wl: str, content: str, spec: dict[str, Any]) -> list[bytes]:
+    """The distinct payloads of a workload; record i is ``pool[i % len(pool)]``.
+
+    "random": pseudo-random bytes (incompressible). "text": space-separated words drawn
+    from a fixed 512-word vocabulary of lowercase ASCII words (LZ4 compresses it to
+    about 45%), each block a different window of one long text.
+    """
+    import random as _random
+
+    size = spec["record_bytes"][wl]
+    count = spec["pool"][wl]
+    if content == "random":
+        blob = _random.Random(spec["seed"] + (wl == "w2")).randbytes(count * size)
+        return [blob[i * size : (i + 1) * size] for i in range(count)]
+    rng = _random.Random(spec["seed"] + 2)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    vocab = ["".join(rng.choices(letters, k=rng.randint(2, 10))) for _ in range(512)]
+    stride = 4099
+    need = size + stride * count
+    words: list[str] = []
+    length = 0
+    while length < need:
+        chunk = rng.choices(vocab, k=65536)
+        words.extend(chunk)
+        length += sum(map(len, chunk)) + len(chunk)
+    text = " ".join(words).encode("ascii")
+    return [text[k * stride : k * stride + size] for k in range(count)]
+
+
+def pool_digests(pool: list[bytes], n: int) -> bytes:
+    """16-byte digests of records 0..n-1 (record i is ``pool[i % len(pool)]``)."""
+    per_block = [sample_digest(p) for p in pool]
+    return b"".join(per_block[i % len(pool)] for i in range(n))
+
+
+class PoolSource:
+    """A cache source: a Python generator over ``n`` records drawn from ``pool``."""
+
+    def __init__(self, d: Any, name: str, pool: list[bytes], n: int) -> None:
+        self.d = d
+        self.name = name
+        self.pool = pool
+        self.n = n
+
+    def __iter__(self) -> Any:
+        make = self.d.CacheInput
+        pool = self.pool
+        size = len(pool)
+        for i in range(self.n):
+            yield make(data=pool[i % size], metadata={"label": i % 10, "split": "train"})
+
+
+def consume_source(source: Any) -> int:
+    """Iterate a source and do nothing else: the Python generator floor."""
+    count = 0
+    for _ in source:
+        count += 1
+    return count
+
+
+def tree_bytes(path: Any) -> int:
+    """Bytes of every file under ``path``."""
+    import os
+
+    return sum(os.path.getsize(name) for name in _files_under(path))
+
+
+def manifest_facts(path: Any) -> dict[str, Any]:
+    """What SPEC section 3 says must be byte-identical between implementations."""
+    import json as _json
+    import os as _os
+
+    with open(_os.path.join(_os.fspath(path), "manifest.json"), encoding="utf-8") as handle:
+        manifest = _json.load(handle)
+    return {
+        "index_sha256": manifest.get("index_sha256"),
+        "shards": [[s.get("name"), s.get("byte_len"), s.get("sha256")] for s in manifest["shards"]],
+        "sample_count": manifest.get("sample_count"),
+    }
+
+
+def verify_cache(d: Any, rt: Any, path: str, digests: bytes) -> dict[str, Any]:
+    """Open a cache with ``validate_cache=True`` and check every sample, in order."""
+    try:
+        config = d.ReaderConfig(seed=0, shuffle=False, validate_cache=True)
+        ds = rt.cached_dataset([path], reader_config=config)
+        check = SampleCheck(digests)
+        for s in ds:
+            check.add(s.data, s.metadata, s.cache_id, s.sample_id)
+        out = check.summary()
+        out["len"] = len(ds)
+        del ds
+        return out
+    except Exception as exc:  # reported in the table, not raised
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def run_config(
+    d: Any,
+    cfg: dict[str, Any],
+    spec: dict[str, Any],
+    pools: dict[str, Any],
+    num_workers: int,
+    impl: str,
+) -> dict[str, Any]:
+    """Write and verify one configuration untimed, then time it; returns a result dict.
+
+    The verified cache stays in ``<workdir>/verify-<impl>/`` when ``spec["keep"]`` lists
+    ``<key>/<num_workers>`` (for the cross-implementation checks); timed runs write into
+    ``<workdir>/timed-<impl>/``, removed before every run.
+    """
+    import os as _os
+    import shutil as _shutil
+    import time as _time
+
+    wl = cfg["wl"]
+    n = spec["n"][wl]
+    pool = pools[f"{wl}/{cfg['content']}"]
+    digests = pools[f"{wl}/{cfg['content']}/digests"]
+    rt = d.DatasetRuntime(num_workers=num_workers)
+    config = d.WriterConfig(
+        show_progress=False,
+        shard_compression=d.ShardCompression(algo=cfg["algo"]),
+        prefetch_size=spec["prefetch"],
+    )
+    source = PoolSource(d, cfg["key"], pool, n)
+    tag = f"{cfg['key']}/{num_workers}"
+
+    verify_base = _os.path.join(spec["workdir"], f"verify-{impl}", f"{cfg['key']}-nw{num_workers}")
+    _shutil.rmtree(verify_base, ignore_errors=True)
+    t0 = _time.perf_counter()
+    [result] = rt.write_cache(source, verify_base, writer_config=config)
+    first_s = _time.perf_counter() - t0
+    if type(result).__name__ != "CacheWriteSuccess":
+        return {"error": f"write failed: {result!r}"}
+    path = _os.fspath(result.path)
+    out: dict[str, Any] = {
+        "first_s": first_s,
+        "samples": n,
+        "bytes": n * spec["record_bytes"][wl],
+        "verify": verify_cache(d, rt, path, digests),
+        "disk_bytes": tree_bytes(path),
+        "shard_bytes": tree_bytes(_os.path.join(path, "shards")),
+        "manifest": manifest_facts(path),
+        "path": path,
+    }
+    if tag not in spec["keep"]:
+        _shutil.rmtree(verify_base, ignore_errors=True)
+
+    timed_base = _os.path.join(spec["workdir"], f"timed-{impl}")
+
+    def fresh() -> str:
+        _shutil.rmtree(timed_base, ignore_errors=True)
+        _os.sync()
+        return timed_base
+
+    def write(base: str) -> None:
+        [res] = rt.write_cache(source, base, writer_config=config)
+        if type(res).__name__ != "CacheWriteSuccess":
+            raise RuntimeError(f"timed write failed: {res!r}")
+
+    try:
+        best, times, _ = best_of(write, spec["repeat"], 0, fresh, spec["budget_s"])
+    finally:
+        _shutil.rmtree(timed_base, ignore_errors=True)
+    out.update(best_s=best, times=times)
+    return out
+
+
+def build_pools(spec: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Payload pools and per-record digests for ``configs``, keyed "<wl>/<content>"."""
+    pools: dict[str, Any] = {}
+    for cfg in configs:
+        key = f"{cfg['wl']}/{cfg['content']}"
+        if key not in pools:
+            pools[key] = make_pool(cfg["wl"], cfg["content"], spec)
+            pools[key + "/digests"] = pool_digests(pools[key], spec["n"][cfg["wl"]])
+    return pools
+
+
+def pools_fingerprint(pools: dict[str, Any]) -> dict[str, str]:
+    """SHA-256 of each pool's record digests: both processes must write the same bytes."""
+    import hashlib as _hashlib
+
+    return {
+        k[: -len("/digests")]: _hashlib.sha256(v).hexdigest()
+        for k, v in pools.items()
+        if k.endswith("/digests")
+    }
+
+
+def generator_floor(d: Any, spec: dict[str, Any], pools: dict[str, Any]) -> float | None:
+    """W1 samples/s of iterating the source alone (best of 5 or more, after a warm-up)."""
+    if "w1/random" not in pools:
+        return None
+    n = spec["n"]["w1"]
+    source = PoolSource(d, "w1", pools["w1/random"], n)
+    best, _, _ = best_of(lambda _: consume_source(source), max(5, spec["repeat"]), 1)
+    return n / best
+
+
+REFERENCE_MAIN = r"""
+import json, sys
+import dataset_rt as d
+
+spec = json.loads(open(sys.argv[1]).read())
+pools = build_pools(spec, spec["configs"])
+out = {
+    "version": __import__("importlib.metadata").metadata.version("dataset-rt"),
+    "pools": pools_fingerprint(pools),
+    "floor": generator_floor(d, spec, pools),
+    "results": {},
+    "cross": {},
+}
+for cfg in spec["configs"]:
+    for nw in spec["num_workers"]:
+        out["results"][f"{cfg['key']}/{nw}"] = run_config(d, cfg, spec, pools, nw, "ref")
+rt = d.DatasetRuntime(num_workers=max(spec["num_workers"]))
+for key, (path, pool_key) in spec["cross"].items():
+    out["cross"][key] = verify_cache(d, rt, path, pools[pool_key + "/digests"])
+print(json.dumps(out))
+"""
+
+PORTABLE_RUNNER = [
+    make_pool,
+    pool_digests,
+    PoolSource,
+    consume_source,
+    tree_bytes,
+    manifest_facts,
+    verify_cache,
+    run_config,
+    build_pools,
+    pools_fingerprint,
+    generator_floor,
+]
+
+
+# ------------------------------------------------------------------ report
+
+
+def verify_status(res: dict[str, Any], n: int, expected: tuple[str, str]) -> str:
+    """'ok' or what is wrong with one verification pass (``verify_cache``'s summary)."""
+    if "error" in res:
+        return f"FAIL: {res['error']}"
+    if res["bad"]:
+        return f"FAIL: {res['bad']} bad ({res['first_bad']})"
+    if res["count"] != n or res["len"] != n:
+        return f"FAIL: {res['count']} samples (len {res['len']}), expected {n}"
+    if (res["stream"], res["ids"]) != expected:
+        return "FAIL: order/content differs from what was written"
+    return "ok"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="W1 20,000 records, W2 100, one repetition"
+    )
+    parser.add_argument("--no-reference", action="store_true", help="skip dataset-rt 0.4.8")
+    parser.add_argument(
+        "--workdir", type=Path, help="write here (default: a temporary directory, removed)"
+    )
+    parser.add_argument(
+        "--repeat", type=int, help="timed runs per configuration (default 3; --quick 1)"
+    )
+    parser.add_argument(
+        "--num-workers",
+        default="1,2",
+        help="comma-separated num_workers values, each run by both implementations",
+    )
+    parser.add_argument("--only", default="", help="run configurations whose label contains this")
+    parser.add_argument("--json", type=Path, help="also write all results to this file")
+    args = parser.parse_args()
+
+    counts = QUICK if args.quick else FULL
+    repeat = args.repeat or (1 if args.quick else 3)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dataset_rt-bench-write-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    pin_library(workdir)
+    started = time.perf_counter()
+    try:
+        return run(args, counts, repeat, workdir, started)
+    finally:
+        for name in ("verify-ours", "verify-ref", "timed-ours", "timed-ref"):
+            shutil.rmtree(workdir / name, ignore_errors=True)
+        if args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def write_limits(
+    workdir: Path, counts: dict[str, int], repeat: int
+) -> dict[str, tuple[float, list[float]]]:
+    """Plain write + fsync of each workload's payload bytes, 4 MiB chunks."""
+    return {
+        wl: write_fsync_bandwidth(
+            workdir / "limit-write.bin", n * RECORD_BYTES[wl], repeat, budget_s=CONFIG_BUDGET_S
+        )
+        for wl, n in counts.items()
+    }
+
+
+def run(
+    args: argparse.Namespace, counts: dict[str, int], repeat: int, workdir: Path, started: float
+) -> int:
+    import dataset_rt as d
+
+    workers = [int(x) for x in args.num_workers.split(",") if x.strip()]
+    configs = [c for c in CONFIGS if args.only.lower() in c["label"].lower()]
+    print("# dataset_rt write benchmark" + (" (--quick)" if args.quick else ""))
+    for name, value in machine_facts(workdir):
+        print(f"- {name}: {value}")
+    if PINNED:
+        print(f"- native library pinned for the run: {PINNED[0]}")
+    print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"- workloads: W1 {counts['w1']:,} x 512 B, W2 {counts['w2']:,} x 1 MiB; "
+        f"num_workers={','.join(map(str, workers))}, prefetch_size={PREFETCH}, "
+        f"best of {repeat} after 1 verified write"
+    )
+    print(flush=True)
+
+    spec: dict[str, Any] = {
+        "n": dict(counts),
+        "record_bytes": RECORD_BYTES,
+        "pool": {"w1": counts["w1"], "w2": min(W2_POOL, counts["w2"])},
+        "seed": PAYLOAD_SEED,
+        "prefetch": PREFETCH,
+        "repeat": repeat,
+        "budget_s": CONFIG_BUDGET_S,
+        "workdir": str(workdir),
+        "num_workers": workers,
+    }
+    # Cross-implementation checks use the verified caches of the largest num_workers.
+    spec["keep"] = [f"{c['key']}/{max(workers)}" for c in configs]
+
+    t0 = time.perf_counter()
+    pools = build_pools(spec, configs)
+    print(f"payloads: generated in {time.perf_counter() - t0:.1f} s", flush=True)
+    expected = {
+        k[: -len("/digests")]: expected_stream(v, range(len(v) // 16))
+        for k, v in pools.items()
+        if k.endswith("/digests")
+    }
+
+    print("measuring machine limits ...", flush=True)
+    used = {wl: n for wl, n in counts.items() if any(c["wl"] == wl for c in configs)}
+    floor_start = generator_floor(d, spec, pools)
+    limits_start = write_limits(workdir, used, repeat)
+
+    ref = get_reference(not args.no_reference)
+    ours: dict[str, dict[str, Any]] = {}
+    ref_out: dict[str, Any] = {"results": {}, "cross": {}, "pools": {}, "floors": []}
+    ours_reads_ref: dict[str, dict[str, Any]] = {}
+    keep = max(workers)
+    # One configuration at a time, ours then the reference's, so both see the same load.
+    for cfg in configs:
+        t0 = time.perf_counter()
+        for nw in workers:
+            print(f"ours: {cfg['label']} [num_workers={nw}] ...", flush=True)
+            ours[f"{cfg['key']}/{nw}"] = run_config(d, cfg, spec, pools, nw, "ours")
+        if ref is not None:
+            print(
+                f"reference: {cfg['label']} [num_workers={','.join(map(str, workers))}] ...",
+                flush=True,
+            )
+            mine = ours[f"{cfg['key']}/{keep}"]
+            pool_key = f"{cfg['wl']}/{cfg['content']}"
+            cross = {cfg["key"]: (mine["path"], pool_key)} if "path" in mine else {}
+            spec_path = workdir / "reference-spec.json"
+            spec_path.write_text(json.dumps({**spec, "configs": [cfg], "cross": cross}))
+            try:
+                out = ref.run_json(
+                    portable_source(PORTABLE_RUNNER) + REFERENCE_MAIN, [str(spec_path)]
+                )
+            except (RuntimeError, ValueError, OSError) as exc:
+                print(f"reference: not available (its run failed: {exc})")
+                ref = None
+            else:
+                ref_out["version"] = out["version"]
+                for name in ("results", "cross", "pools"):
+                    ref_out[name].update(out[name])
+                if out["floor"]:
+                    ref_out["floors"].append(out["floor"])
+                # Our reader on the reference's cache.
+                res = out["results"].get(f"{cfg['key']}/{keep}", {})
+                if "path" in res:
+                    rt = d.DatasetRuntime(num_workers=keep)
+                    ours_reads_ref[cfg["key"]] = verify_cache(
+                        d, rt, res["path"], pools[pool_key + "/digests"]
+                    )
+                    del rt
+        for name in ("verify-ours", "verify-ref"):
+            shutil.rmtree(workdir / name, ignore_errors=True)
+        print(f"  ({time.perf_counter() - t0:.0f} s)", flush=True)
+    ref_results: dict[str, Any] = ref_out["results"]
+
+    print("measuring machine limits again ...", flush=True)
+    floor_end = generator_floor(d, spec, pools)
+    limits_end = write_limits(workdir, used, repeat)
+    plain = {wl: max(limits_start[wl][0], limits_end[wl][0]) for wl in used}
+    floor = max(floor_start, floor_end) if floor_start and floor_end else None
+
+    # ---------------------------------------------------------------- tables
+    problems: list[str] = []
+    print()
+    print("## Machine limits (measured in this run)")
+    print()
+    limit_rows = []
+    for wl, n in used.items():
+        size = n * RECORD_BYTES[wl]
+        limit_rows.append(
+            [
+                f"plain write + fsync, {size / MiB:,.0f} MiB in 4 MiB chunks ({wl.upper()} bytes)",
+                f"{limits_start[wl][0] / 1e6:,.0f} MB/s",
+                f"{limits_end[wl][0] / 1e6:,.0f} MB/s",
+                f"{plain[wl] / 1e6:,.0f} MB/s",
+            ]
+        )
+    if floor is not None:
+        limit_rows.append(
+            [
+                "python generator floor, W1 (iterate the source only)",
+                f"{fmt_rate(floor_start)}/s",
+                f"{fmt_rate(floor_end)}/s",
+                f"{fmt_rate(floor)}/s",
+            ]
+        )
+        if ref_out["floors"]:
+            limit_rows.append(
+                [
+                    "  same with the reference's CacheInput (its process)",
+                    "-",
+                    "-",
+                    f"{fmt_rate(max(ref_out['floors']))}/s",
+                ]
+            )
+    print_table(["limit", "start", "end", "used (best)"], limit_rows, [False, True, True, True])
+    print()
+    ref_version = ref_out.get("version")
+    print(
+        f"## Write throughput (ref = dataset-rt {ref_version})"
+        if ref_version
+        else "## Write throughput"
+    )
+    print()
+    rows = []
+    for cfg in configs:
+        wl = cfg["wl"]
+        for nw in workers:
+            tag = f"{cfg['key']}/{nw}"
+            res = ours[tag]
+            expect = expected[f"{wl}/{cfg['content']}"]
+            if "error" in res:
+                problems.append(f"{cfg['label']} [ours, num_workers={nw}]: {res['error']}")
+                rows.append([cfg["label"], str(nw), *["-"] * 9, f"FAIL: {res['error']}"])
+                continue
+            rps = res["samples"] / res["best_s"]
+            bps = res["bytes"] / res["best_s"]
+            floor_text = "-"
+            if wl == "w1" and floor:
+                floor_text = f"{fmt_rate(floor)}/s ({rps / floor:.0%})"
+            plain_text = f"{plain[wl] / 1e6:,.0f} MB/s ({bps / plain[wl]:.0%})"
+            ref_res = ref_results.get(tag)
+            ref_text, ratio = "-", "-"
+            ref_rps = None
+            if ref_res and "error" not in ref_res:
+                ref_rps = ref_res["samples"] / ref_res["best_s"]
+                ref_bps = ref_res["bytes"] / ref_res["best_s"]
+                ref_text = f"{fmt_rate(ref_rps)}/s" if wl == "w1" else f"{ref_bps / 1e6:,.0f} MB/s"
+                ratio = f"{rps / ref_rps:.2f}x"
+            elif ref_res:
+                problems.append(f"{cfg['label']} [reference, num_workers={nw}]: {ref_res['error']}")
+                ref_text = "FAIL"
+            if wl == "w1":
+                target = ">=500k/s, >=7x ref"
+                ok = rps >= 500e3 and (ref_rps is None or rps >= 7 * ref_rps)
+            else:
+                target = ">=90% plain write"
+                ok = bps >= 0.9 * plain[wl]
+            status = verify_status(res["verify"], res["samples"], expect)
+            if not status.startswith("ok"):
+                problems.append(f"{cfg['label']} [ours, num_workers={nw}]: {status}")
+            rows.append(
+                [
+                    cfg["label"],
+                    str(nw),
+                    fmt_rate(rps),
+                    fmt_num(bps / 1e6),
+                    f"{res['shard_bytes'] / res['bytes']:.2f}",
+                    floor_text,
+                    plain_text,
+                    ref_text,
+                    ratio,
+                    target,
+                    "yes" if ok else "NO",
+                    status,
+                ]
+            )
+    print_table(
+        [
+            "configuration",
+            "workers",
+            "samples/s",
+            "MB/s",
+            "shards/payload",
+            "py generator floor",
+            "plain write+fsync",
+            "ref",
+            "ratio",
+            "SPEC 7 target",
+            "met",
+            "verified",
+        ],
+        rows,
+        [False, True, True, True, True, True, True, True, True, False, False, False],
+    )
+    print()
+    print(
+        "MB/s counts payload bytes; shards/payload = shard bytes on disk / payload bytes "
+        "(record framing + metadata JSON, after compression); ref and ratio at the same "
+        "num_workers (samples/s for W1, MB/s for W2), ratio = ours / ref; percentages in "
+        "the limit columns are ours / limit."
+    )
+
+    if ref_results:
+        print()
+        print(f"## Compatibility (verified caches of num_workers={keep})")
+        print()
+        crows = []
+        for cfg in configs:
+            tag = f"{cfg['key']}/{max(workers)}"
+            expect = expected[f"{cfg['wl']}/{cfg['content']}"]
+            n = counts[cfg["wl"]]
+            ref_res = ref_results.get(tag, {})
+            mine = ours.get(tag, {})
+            ref_self = verify_status(ref_res["verify"], n, expect) if "verify" in ref_res else "-"
+            ref_reads = (
+                verify_status(ref_out["cross"][cfg["key"]], n, expect)
+                if cfg["key"] in ref_out.get("cross", {})
+                else "-"
+            )
+            we_read = (
+                verify_status(ours_reads_ref[cfg["key"]], n, expect)
+                if cfg["key"] in ours_reads_ref
+                else "-"
+            )
+            identical = "-"
+            if cfg["algo"] == "none" and "manifest" in mine and "manifest" in ref_res:
+                a, b = mine["manifest"], ref_res["manifest"]
+                same = (a["index_sha256"], a["shards"]) == (b["index_sha256"], b["shards"])
+                identical = "yes" if same else "NO"
+                if identical != "yes":
+                    problems.append(f"{cfg['label']}: index.bin/shards differ from the reference's")
+            for who, status in (
+                ("reference reading its own cache", ref_self),
+                ("reference reading ours", ref_reads),
+                ("ours reading the reference's", we_read),
+            ):
+                if status != "-" and not status.startswith("ok"):
+                    problems.append(f"{cfg['label']} [{who}]: {status}")
+            ref_ratio = "-"
+            if "shard_bytes" in ref_res:
+                ref_ratio = f"{ref_res['shard_bytes'] / ref_res['bytes']:.2f}"
+            crows.append([cfg["label"], ref_self, ref_reads, we_read, identical, ref_ratio])
+        print_table(
+            [
+                "configuration",
+                "ref's cache, ref reads",
+                "ours, ref reads",
+                "ref's, ours reads",
+                "index+shards identical",
+                "ref shards/payload",
+            ],
+            crows,
+            [False, False, False, False, False, True],
+        )
+        fingerprints = pools_fingerprint(pools)
+        same = all(fingerprints.get(k) == v for k, v in ref_out["pools"].items())
+        if not same:
+            problems.append("the reference's process generated different payloads")
+        print()
+        print("payloads identical in both processes: " + ("yes" if same else "NO"))
+
+    for line in problems:
+        print(f"VERIFY {line}")
+    print(
+        f"total time {time.perf_counter() - started:.0f} s; load average at end: "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "limits": {
+                        "plain_write_bps": plain,
+                        "plain_write_start": limits_start,
+                        "plain_write_end": limits_end,
+                        "generator_floor_rps": [floor_start, floor_end],
+                    },
+                    "ours": ours,
+                    "reference": ref_out,
+                    "ours_reads_reference": ours_reads_ref,
+                },
+                indent=1,
+            )
+        )
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
