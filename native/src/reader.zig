@@ -98,6 +98,17 @@ fn growUninit(list: *std.ArrayList(u8), gpa: std.mem.Allocator, n: usize) error{
     list.items.len = n;
 }
 
+/// Decompresses a size-prepended LZ4 payload onto the end of `out`; returns its length.
+fn appendDecompressed(out: *std.ArrayList(u8), gpa: std.mem.Allocator, stored: []const u8) status.Error!u64 {
+    const raw_len = lz4.prependedSize(stored) catch |err|
+        return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
+    const at = out.items.len;
+    try growUninit(out, gpa, at + raw_len);
+    lz4.decompressPrepended(stored, out.items[at..][0..raw_len]) catch |err|
+        return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
+    return raw_len;
+}
+
 /// Column storage of one batch for one schema field.
 const ColumnBuffer = struct {
     bytes: std.ArrayList(u8) = .empty, // bool values or string data
@@ -373,14 +384,8 @@ const Slot = struct {
                 .in_raw = false,
             };
             if (compression == .lz4) {
-                const raw_len = lz4.prependedSize(record.stored_payload) catch |err|
-                    return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
-                const out_at = s.raw.items.len;
-                try growUninit(&s.raw, gpa, out_at + raw_len);
-                lz4.decompressPrepended(record.stored_payload, s.raw.items[out_at..][0..raw_len]) catch |err|
-                    return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
-                d.payload_at = out_at;
-                d.payload_len = raw_len;
+                d.payload_at = s.raw.items.len;
+                d.payload_len = try appendDecompressed(&s.raw, gpa, record.stored_payload);
                 d.in_raw = true;
             }
             try s.decoded.append(gpa, d);
@@ -788,13 +793,7 @@ pub const Lookup = struct {
             const payload_at = lk.raw.items.len;
             switch (c.manifest.shards[@intCast(row.shard_id)].compression) {
                 .none => try lk.raw.appendSlice(gpa, record.stored_payload),
-                .lz4 => {
-                    const raw_len = lz4.prependedSize(record.stored_payload) catch |err|
-                        return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
-                    try growUninit(&lk.raw, gpa, payload_at + raw_len);
-                    lz4.decompressPrepended(record.stored_payload, lk.raw.items[payload_at..][0..raw_len]) catch |err|
-                        return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
-                },
+                .lz4 => _ = try appendDecompressed(&lk.raw, gpa, record.stored_payload),
             }
             try lk.spans.append(gpa, .{ payload_at, lk.raw.items.len - payload_at });
         }
