@@ -674,7 +674,12 @@ class _Progress:
             f"{payload_bytes / elapsed / 1e6:,.1f} MB/s"
         )
         if self.total_sources > 1:
-            line = f"sources {self.done}/{self.total_sources} | " + line
+            prefix = f"sources {self.done}/{self.total_sources}"
+            if self.done:
+                per_source = (self.source_started - self.started) / self.done
+                remaining = per_source * (self.total_sources - self.done) - (now - self.source_started)
+                prefix += f" ETA {max(remaining, 0.0):,.0f}s"
+            line = f"{prefix} | " + line
         sys.stderr.write("\r\x1b[2K" + line)
         sys.stderr.flush()
 

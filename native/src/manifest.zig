@@ -432,3 +432,32 @@ test "shard names" {
     try testing.expectEqualStrings("000012.bin", shardName(&buf, 12));
     try testing.expectEqualStrings("1234567.bin", shardName(&buf, 1234567));
 }
+
+test "fuzz: mutated manifests parse or fail cleanly" {
+    var prng = std.Random.DefaultPrng.init(0x5eed);
+    const random = prng.random();
+    var buf: [fixture_manifest.len + 16]u8 = undefined;
+    for (0..4000) |_| {
+        var len: usize = fixture_manifest.len;
+        @memcpy(buf[0..len], fixture_manifest);
+        for (0..random.intRangeAtMost(usize, 1, 4)) |_| {
+            if (len == 0) break;
+            switch (random.intRangeAtMost(u8, 0, 3)) {
+                0 => buf[random.uintLessThan(usize, len)] ^= @as(u8, 1) << random.int(u3),
+                1 => buf[random.uintLessThan(usize, len)] = random.int(u8),
+                2 => len = random.uintLessThan(usize, len + 1),
+                else => if (len < buf.len) {
+                    buf[len] = random.int(u8);
+                    len += 1;
+                },
+            }
+        }
+        if (parse(testing.allocator, buf[0..len], "m.json")) |parsed| {
+            var m = parsed;
+            m.deinit();
+        } else |err| switch (err) {
+            error.Json, error.InvalidCache => try testing.expect(status.lastMessage().len > 0),
+            else => return err,
+        }
+    }
+}

@@ -37,3 +37,17 @@ test "split a reference record" {
     try std.testing.expectError(error.InvalidCache, split("\xff\x00\x00\x00\x00\x00\x00\x00{}"));
     try std.testing.expectError(error.InvalidCache, split("\x01\x00"));
 }
+
+test "fuzz: record splitting never reads out of bounds" {
+    var prng = std.Random.DefaultPrng.init(7);
+    const random = prng.random();
+    var buf: [64]u8 = undefined;
+    for (0..20000) |_| {
+        const len = random.uintAtMost(usize, buf.len);
+        random.bytes(buf[0..len]);
+        if (len >= 8 and random.boolean()) std.mem.writeInt(u64, buf[0..8], random.uintAtMost(u64, 80), .little);
+        if (split(buf[0..len])) |r| {
+            try std.testing.expectEqual(len, header_bytes + r.json.len + r.stored_payload.len);
+        } else |err| try std.testing.expectEqual(error.InvalidCache, err);
+    }
+}
