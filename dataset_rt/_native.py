@@ -60,6 +60,22 @@ def check(status: int) -> None:
         raise_status(status)
 
 
+FORK_MESSAGE = (
+    "dataset_rt objects cannot be used in a forked child process; "
+    "create the runtime and dataset in the child"
+)
+
+
+def check_owner(pid: int) -> None:
+    """Raise the fork error when called in a process other than ``pid``.
+
+    The native handles refuse a forked child on their own; this guards the Python-side
+    paths that would otherwise hang there first (Polars' thread pool, inherited from the
+    parent, deadlocks in a forked child) or report the error as a per-source result."""
+    if os.getpid() != pid:
+        raise RuntimeError(FORK_MESSAGE)
+
+
 def encode_path(path: str | os.PathLike[str]) -> bytes:
     """A path as the bytes the OS sees (surrogate-escaped names round-trip)."""
     return os.fsencode(path)

@@ -300,6 +300,8 @@ class CachedDataset:
             if self._active is None:
                 from dataset_rt.metadata import default_table
 
+                _native.check_owner(self._runtime._pid)  # Polars would hang in a fork
+
                 self._active = default_table(self)
             return self._active
 
@@ -320,6 +322,7 @@ class CachedDataset:
         """
         from dataset_rt.metadata import validate_and_set
 
+        _native.check_owner(self._runtime._pid)
         with self._state_lock:
             validate_and_set(self, df)
             self._active = df
@@ -336,6 +339,7 @@ class CachedDataset:
         """
         from dataset_rt.manifests import update_manifests
 
+        _native.check_owner(self._runtime._pid)
         return update_manifests(self, version)
 
     def dump_config(self, path: str | os.PathLike[str]) -> Path:
@@ -343,6 +347,7 @@ class CachedDataset:
         existing directory ``path``; returns the ``dataset.json`` path."""
         from dataset_rt.snapshot import dump_config
 
+        _native.check_owner(self._runtime._pid)
         return dump_config(self, path)
 
     @classmethod

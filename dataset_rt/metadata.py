@@ -51,7 +51,7 @@ def read_arrow_file(path: Path) -> Any:
         raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
     try:
         reader = pa.ipc.open_file(source)
-    except pa.ArrowInvalid as exc:
+    except (pa.ArrowException, OSError) as exc:
         # Not an IPC file at all (wrong magic) is the reference's "invalid footer"; a
         # damaged IPC file is an Arrow parser error.
         if source.size() < 6 or source.read_at(6, 0) != b"ARROW1":
@@ -60,7 +60,7 @@ def read_arrow_file(path: Path) -> Any:
     try:
         table = reader.read_all()
         table.validate(full=True)
-    except pa.ArrowException as exc:
+    except (pa.ArrowException, OSError) as exc:
         raise RuntimeError(f"Arrow error: {exc}: {path}") from exc
     return table
 

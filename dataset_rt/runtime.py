@@ -34,7 +34,7 @@ class DatasetRuntime:
     are gone. A runtime cannot be pickled or used in a forked child process.
     """
 
-    __slots__ = ("_inner", "_num_workers")
+    __slots__ = ("_inner", "_num_workers", "_pid")
 
     def __init__(self, *, num_workers: int) -> None:
         count = operator.index(num_workers)
@@ -46,6 +46,7 @@ class DatasetRuntime:
         _native.check(lib.drt_runtime_open(count, out))
         self._inner = ffi.gc(out[0], _close_runtime)
         self._num_workers = count
+        self._pid = os.getpid()
 
     @property
     def num_workers(self) -> int:
@@ -53,6 +54,7 @@ class DatasetRuntime:
         return self._num_workers
 
     def _handle(self) -> Any:
+        _native.check_owner(self._pid)
         return self._inner
 
     def __reduce__(self) -> Any:
@@ -77,6 +79,7 @@ class DatasetRuntime:
         """
         from dataset_rt.writer import write_sources
 
+        _native.check_owner(self._pid)
         return write_sources(self, sources, path, writer_config)
 
     def cached_dataset(
@@ -106,6 +109,7 @@ class DatasetRuntime:
         from dataset_rt.dataset import CachedDataset, probe_cache
         from dataset_rt.writer import plan_sources, write_planned
 
+        _native.check_owner(self._pid)
         items = sources if isinstance(sources, list) else [sources]
         if not items:
             return CacheSourcesDatasetError([], "no cache sources were provided")

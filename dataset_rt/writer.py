@@ -642,9 +642,13 @@ class _Ingest:
         staging = ffi.new("drt_str *")
         self.check(lib.drt_writer_staging_path(self.writer, staging))
         directory = os.fsdecode(ffi.buffer(staging.ptr, staging.len)[:])
-        with pa.OSFile(os.path.join(directory, "metadata.arrow"), "wb") as sink:
-            with pa.ipc.new_file(sink, batch.schema) as ipc:
+        target = os.path.join(directory, "metadata.arrow")
+        try:
+            with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, batch.schema) as ipc:
                 ipc.write_batch(batch)
+        except OSError as exc:  # e.g. ENOSPC: a failed write, reported like the native ones
+            code = exc.errno or 0
+            raise SourceFailure(f"I/O error: {os.strerror(code)} (os error {code}): {target}") from exc
 
 
 class _Progress:

@@ -32,10 +32,11 @@ fn nullArgument(comptime what: []const u8) Rc {
     return fromError(status.fail(error.InvalidArgument, what ++ " must not be NULL", .{}));
 }
 
-/// Maps the result of an already evaluated call. (It must not clear the message: the
-/// call ran before this function, and its failure message is the one to keep.)
-fn wrap(result: status.Error!void) Rc {
-    result catch |err| return fromError(err);
+/// Runs `f(args...)` with a fresh message buffer and maps its result to a status, so
+/// a failure without a message of its own (an allocation) never shows a stale one.
+fn call(comptime f: anytype, args: anytype) Rc {
+    status.clear();
+    @call(.auto, f, args) catch |err| return fromError(err);
     return ok();
 }
 
@@ -110,7 +111,7 @@ export fn drt_writer_set_schema(w: ?*Writer, fields: ?[*]const abi.Field, field_
         if (src.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_field.reserved must be 0", .{}));
         f.* = .{ .name = src.name.slice(), .kind = kindFrom(src.kind) catch |err| return fromError(err) };
     }
-    return wrap(writer.setSchema(converted));
+    return call(Writer.setSchema, .{ writer, converted });
 }
 
 fn kindFrom(kind: i32) status.Error!schema.Kind {
@@ -137,7 +138,7 @@ export fn drt_writer_append(w: ?*Writer, count: u64, payloads: ?[*]const u8, pay
         if (src.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_column.reserved must be 0", .{}));
         c.* = .{ .kind = kindFrom(src.kind) catch |err| return fromError(err), .values = src.values, .offsets = src.offsets };
     }
-    return wrap(writer.append(count, data, offsets, cols.ptr));
+    return call(Writer.append, .{ writer, count, data, offsets, cols.ptr });
 }
 
 export fn drt_writer_stats(w: ?*Writer, out: ?[*]abi.StageStats) Rc {
@@ -163,14 +164,14 @@ export fn drt_writer_staging_path(w: ?*Writer, out: ?*abi.Str) Rc {
 
 export fn drt_writer_finish(w: ?*Writer) Rc {
     const writer = w orelse return nullArgument("writer");
-    return wrap(writer.finish());
+    return call(Writer.finish, .{writer});
 }
 
 export fn drt_staging_sweep(base_dir: ?[*]const u8, base_dir_len: u64) Rc {
     status.clear();
     const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
     if (base.len == 0) return fromError(status.fail(error.InvalidArgument, "base_dir must not be empty", .{}));
-    return wrap(Writer.sweepBase(base.slice()));
+    return call(Writer.sweepBase, .{base.slice()});
 }
 
 export fn drt_writer_close(w: ?*Writer) void {
@@ -305,7 +306,7 @@ export fn drt_dataset_epoch_len(ds: ?*Dataset, out: ?*u64) Rc {
 
 export fn drt_dataset_set_epoch_len(ds: ?*Dataset, epoch_len: u64) Rc {
     const d = ds orelse return nullArgument("dataset");
-    return wrap(d.setEpochLen(epoch_len));
+    return call(Dataset.setEpochLen, .{ d, epoch_len });
 }
 
 // ---------------------------------------------------------------- reading
@@ -322,7 +323,7 @@ export fn drt_iter_next_batch(it: ?*reader.Iter, max_count: u64, flags: u32, out
     const iter = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
     if (flags & ~reader.batch_contiguous != 0) return fromError(status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags}));
-    return wrap(iter.nextBatch(max_count, flags, o));
+    return call(reader.Iter.nextBatch, .{ iter, max_count, flags, o });
 }
 
 export fn drt_iter_close(it: ?*reader.Iter) void {
@@ -346,7 +347,7 @@ export fn drt_lookup_get(lk: ?*reader.Lookup, count: u64, cache_ids: ?[*]const u
     const empty: [0]u64 = .{};
     const cids = if (n > 0) cache_ids.?[0..n] else &empty;
     const sids = if (n > 0) sample_ids.?[0..n] else &empty;
-    return wrap(lookup.get(cids, sids, flags, o));
+    return call(reader.Lookup.get, .{ lookup, cids, sids, flags, o });
 }
 
 export fn drt_lookup_close(lk: ?*reader.Lookup) void {

@@ -247,7 +247,8 @@ fn verifyFile(gpa: std.mem.Allocator, dir: std.fs.Dir, name: []const u8, cache_p
 pub fn verifySha(path: [:0]const u8, expected_hex: []const u8) status.Error!void {
     const digest = try sha256File(path);
     const actual = std.fmt.bytesToHex(digest, .lower);
-    if (!std.ascii.eqlIgnoreCase(&actual, expected_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}", .{path});
+    // Exact: the manifest holds lowercase hex, and any other spelling is a changed file.
+    if (!std.mem.eql(u8, &actual, expected_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}", .{path});
 }
 
 pub fn sha256File(path: [:0]const u8) status.Error![32]u8 {

@@ -102,6 +102,11 @@ fn growUninit(list: *std.ArrayList(u8), gpa: std.mem.Allocator, n: usize) error{
 fn appendDecompressed(out: *std.ArrayList(u8), gpa: std.mem.Allocator, stored: []const u8) status.Error!u64 {
     const raw_len = lz4.prependedSize(stored) catch |err|
         return status.fail(error.InvalidCache, "failed to decompress lz4 payload: {s}", .{lz4.describe(err)});
+    // An LZ4 block expands at most ~255x; a larger size prefix is corrupt, and must not
+    // size an allocation.
+    if (raw_len > 255 * @as(u64, stored.len) + 64) {
+        return status.fail(error.InvalidCache, "failed to decompress lz4 payload: size prefix {d} is larger than a {d}-byte block can hold", .{ raw_len, stored.len });
+    }
     const at = out.items.len;
     try growUninit(out, gpa, at + raw_len);
     lz4.decompressPrepended(stored, out.items[at..][0..raw_len]) catch |err|
@@ -524,6 +529,13 @@ pub const Iter = struct {
                 slot.state.store(.done, .release);
                 continue;
             };
+            if (slot.len == 0) {
+                // Nothing to read (a corrupt index can say so): decode the empty record
+                // right away, which reports it, instead of submitting an empty read.
+                slot.decode(ds) catch |err| slot.fail(err);
+                slot.state.store(.done, .release);
+                continue;
+            }
             slot.state.store(.pending, .release);
             switch (it.backend) {
                 .threads => ds.runtime.pool.submit(&slot.job),

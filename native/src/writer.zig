@@ -668,7 +668,7 @@ pub const Writer = struct {
         if (w.options.replace) {
             // Swap the new cache in atomically; the old one lands at the staging path.
             const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_exchange);
-            switch (posix.errno(rc)) {
+            switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
                 .SUCCESS => exchanged = true,
                 .NOENT => {}, // nothing to replace any more: publish normally
                 else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
@@ -676,7 +676,7 @@ pub const Writer = struct {
         }
         if (!exchanged) {
             const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_noreplace);
-            switch (posix.errno(rc)) {
+            switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
                 .SUCCESS => {},
                 .EXIST, .NOTEMPTY => return status.fail(error.Exists, "cache path already exists: {s}", .{w.dest_path}),
                 else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
