@@ -319,7 +319,6 @@ class ReaderConfig(_WithExtensions):
     )
 
 
-
 class DatasetConfiguration(BaseModel):
     """Schema of `dataset.json` written by `dump_config` and read by `from_config`.
 

@@ -51,7 +51,8 @@ def read_arrow_file(path: Path) -> Any:
         raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
     try:
         reader = pa.ipc.open_file(source)
-    except (pa.ArrowException, OSError) as exc:
+        reader.schema.names  # noqa: B018 - decodes field names (invalid UTF-8 raises here)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         # Not an IPC file at all (wrong magic) is the reference's "invalid footer"; a
         # damaged IPC file is an Arrow parser error.
         if source.size() < 6 or source.read_at(6, 0) != b"ARROW1":
@@ -60,7 +61,8 @@ def read_arrow_file(path: Path) -> Any:
     try:
         table = reader.read_all()
         table.validate(full=True)
-    except (pa.ArrowException, OSError) as exc:
+        table.schema.names  # noqa: B018 - the batches' own field names too
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise RuntimeError(f"Arrow error: {exc}: {path}") from exc
     return table
 

@@ -134,7 +134,9 @@ class DatasetRuntime:
                     "(WriterConfig(on_stale='rebuild') rebuilds it)"
                 )
             results[plan.position] = (
-                CacheWriteSuccess(plan.name, target) if error is None else CacheWriteError(plan.name, error)
+                CacheWriteSuccess(plan.name, target)
+                if error is None
+                else CacheWriteError(plan.name, error)
             )
         results.update(write_planned(self, to_write, base, writer_config))
         if to_rebuild:  # swapped in by this process (the exchange is not done by children)

@@ -648,7 +648,9 @@ class _Ingest:
                 ipc.write_batch(batch)
         except OSError as exc:  # e.g. ENOSPC: a failed write, reported like the native ones
             code = exc.errno or 0
-            raise SourceFailure(f"I/O error: {os.strerror(code)} (os error {code}): {target}") from exc
+            raise SourceFailure(
+                f"I/O error: {os.strerror(code)} (os error {code}): {target}"
+            ) from exc
 
 
 class _Progress:
@@ -681,7 +683,9 @@ class _Progress:
             prefix = f"sources {self.done}/{self.total_sources}"
             if self.done:
                 per_source = (self.source_started - self.started) / self.done
-                remaining = per_source * (self.total_sources - self.done) - (now - self.source_started)
+                remaining = per_source * (self.total_sources - self.done) - (
+                    now - self.source_started
+                )
                 prefix += f" ETA {max(remaining, 0.0):,.0f}s"
             line = f"{prefix} | " + line
         sys.stderr.write("\r\x1b[2K" + line)

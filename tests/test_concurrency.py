@@ -623,6 +623,7 @@ def test_iterators_in_threads_take_disjoint_windows(io_backend: str, shuffle: bo
             sample = dataset.get_item(PLAIN_ONE_SHARD_ID, i % 120)
             lookups.append(hashlib.sha256(sample.data).hexdigest() == want[i % 120])
             i += 1
+            time.sleep(0.0002)  # interleave with the readers rather than starve them
 
     looker = threading.Thread(target=look_up)
     looker.start()

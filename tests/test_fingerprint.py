@@ -27,7 +27,11 @@ class Versioned:
 
 
 def tree(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 CONFIG = drt.ReaderConfig(seed=0, shuffle=False)
@@ -36,23 +40,32 @@ SMALL_SHARDS = drt.WriterConfig(show_progress=False, max_shard_bytes=2000)
 
 def test_fingerprint_stored_and_reused(runtime, tmp_path: Path) -> None:
     first = Versioned("a", "fp-1")
-    result = runtime.from_cache_sources(first, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS)
+    result = runtime.from_cache_sources(
+        first, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS
+    )
     assert isinstance(result, drt.CacheSourcesDatasetSuccess)
     manifest = json.loads((tmp_path / "feat" / "manifest.json").read_text())
     assert list(manifest)[-1] == "fingerprint" and manifest["fingerprint"] == "fp-1"
     again = Versioned("a", "fp-1")
-    result = runtime.from_cache_sources(again, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS)
+    result = runtime.from_cache_sources(
+        again, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS
+    )
     assert isinstance(result, drt.CacheSourcesDatasetSuccess) and not again.iterated
 
 
 def test_stale_fingerprint_is_reported_and_cache_untouched(runtime, tmp_path: Path) -> None:
-    runtime.from_cache_sources(Versioned("a", "fp-1"), tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS)
+    runtime.from_cache_sources(
+        Versioned("a", "fp-1"), tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS
+    )
     before = tree(tmp_path / "feat")
     stale = Versioned("b", "fp-2")
-    result = runtime.from_cache_sources(stale, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS)
+    result = runtime.from_cache_sources(
+        stale, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS
+    )
     message = (
-        f"stale cache {tmp_path / 'feat'}: its fingerprint 'fp-1' differs from the source's 'fp-2'; "
-        "nothing was rebuilt or deleted (WriterConfig(on_stale='rebuild') rebuilds it)"
+        f"stale cache {tmp_path / 'feat'}: its fingerprint 'fp-1' differs from the "
+        "source's 'fp-2'; nothing was rebuilt or deleted "
+        "(WriterConfig(on_stale='rebuild') rebuilds it)"
     )
     assert result == drt.CacheSourcesDatasetError(
         [drt.CacheWriteError("feat", message)], f"no caches were written: feat: {message}"
@@ -61,24 +74,34 @@ def test_stale_fingerprint_is_reported_and_cache_untouched(runtime, tmp_path: Pa
     assert tree(tmp_path / "feat") == before
     # A source without a fingerprint behaves like the reference: the cache is reused.
     plain = Versioned("c", None)
-    result = runtime.from_cache_sources(plain, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS)
+    result = runtime.from_cache_sources(
+        plain, tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS
+    )
     assert isinstance(result, drt.CacheSourcesDatasetSuccess) and not plain.iterated
 
 
 def test_rebuild_swaps_atomically_and_old_readers_never_mix(runtime, tmp_path: Path) -> None:
-    runtime.from_cache_sources(Versioned("a", "fp-1"), tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS)
-    old = runtime.cached_dataset([tmp_path / "feat"], reader_config=drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=1))
+    runtime.from_cache_sources(
+        Versioned("a", "fp-1"), tmp_path, reader_config=CONFIG, writer_config=SMALL_SHARDS
+    )
+    old = runtime.cached_dataset(
+        [tmp_path / "feat"], reader_config=drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=1)
+    )
     old.set_epoch_len(1)
     assert next(iter(old)).data.startswith(b"a:0")
     rebuild = SMALL_SHARDS.model_copy(update={"on_stale": "rebuild"})
-    result = runtime.from_cache_sources(Versioned("b", "fp-2"), tmp_path, reader_config=CONFIG, writer_config=rebuild)
+    result = runtime.from_cache_sources(
+        Versioned("b", "fp-2"), tmp_path, reader_config=CONFIG, writer_config=rebuild
+    )
     assert isinstance(result, drt.CacheSourcesDatasetSuccess)
     assert [s.data[:3] for s in result.dataset][:2] == [b"b:0", b"b:1"]
     assert json.loads((tmp_path / "feat" / "manifest.json").read_text())["fingerprint"] == "fp-2"
     assert list((tmp_path / "tmp").iterdir()) == []
     # The dataset opened before the swap reads old bytes or fails clearly; never new bytes.
     old.set_epoch_len(40)
-    with pytest.raises(ValueError, match="was replaced \\(rebuilt\\) or removed while this dataset was open"):
+    with pytest.raises(
+        ValueError, match="was replaced \\(rebuilt\\) or removed while this dataset was open"
+    ):
         for sample in old:
             assert sample.data.startswith(f"a:{sample.sample_id}".encode())
     with pytest.raises(ValueError, match="was replaced"):
@@ -90,8 +113,12 @@ def test_inspect_shows_fingerprint(runtime, tmp_path: Path) -> None:
     import sys
 
     runtime.write_cache(Versioned("a", "fp-9"), tmp_path, writer_config=SMALL_SHARDS)
-    out = subprocess.run([sys.executable, "-m", "dataset_rt", "inspect", "--json", str(tmp_path / "feat")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "dataset_rt", "inspect", "--json", str(tmp_path / "feat")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert json.loads(out)[0]["fingerprint"] == "fp-9"
 
 

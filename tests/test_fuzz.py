@@ -22,6 +22,11 @@ Two tests, both on copies of small caches (reference fixtures and caches written
 * ``test_validate_cache_detects_every_single_byte_change``: with ``validate_cache=True``,
   every single-byte change to any file of a cache is detected when the cache is loaded,
   except the manifest edits that are undetectable by design (see ``classify_manifest``).
+* Deterministic companions, independent of the seed, with the same checks:
+  ``test_boundary_records_fail_cleanly`` (empty, short, overflowing and out-of-file index
+  rows and ``json_len`` prefixes at the first record, a read-ahead batch boundary and the
+  last record) and ``test_metadata_arrow_field_names_fail_cleanly`` (damaged field names
+  in ``metadata.arrow``).
 
 Every load and read runs in a worker subprocess (one long-lived interpreter fed through a
 pipe), so a crash of the interpreter (a Zig panic, a segfault, an abort) is reported as a
@@ -1182,6 +1187,62 @@ def test_boundary_records_fail_cleanly(
                     failures.append(f"{what}\n  -> " + "\n  -> ".join(problems[:6]))
                 shutil.rmtree(target.parent)
     assert not failures, f"{len(failures)} of {number} edge cases failed:\n" + "\n".join(
+        failures[:MAX_REPORTED]
+    )
+
+
+@pytest.mark.parametrize("name", ["plain_one_shard", "tiny_plain"])
+def test_metadata_arrow_field_names_fail_cleanly(
+    worker: Worker, written_caches: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """Deterministic edits of the field names stored in metadata.arrow (schema message and
+    footer): invalid UTF-8, a NUL, another letter; with the manifest's metadata_sha256
+    left alone and fixed up (so validate_cache=True reads the file too)."""
+    source = cache_source(name, written_caches)
+    arrow = (source / "metadata.arrow").read_bytes()
+    fields = [
+        f["name"] for f in json.loads((source / "manifest.json").read_bytes())["metadata_schema"]
+    ]
+    failures: list[str] = []
+    number = 0
+    for field_name in fields:
+        raw = field_name.encode()
+        at = arrow.find(raw)
+        while at >= 0:
+            for value in (0xCC, 0x00, ord("X")):
+                for fix in (False, True):
+                    target = copy_cache(source, tmp_path / f"a{number}" / name)
+                    number += 1
+                    data = bytearray(arrow)
+                    data[at + len(raw) - 1] = value
+                    (target / "metadata.arrow").write_bytes(bytes(data))
+                    if fix:
+                        manifest = json.loads((target / "manifest.json").read_bytes())
+                        manifest["metadata_sha256"] = hashlib.sha256(data).hexdigest()
+                        text = json.dumps(manifest, indent=2, ensure_ascii=False)
+                        (target / "manifest.json").write_text(text, encoding="utf-8")
+                    job = {
+                        "op": "read",
+                        "cache": str(target),
+                        "backend": "threads",
+                        "prefetch": 64,
+                        "limit": 400,
+                    }
+                    what = f"{name} metadata.arrow byte {at + len(raw) - 1}"
+                    what += f" (field {field_name!r}) -> {value:#04x}"
+                    what += ", metadata_sha256 fixed" if fix else ""
+                    try:
+                        [reply] = worker.request(job)
+                    except WorkerDied as died:
+                        failures.append(f"{what}\n  -> {died.detail}")
+                        continue
+                    problems = check_read(reply, build_oracle(target))
+                    if problems:
+                        failures.append(f"{what}\n  -> " + "\n  -> ".join(problems[:6]))
+                    shutil.rmtree(target.parent)
+            at = arrow.find(raw, at + 1)
+    assert number > 0
+    assert not failures, f"{len(failures)} of {number} edits failed:\n" + "\n".join(
         failures[:MAX_REPORTED]
     )
 

@@ -32,8 +32,13 @@ SCRIPT = textwrap.dedent("""
 def test_no_progress_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:
     script = tmp_path / "w.py"
     script.write_text(SCRIPT)
-    result = subprocess.run([sys.executable, str(script), str(tmp_path / "c")],
-                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
 
@@ -42,8 +47,12 @@ def test_progress_line_on_a_terminal(tmp_path: Path) -> None:
     script = tmp_path / "w.py"
     script.write_text(SCRIPT)
     controller, terminal = pty.openpty()
-    process = subprocess.Popen([sys.executable, str(script), str(tmp_path / "c")],
-                               stdout=subprocess.PIPE, stderr=terminal, cwd=ROOT)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "c")],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        cwd=ROOT,
+    )
     os.close(terminal)
     output = b""
     while True:
