@@ -476,7 +476,6 @@ pub const Iter = struct {
     /// Plans and submits reads until the prefetch window is full or the window ends.
     fn fill(it: *Iter) status.Error!void {
         const ds = it.ds;
-        const gpa = ds.gpa;
         const prefetch = it.loc_ring.len;
         while (it.planned < it.len and it.used < it.slots.len and it.planned - it.delivered + it.held_samples < prefetch) {
             const loc = ds.locate(it.table, it.start +% it.planned);
@@ -508,31 +507,16 @@ pub const Iter = struct {
                 }
             }
             it.used += 1;
-            const shard_len = c.manifest.shards[@intCast(row.shard_id)].byte_len;
             slot.failure = null;
             slot.done_bytes = 0;
             slot.decoded.clearRetainingCapacity();
-            if (slot.offset > shard_len or slot.len > shard_len - slot.offset) {
-                slot.fail(status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(ds)}));
-                slot.state.store(.done, .release);
-                continue;
-            }
-            const handle = it.files.acquire(ds, slot.cache, slot.shard_id) catch |err| {
+            // A slot that fails before I/O, or has nothing to read, completes right here;
+            // its failure is raised in plan order like any other.
+            const needs_read = it.prepareRead(slot) catch |err| blk: {
                 slot.fail(err);
-                slot.state.store(.done, .release);
-                continue;
+                break :blk false;
             };
-            slot.file = handle;
-            slot.fd = handle.fd;
-            growUninit(&slot.buf, gpa, @intCast(slot.len)) catch |err| {
-                slot.fail(err);
-                slot.state.store(.done, .release);
-                continue;
-            };
-            if (slot.len == 0) {
-                // Nothing to read (a corrupt index can say so): decode the empty record
-                // right away, which reports it, instead of submitting an empty read.
-                slot.decode(ds) catch |err| slot.fail(err);
+            if (!needs_read) {
                 slot.state.store(.done, .release);
                 continue;
             }
@@ -555,6 +539,26 @@ pub const Iter = struct {
             ring.submit(0) catch |err| return status.failIo(err, "io_uring_enter");
             ring.queueRead(index, fd, buf, offset) catch return status.fail(error.Internal, "io_uring submission queue stays full", .{});
         };
+    }
+
+    /// Checks a planned slot's range, pins its shard descriptor and sizes its buffer.
+    /// Returns false when there is nothing to read (a 0-length record from a corrupt
+    /// index: decoded right away, which reports it, instead of an empty read).
+    fn prepareRead(it: *Iter, slot: *Slot) status.Error!bool {
+        const ds = it.ds;
+        const shard_len = ds.caches[slot.cache].manifest.shards[@intCast(slot.shard_id)].byte_len;
+        if (slot.offset > shard_len or slot.len > shard_len - slot.offset) {
+            return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(ds)});
+        }
+        const handle = try it.files.acquire(ds, slot.cache, slot.shard_id);
+        slot.file = handle;
+        slot.fd = handle.fd;
+        try growUninit(&slot.buf, ds.gpa, @intCast(slot.len));
+        if (slot.len == 0) {
+            try slot.decode(ds);
+            return false;
+        }
+        return true;
     }
 
     /// Waits until the head slot's read (and decode) is complete.
