@@ -20,6 +20,12 @@ Python version, and runs scripts in it as subprocesses.
   imported from inside the virtualenv, so the project is never compared with itself.
 
 Environment overrides (developer use): ``DATASET_RT_REF_VENV`` sets the virtualenv path.
+
+The same machinery builds *extra* virtualenvs (:func:`ensure_extra`): pip installs optional
+integration packages there (torch, ray) that must never enter the uv environment (uv
+would download a multi-gigabyte CUDA torch; pip takes the machine's local CPU build), and
+scripts run with this project and its uv environment on ``PYTHONPATH``, so they import
+this checkout's ``dataset_rt`` together with the extra packages.
 """
 
 from __future__ import annotations
@@ -31,9 +37,10 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import venv
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,15 +127,15 @@ def _venv_python(venv_dir: Path) -> Path:
     return venv_dir / "bin" / "python"
 
 
-def _expected_marker() -> dict[str, object]:
+def _expected_marker(requirement: str = REFERENCE_REQUIREMENT) -> dict[str, object]:
     return {
         "schema": MARKER_SCHEMA,
-        "requirement": REFERENCE_REQUIREMENT,
+        "requirement": requirement,
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
 
 
-def _marker_ok(venv_dir: Path) -> bool:
+def _marker_ok(venv_dir: Path, expected: dict[str, object]) -> bool:
     """True when the virtualenv was completed by a successful install and import check."""
     marker = venv_dir / MARKER_NAME
     try:
@@ -137,7 +144,7 @@ def _marker_ok(venv_dir: Path) -> bool:
         return False
     if not isinstance(recorded, dict):
         return False
-    if any(recorded.get(key) != value for key, value in _expected_marker().items()):
+    if any(recorded.get(key) != value for key, value in expected.items()):
         return False
     python = _venv_python(venv_dir)
     # The base interpreter the venv links to may have gone away (e.g. a Python upgrade).
@@ -185,17 +192,21 @@ def _base_python() -> str:
     return getattr(sys, "_base_executable", None) or sys.executable
 
 
-def _build(venv_dir: Path) -> None:
-    """Create the virtualenv, install the reference, check the import, write the marker."""
+def _build(
+    venv_dir: Path,
+    requirements: tuple[str, ...],
+    check: Callable[[Path], tuple[bool, str]],
+    marker: dict[str, object],
+) -> None:
+    """Create the virtualenv, pip install ``requirements``, run ``check``, write the marker."""
+    what = " ".join(requirements)
     if venv_dir.exists():
         shutil.rmtree(venv_dir)
     builder = venv.EnvBuilder(with_pip=True, clear=True, symlinks=True)
     try:
         builder.create(venv_dir)
     except (OSError, subprocess.CalledProcessError) as exc:
-        raise ReferenceSetupError(
-            f"could not create the reference virtualenv {venv_dir}: {exc}"
-        ) from exc
+        raise ReferenceSetupError(f"could not create the virtualenv {venv_dir}: {exc}") from exc
     python = _venv_python(venv_dir)
     command = [
         str(python),
@@ -206,7 +217,7 @@ def _build(venv_dir: Path) -> None:
         "--disable-pip-version-check",
         "--retries",
         "2",
-        REFERENCE_REQUIREMENT,
+        *requirements,
     ]
     try:
         proc = subprocess.run(
@@ -220,7 +231,7 @@ def _build(venv_dir: Path) -> None:
         )
     except subprocess.TimeoutExpired as exc:
         raise ReferenceUnavailable(
-            f"pip install {REFERENCE_REQUIREMENT} timed out after {INSTALL_TIMEOUT_S:.0f} s"
+            f"pip install {what} timed out after {INSTALL_TIMEOUT_S:.0f} s"
         ) from exc
     if proc.returncode != 0:
         output = proc.stdout + "\n" + proc.stderr
@@ -232,25 +243,38 @@ def _build(venv_dir: Path) -> None:
         ]
         if network:
             reason = f"{reason} (after: {network[-1][:240]})"
-            raise ReferenceUnavailable(
-                f"cannot install {REFERENCE_REQUIREMENT} (registry unreachable): {reason}"
-            )
+            raise ReferenceUnavailable(f"cannot install {what} (registry unreachable): {reason}")
         raise ReferenceSetupError(
-            f"pip install {REFERENCE_REQUIREMENT} failed (exit {proc.returncode}): {reason}\n"
-            f"{output[-4000:]}"
+            f"pip install {what} failed (exit {proc.returncode}): {reason}\n{output[-4000:]}"
         )
-    check = _run_script(python, "print('ok')", (), CHECK_TIMEOUT_S)
-    if check.returncode != 0 or check.stdout.strip() != "ok":
-        raise ReferenceSetupError(
-            f"the reference virtualenv does not import dataset_rt {REFERENCE_VERSION} "
-            "from itself:\n"
-            f"{check.stdout}\n{check.stderr}"
-        )
-    marker = dict(_expected_marker())
-    marker["base_python"] = _base_python()
+    good, detail = check(python)
+    if not good:
+        raise ReferenceSetupError(f"the virtualenv {venv_dir} failed its check:\n{detail}")
+    recorded = dict(marker)
+    recorded["base_python"] = _base_python()
     tmp_marker = venv_dir / (MARKER_NAME + ".partial")
-    tmp_marker.write_text(json.dumps(marker, indent=2), encoding="utf-8")
+    tmp_marker.write_text(json.dumps(recorded, indent=2), encoding="utf-8")
     os.replace(tmp_marker, venv_dir / MARKER_NAME)
+
+
+def _ensure(
+    venv_dir: Path,
+    requirements: tuple[str, ...],
+    check: Callable[[Path], tuple[bool, str]],
+    marker: dict[str, object],
+) -> None:
+    """Build ``venv_dir`` unless its marker matches; serialized across processes."""
+    if not _marker_ok(venv_dir, marker):
+        with _exclusive_lock(venv_dir.parent / (venv_dir.name + ".lock")):
+            # Another process may have finished it while we waited for the lock.
+            if not _marker_ok(venv_dir, marker):
+                _build(venv_dir, requirements, check, marker)
+
+
+def _check_reference(python: Path) -> tuple[bool, str]:
+    check = _run_script(python, "print('ok')", (), CHECK_TIMEOUT_S)
+    good = check.returncode == 0 and check.stdout.strip() == "ok"
+    return good, f"dataset_rt {REFERENCE_VERSION} import: {check.stdout}\n{check.stderr}"
 
 
 def ensure_reference(venv_dir: Path | None = None) -> ReferenceEnv:
@@ -260,12 +284,71 @@ def ensure_reference(venv_dir: Path | None = None) -> ReferenceEnv:
     for any other failure.
     """
     venv_dir = Path(venv_dir) if venv_dir is not None else default_venv_dir()
-    if not _marker_ok(venv_dir):
-        with _exclusive_lock(venv_dir.parent / (venv_dir.name + ".lock")):
-            # Another process may have finished it while we waited for the lock.
-            if not _marker_ok(venv_dir):
-                _build(venv_dir)
+    _ensure(venv_dir, (REFERENCE_REQUIREMENT,), _check_reference, _expected_marker())
     return ReferenceEnv(venv=venv_dir, python=_venv_python(venv_dir))
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class ExtraEnv:
+    """A pip-made virtualenv with optional packages, run together with this checkout."""
+
+    venv: Path
+    python: Path
+
+    def environ(self) -> dict[str, str]:
+        """Environment for processes in this virtualenv: this checkout and the uv
+        environment's packages on ``PYTHONPATH`` (after the extra packages, which the
+        interpreter's own site-packages provide)."""
+        env = _clean_env()
+        project_site = sysconfig.get_paths()["purelib"]
+        env["PYTHONPATH"] = os.pathsep.join((str(REPO_ROOT), project_site))
+        return env
+
+    def run(
+        self,
+        args: list[str],
+        *,
+        cwd: Path,
+        timeout: float = RUN_TIMEOUT_S,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``python args...`` in this virtualenv (``args`` start with a script or ``-m``)."""
+        full_env = self.environ()
+        full_env.update(env or {})
+        return subprocess.run(
+            [str(self.python), *args],
+            env=full_env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def ensure_extra(name: str, requirements: tuple[str, ...], probe: str) -> ExtraEnv:
+    """A virtualenv with ``requirements`` pip-installed, built on first use.
+
+    ``probe`` is Python source that must print ``ok`` with this checkout importable (for
+    example ``import torch, dataset_rt; print('ok')``). Raises ReferenceUnavailable when
+    the registry cannot be reached, ReferenceSetupError for any other failure.
+    """
+    version = f"py{sys.version_info.major}.{sys.version_info.minor}"
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    venv_dir = Path(cache_home) / "dataset_rt-tests" / f"extra-{name}-{version}"
+    marker = _expected_marker(" ".join(requirements))
+
+    def check(python: Path) -> tuple[bool, str]:
+        env = ExtraEnv(venv_dir, python)
+        with tempfile.TemporaryDirectory(prefix="dataset_rt-extra-") as work:
+            proc = env.run(["-c", probe], cwd=Path(work), timeout=CHECK_TIMEOUT_S)
+        return proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+
+    _ensure(venv_dir, requirements, check, marker)
+    return ExtraEnv(venv_dir, _venv_python(venv_dir))
 
 
 def _run_script(
