@@ -11,10 +11,10 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from itertools import pairwise, repeat
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from dataset_rt import _native
 from dataset_rt._native import ffi, lib
@@ -136,6 +136,14 @@ class CachedDataset:
         self._make_dicts = _dict_builder(self._field_names)
         self._state_lock = threading.RLock()
         self._active: Any = None
+        self._active_arrow: Any = None  # a pyarrow active table not yet seen by Polars
+        self._custom_table = False
+        # The budget dataset-rt 0.4.8's loaders default to: the epoch length at open or
+        # after the last update_metadata (set_epoch_len does not change it).
+        self._recipe_count = len(self)
+        # Progress of the latest iterator, for state_dict(): [start, count, base, rest,
+        # closed] (see _Progress).
+        self._progress: _Progress | None = None
         return self
 
     def __reduce__(self) -> Any:
@@ -183,8 +191,50 @@ class CachedDataset:
 
     def _generate(self) -> Iterator[CachedSample]:
         # A generator: nothing native happens (no window is reserved) until the first next().
+        iterator = self._open_iter()
+        progress = self._track(iterator)
+        batch = ffi.new("drt_batch *")
+        try:
+            while True:
+                _native.check(lib.drt_iter_next_batch(iterator, BATCH_SAMPLES_MAX, 0, batch))
+                if batch.count == 0:
+                    return
+                samples = iter(self._samples(batch))
+                progress.base += int(batch.count)
+                progress.rest = samples
+                yield from samples
+        finally:
+            progress.closed = True
+            lib.drt_iter_close(iterator)
+
+    def _open_iter(self) -> Any:
         out = ffi.new("drt_iter **")
         _native.check(lib.drt_iter_open(self._handle, out))
+        return out[0]
+
+    def _track(self, iterator: Any) -> _Progress:
+        """Record ``iterator`` (just opened) as the latest, for :meth:`state_dict`."""
+        window = ffi.new("drt_iter_range *")
+        _native.check(lib.drt_iter_window(iterator, window))
+        progress = _Progress(int(window.start), int(window.count))
+        with self._state_lock:
+            self._progress = progress
+        return progress
+
+    def _iter_range(
+        self, start: int, count: int, block_len: int = 0, block_stride: int = 0
+    ) -> Iterator[CachedSample]:
+        """Samples at explicit stream positions (``drt_iter_open_range``): sample ``k`` is
+        position ``start + k // block_len * block_stride + k % block_len`` (``start + k``
+        when ``block_len`` is 0). Neither reads nor moves the dataset's own stream."""
+        if count <= 0:
+            return
+        spec = ffi.new(
+            "drt_iter_range *",
+            {"start": start, "count": count, "block_len": block_len, "block_stride": block_stride},
+        )
+        out = ffi.new("drt_iter **")
+        _native.check(lib.drt_iter_open_range(self._handle, spec, out))
         iterator = out[0]
         batch = ffi.new("drt_batch *")
         try:
@@ -237,9 +287,8 @@ class CachedDataset:
         return self._generate_batches(size, bool(copy))
 
     def _generate_batches(self, size: int, copy: bool) -> Iterator[SampleBatch]:
-        out = ffi.new("drt_iter **")
-        _native.check(lib.drt_iter_open(self._handle, out))
-        iterator = out[0]
+        iterator = self._open_iter()
+        progress = self._track(iterator)
         batch = ffi.new("drt_batch *")
         try:
             while True:
@@ -248,9 +297,81 @@ class CachedDataset:
                 )
                 if batch.count == 0:
                     return
+                progress.base += int(batch.count)
                 yield _sample_batch(batch, self._columns, copy)
         finally:
+            progress.closed = True
             lib.drt_iter_close(iterator)
+
+    def table_digest(self) -> str:
+        """Hex SHA-256 identifying the active table (rows, order and weights; for the
+        table a dataset opens with, its caches' ids and sizes). Computed natively, once
+        per table."""
+        out = ffi.new("uint8_t[32]")
+        _native.check(lib.drt_dataset_table_digest(self._handle, out))
+        return bytes(ffi.buffer(out, 32)).hex()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream state, to continue exactly where this dataset is now.
+
+        ``position`` is the stream position (ordered cursor or draw number) of the next
+        sample: after the samples the latest iterator (per-sample or batch) has handed
+        out. When that iterator is still open and unfinished, ``window_end`` is the end of
+        its window, and after :meth:`load_state_dict` the next iterator yields just the
+        rest of it, so the continued stream equals the uninterrupted one sample for
+        sample; an iterator that was closed early has given up its window (as it would
+        have in the uninterrupted run). Older iterators still running are not
+        described. Small: a few integers, the reading options and ``table_digest``.
+        """
+        stream = ffi.new("drt_stream *")
+        with self._state_lock:
+            progress = self._progress
+            _native.check(lib.drt_dataset_stream(self._handle, stream))
+        position, window_end = int(stream.position), int(stream.window_end)
+        if progress is not None and not progress.closed and progress.taken() < progress.count:
+            position = (progress.start + progress.taken()) % 2**64
+            window_end = (progress.start + progress.count) % 2**64
+        return {
+            "format": STATE_FORMAT,
+            "position": position,
+            "window_end": window_end,
+            "epoch_len": len(self),
+            "shuffle": bool(self.reader_config.shuffle),
+            "seed": int(self.reader_config.seed),
+            "sampling": getattr(self.reader_config, "sampling", "with_replacement"),
+            "table_digest": self.table_digest(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the stream a :meth:`state_dict` describes.
+
+        The dataset must read the same stream: same active table (checked by digest;
+        call ``update_metadata`` with the same table first when it was changed), shuffle,
+        seed and sampling mode; otherwise ``ValueError`` says what differs and nothing
+        changes. Sets the epoch length and the stream position; iterators already open
+        are unaffected.
+        """
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a dataset_rt dataset state (expected format {STATE_FORMAT!r})")
+        mine = self.state_dict()
+        for key in ("shuffle", "seed", "sampling"):
+            if state.get(key) != mine[key]:
+                raise ValueError(
+                    f"state was saved with {key}={state.get(key)!r}, this dataset reads with "
+                    f"{key}={mine[key]!r}"
+                )
+        if state.get("table_digest") != mine["table_digest"]:
+            raise ValueError(
+                "state was saved for a different active table (digest "
+                f"{str(state.get('table_digest'))[:16]}..., this dataset's is "
+                f"{mine['table_digest'][:16]}...); restore the same metadata table first"
+            )
+        position, window_end = _u64(state, "position"), _u64(state, "window_end")
+        self.set_epoch_len(_u64(state, "epoch_len"))
+        stream = ffi.new("drt_stream *", {"position": position, "window_end": window_end})
+        with self._state_lock:
+            _native.check(lib.drt_dataset_set_stream(self._handle, stream))
+            self._progress = None
 
     def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
         """The stored sample ``(cache_id, sample_id)`` with its embedded metadata.
@@ -298,11 +419,15 @@ class CachedDataset:
         """
         with self._state_lock:
             if self._active is None:
+                import polars as pl
+
                 from dataset_rt.metadata import default_table
 
                 _native.check_owner(self._runtime._pid)  # Polars would hang in a fork
-
-                self._active = default_table(self)
+                if self._active_arrow is not None:
+                    self._active = pl.from_arrow(self._active_arrow)
+                else:
+                    self._active = default_table(self)
             return self._active
 
     def samples_metadata(self) -> Any:
@@ -326,6 +451,22 @@ class CachedDataset:
         with self._state_lock:
             validate_and_set(self, df)
             self._active = df
+            self._active_arrow = None
+            self._custom_table = True
+            self._recipe_count = df.height
+            self._progress = None
+
+    def _set_arrow_table(self, table: Any) -> None:
+        """``update_metadata`` for a pyarrow table from a snapshot, without Polars."""
+        from dataset_rt.metadata import set_arrow_table
+
+        with self._state_lock:
+            set_arrow_table(self, table)
+            self._active = None
+            self._active_arrow = table
+            self._custom_table = True
+            self._recipe_count = table.num_rows
+            self._progress = None
 
     def set_samples_metadata(self, df: Any) -> None:
         """Alias of :meth:`update_metadata`."""
@@ -359,12 +500,132 @@ class CachedDataset:
         return load_config(path)
 
     def to_torch_iterable_dataset(self) -> Any:
-        """A ``torch.utils.data.IterableDataset`` over this dataset's stream."""
-        raise NotImplementedError("to_torch_iterable_dataset arrives with issue #6")
+        """A sized ``torch.utils.data.IterableDataset`` over this dataset's stream.
 
-    def to_torch_dataloader(self, **kwargs: Any) -> Any:
-        """A ``torch.utils.data.DataLoader`` reading from snapshots of this dataset."""
-        raise NotImplementedError("to_torch_dataloader arrives with issue #6")
+        In the training process each ``iter()`` is ``iter(dataset)``. Unlike dataset-rt
+        0.4.8 (which raises), it also works in DataLoader workers: worker ``w`` of ``W``
+        reads its contiguous part of each window (``len(dataset)`` positions) of the
+        stream from the dataset's position when this was called, one window per epoch,
+        from its own reader. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
+        """
+        try:
+            from dataset_rt.integrations.torch import to_torch_iterable_dataset
+        except ImportError as error:
+            if not _torch_missing(error):
+                raise
+            raise ImportError(
+                "CachedDataset.to_torch_iterable_dataset requires PyTorch to be installed"
+            ) from error
+        _native.check_owner(self._runtime._pid)
+        return to_torch_iterable_dataset(self)
+
+    def to_torch_dataloader(
+        self,
+        *,
+        batch_size: int = 1,
+        sample_transform_fn: Callable[[CachedSample], Any] | None = None,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        shuffle: bool = True,
+        seed: int | Literal["random"] = "random",
+        samples_per_epoch: int | None = None,
+        worker_partition: Literal["split", "replicate", "global"] | None = None,
+        work_dir: str | os.PathLike[str] | None = None,
+        num_workers: int | Literal["auto"] = "auto",
+        drop_last: bool = False,
+        pin_memory: bool = False,
+        timeout: float = 0,
+        native_num_workers: int | Literal["auto"] = "auto",
+        multiprocessing_context: Any = "spawn",
+        worker_init_fn: Callable[[int], None] | None = None,
+        prefetch_factor: int | Literal["auto"] = "auto",
+        persistent_workers: bool | Literal["auto"] = "auto",
+        verbose: bool = True,
+        dataloader_kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """A ``torch.utils.data.DataLoader`` (a ``DatasetRTDataLoader``) over a snapshot
+        of this dataset (``dump_config`` into ``work_dir``, or a temporary directory
+        removed with the loader); every consumer (this process or each worker, on each
+        rank) opens its own reader from it.
+
+        ``worker_partition``: ``"replicate"`` (default when shuffled: each consumer draws
+        from all rows with its own seed derived from ``seed``, rank and worker),
+        ``"split"`` (default when ordered: consumers read disjoint slices of the rows), as
+        in dataset-rt 0.4.8, or ``"global"``: one stream for the whole job (the ordered
+        cursor, or the draw stream with ``seed``), cut into batches of ``batch_size``;
+        batch ``b`` of a pass goes to consumer ``b mod (ranks x workers)``, so all ranks
+        and workers together read every batch of the pass exactly once. Ranks come from
+        ``torch.distributed`` when initialized. The budget ``samples_per_epoch`` defaults
+        to the dataset's length; ``len(loader)`` is this rank's batches per pass.
+
+        The loader has ``state_dict()`` / ``load_state_dict()`` for exact mid-epoch
+        resume ("global" also across world sizes). Validation and messages follow
+        dataset-rt 0.4.8. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
+        """
+        try:
+            from dataset_rt.integrations.torch import to_torch_dataloader
+        except ImportError as error:
+            if not _torch_missing(error):
+                raise
+            raise ImportError(
+                "CachedDataset.to_torch_dataloader requires PyTorch to be installed"
+            ) from error
+        _native.check_owner(self._runtime._pid)
+        return to_torch_dataloader(
+            self,
+            batch_size=batch_size,
+            sample_transform_fn=sample_transform_fn,
+            collate_fn=collate_fn,
+            shuffle=shuffle,
+            seed=seed,
+            samples_per_epoch=samples_per_epoch,
+            worker_partition=worker_partition,
+            work_dir=work_dir,
+            num_workers=num_workers,
+            drop_last=drop_last,
+            pin_memory=pin_memory,
+            timeout=timeout,
+            native_num_workers=native_num_workers,
+            multiprocessing_context=multiprocessing_context,
+            worker_init_fn=worker_init_fn,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            verbose=verbose,
+            dataloader_kwargs=dataloader_kwargs,
+        )
+
+
+def _torch_missing(error: ImportError) -> bool:
+    """True when ``error`` is PyTorch itself not being importable."""
+    return (error.name or "").split(".")[0] == "torch"
+
+
+STATE_FORMAT = "dataset_rt.dataset_state/1"
+
+
+class _Progress:
+    """How far the consumer got in an iterator's window: ``base`` samples were fetched
+    from the native iterator, of which ``rest`` (a list iterator) still holds some."""
+
+    __slots__ = ("base", "closed", "count", "rest", "start")
+
+    def __init__(self, start: int, count: int) -> None:
+        self.start = start
+        self.count = count
+        self.base = 0
+        self.rest: Any = None
+        self.closed = False
+
+    def taken(self) -> int:
+        """Samples handed to the consumer so far."""
+        pending = operator.length_hint(self.rest) if self.rest is not None else 0
+        return self.base - pending
+
+
+def _u64(state: Mapping[str, Any], key: str) -> int:
+    value = state.get(key)
+    if type(value) is not int or not 0 <= value < 2**64:
+        raise ValueError(f"state[{key!r}] must be an unsigned 64-bit integer, got {value!r}")
+    return value
 
 
 class SampleBatch(NamedTuple):

@@ -145,11 +145,14 @@ _WEIGHT_TYPES = {**_ID_TYPES, "double": 5, "float": 6}
 
 
 def _table_column(series: Any, accepted: dict[str, int], keep: list[Any]) -> Any:
-    """A drt_table_column describing one Polars column (zero-copy where Arrow allows)."""
+    """A drt_table_column describing one Polars or Arrow column (zero-copy where Arrow
+    allows)."""
     import numpy as np
     import pyarrow as pa
 
-    array = series.rechunk().to_arrow()
+    array = series if isinstance(series, (pa.Array, pa.ChunkedArray)) else series.rechunk()
+    if not isinstance(array, (pa.Array, pa.ChunkedArray)):
+        array = array.to_arrow()
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     column = ffi.new("drt_table_column *")
@@ -200,4 +203,23 @@ def validate_and_set(dataset: Any, df: Any) -> None:
     weights = _table_column(df.get_column("weight"), _WEIGHT_TYPES, keep)
     _native.check(
         lib.drt_dataset_set_table(dataset._handle, df.height, cache_ids, sample_ids, weights)
+    )
+
+
+def set_arrow_table(dataset: Any, table: Any) -> None:
+    """Install a pyarrow table (a snapshot's ``metadata.arrow``, already validated when
+    it was the active table) natively, without Polars: its ``cache_id``, ``sample_id``
+    and ``weight`` columns are validated by ``drt_dataset_set_table`` as in
+    ``update_metadata``. Safe in a forked child, where Polars' thread pool hangs."""
+    if table.num_rows == 0:
+        raise ValueError("metadata table must include at least one sample")
+    for name in ID_COLUMNS:
+        if name not in table.column_names:
+            raise ValueError(f"samples metadata missing '{name}' column")
+    keep: list[Any] = []
+    cache_ids = _table_column(table.column("cache_id"), _ID_TYPES, keep)
+    sample_ids = _table_column(table.column("sample_id"), _ID_TYPES, keep)
+    weights = _table_column(table.column("weight"), _WEIGHT_TYPES, keep)
+    _native.check(
+        lib.drt_dataset_set_table(dataset._handle, table.num_rows, cache_ids, sample_ids, weights)
     )

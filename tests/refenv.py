@@ -277,14 +277,22 @@ def _check_reference(python: Path) -> tuple[bool, str]:
     return good, f"dataset_rt {REFERENCE_VERSION} import: {check.stdout}\n{check.stderr}"
 
 
-def ensure_reference(venv_dir: Path | None = None) -> ReferenceEnv:
+def ensure_reference(venv_dir: Path | None = None, *, extra: tuple[str, ...] = ()) -> ReferenceEnv:
     """The reference virtualenv, built first if needed (safe to call concurrently).
 
+    ``extra`` requirements (e.g. ``("torch==2.13.0",)``) are installed beside the
+    reference, in a virtualenv of their own (``ref-0.4.8+torch==2.13.0-py3.11``).
     Raises ReferenceUnavailable when the registry cannot be reached, ReferenceSetupError
     for any other failure.
     """
     venv_dir = Path(venv_dir) if venv_dir is not None else default_venv_dir()
-    _ensure(venv_dir, (REFERENCE_REQUIREMENT,), _check_reference, _expected_marker())
+    if extra:
+        venv_dir = venv_dir.with_name(
+            venv_dir.name.replace("-py", "+" + "+".join(extra) + "-py", 1)
+        )
+    requirements = (REFERENCE_REQUIREMENT, *extra)
+    marker = _expected_marker(" ".join(requirements))
+    _ensure(venv_dir, requirements, _check_reference, marker)
     return ReferenceEnv(venv=venv_dir, python=_venv_python(venv_dir))
 
 

@@ -17,6 +17,9 @@
        so the README's ``uv run examples/cache_text.py`` is
        ``python examples/cache_text.py``; ``examples/`` in the temporary directory is a
        link to the repository's ``examples/``.
+   * ```` ```python torch ```` blocks need PyTorch, which the uv environment never has:
+     ``tests/test_torch.py::test_guide_examples_run`` runs them (and checks their
+     output blocks) in the PyTorch virtualenv instead.
    * Every other block (```` ```text ````, ```` ```console ````, ```` ```c ````, no language,
      ...) is shown, not executed.
    * A ```` ```text output ```` block right after an executed block is that block's expected
@@ -162,7 +165,7 @@ def run_blocks(page: Path, work: Path, env: dict[str, str]) -> None:
     namespace: dict[str, object] = {"__name__": "__main__"}
     page_blocks = blocks(page.read_text(encoding="utf-8"))
     for block, following in zip(page_blocks, [*page_blocks[1:], None]):
-        if block.language not in EXECUTED:
+        if block.language not in EXECUTED or "torch" in block.info.split():
             continue
         if block.language == "python":
             # Pad so that tracebacks show the page's own line numbers.

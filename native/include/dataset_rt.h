@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 1
+    DRT_ABI_VERSION_MINOR = 2
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -356,6 +356,28 @@ int32_t drt_dataset_epoch_len(drt_dataset *dataset, uint64_t *out);
  * cursor or draw counter. Thread-safe. */
 int32_t drt_dataset_set_epoch_len(drt_dataset *dataset, uint64_t epoch_len);
 
+/* The stream state of a dataset (ABI 1.2): what the next iterator reads. */
+typedef struct drt_stream {
+    uint64_t position;   /* next stream position (ordered cursor or draw counter) */
+    uint64_t window_end; /* end of a pending partial window; equals position when none */
+} drt_stream;
+
+/* Copies the stream state. Thread-safe. */
+int32_t drt_dataset_stream(drt_dataset *dataset, drt_stream *out);
+
+/* Moves the stream (to resume a saved run): the next iterator starts at
+ * stream->position and, when stream->window_end > position, takes only
+ * [position, window_end) (the rest of an interrupted window); later ones take epoch_len
+ * positions as usual. Iterators already open are unaffected. Thread-safe.
+ * Returns DRT_E_INVALID_ARGUMENT when window_end < position. */
+int32_t drt_dataset_set_stream(drt_dataset *dataset, const drt_stream *stream);
+
+/* Writes the SHA-256 digest identifying the active table to out[0..32): its rows
+ * (cache ids and sample ids in order) and sampling weights, or, for the table a dataset
+ * opens with, its caches' ids and sample counts. Equal digests: the same stream for the
+ * same seed and options. O(rows) on the first call per table, then cached. Thread-safe. */
+int32_t drt_dataset_table_digest(drt_dataset *dataset, uint8_t *out);
+
 /* ---------------------------------------------------------------- reading */
 
 /* A batch of samples, filled by drt_iter_next_batch / drt_lookup_get. All pointers are
@@ -387,6 +409,27 @@ enum {
  * up to prefetch_size records ahead of the consumer.
  * Returns DRT_E_FORKED, DRT_E_OUT_OF_MEMORY, DRT_E_IO. */
 int32_t drt_iter_open(drt_dataset *dataset, drt_iter **out);
+
+/* Explicit stream positions for drt_iter_open_range (ABI 1.2): sample k (< count) of the
+ * iterator is stream position start + (k / block_len) * block_stride + k % block_len, or
+ * start + k when block_len is 0. Positions wrap modulo 2^64 like the stream counter. */
+typedef struct drt_iter_range {
+    uint64_t start;
+    uint64_t count;
+    uint64_t block_len;    /* 0: contiguous */
+    uint64_t block_stride; /* >= block_len when block_len > 0 */
+} drt_iter_range;
+
+/* Opens an iterator over the positions `range` describes (one consumer's share of a
+ * stream cut into blocks), with a snapshot of the active table. The dataset's own
+ * position is neither read nor moved. Otherwise like drt_iter_open.
+ * Returns DRT_E_INVALID_ARGUMENT (block_stride < block_len), the statuses of
+ * drt_iter_open. */
+int32_t drt_iter_open_range(drt_dataset *dataset, const drt_iter_range *range, drt_iter **out);
+
+/* Copies the positions the iterator reads (for drt_iter_open, the window it reserved:
+ * block_len 0). Thread-safe with respect to other iterators. */
+int32_t drt_iter_window(drt_iter *iter, drt_iter_range *out);
 
 /* Fills *out with the next up to max_count (>= 1) samples in stream order; out->count
  * is 0 at the end of the window. Without flags, payloads point into the read buffers and

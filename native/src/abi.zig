@@ -108,8 +108,20 @@ pub const IoStats = extern struct {
     bytes_read: u64 = 0,
 };
 
+pub const Stream = extern struct {
+    position: u64,
+    window_end: u64,
+};
+
+pub const IterRange = extern struct {
+    start: u64,
+    count: u64,
+    block_len: u64,
+    block_stride: u64,
+};
+
 pub const abi_version_major = 1;
-pub const abi_version_minor = 1;
+pub const abi_version_minor = 2;
 
 pub const io_auto = 0;
 pub const io_uring = 1;
@@ -128,6 +140,8 @@ test "structs and constants match dataset_rt.h" {
         .{ TableColumn, c.drt_table_column },
         .{ StageStats, c.drt_stage_stats },
         .{ IoStats, c.drt_io_stats },
+        .{ Stream, c.drt_stream },
+        .{ IterRange, c.drt_iter_range },
     };
     inline for (pairs) |pair| {
         const Z = pair[0];

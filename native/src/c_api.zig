@@ -309,6 +309,27 @@ export fn drt_dataset_set_epoch_len(ds: ?*Dataset, epoch_len: u64) Rc {
     return call(Dataset.setEpochLen, .{ d, epoch_len });
 }
 
+export fn drt_dataset_stream(ds: ?*Dataset, out: ?*abi.Stream) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    const s = d.stream();
+    o.* = .{ .position = s.position, .window_end = s.window_end };
+    return ok();
+}
+
+export fn drt_dataset_set_stream(ds: ?*Dataset, stream: ?*const abi.Stream) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const s = stream orelse return nullArgument("stream");
+    return call(Dataset.setStream, .{ d, Dataset.Stream{ .position = s.position, .window_end = s.window_end } });
+}
+
+export fn drt_dataset_table_digest(ds: ?*Dataset, out: ?[*]u8) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    o[0..32].* = d.tableDigest();
+    return ok();
+}
+
 // ---------------------------------------------------------------- reading
 
 export fn drt_iter_open(ds: ?*Dataset, out: ?*?*reader.Iter) Rc {
@@ -316,6 +337,23 @@ export fn drt_iter_open(ds: ?*Dataset, out: ?*?*reader.Iter) Rc {
     const o = out orelse return nullArgument("out");
     status.clear();
     o.* = reader.Iter.open(d) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_iter_open_range(ds: ?*Dataset, range: ?*const abi.IterRange, out: ?*?*reader.Iter) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const r = range orelse return nullArgument("range");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    o.* = reader.Iter.openRange(d, .{ .start = r.start, .count = r.count, .block_len = r.block_len, .block_stride = r.block_stride }) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_iter_window(it: ?*reader.Iter, out: ?*abi.IterRange) Rc {
+    const iter = it orelse return nullArgument("iter");
+    const o = out orelse return nullArgument("out");
+    const s = iter.schedule;
+    o.* = .{ .start = s.start, .count = s.count, .block_len = s.block_len, .block_stride = s.block_stride };
     return ok();
 }
 

@@ -8,12 +8,16 @@
 //! - `position` counts stream positions (the ordered cursor or the draw counter). Every
 //!   iterator reserves `[position, position + epoch_len)` on open; `set_epoch_len` does
 //!   not move it and replacing the table resets it to 0.
+//! - `window_end > position` means a restored, partly read window: the next iterator
+//!   reserves `[position, window_end)` instead (drt_dataset_set_stream), so a resumed
+//!   run continues exactly where the saved one stopped.
 
 const std = @import("std");
 const schema = @import("schema.zig");
 const status = @import("status.zig");
 const abi = @import("abi.zig");
 const sampler = @import("sampler.zig");
+const Sha256 = @import("sha256.zig").Sha256;
 const Cache = @import("cache.zig").Cache;
 const uring = @import("io/uring.zig");
 const runtime_mod = @import("runtime.zig");
@@ -45,6 +49,9 @@ pub const Table = struct {
     cache: []u32 = &.{},
     sample_id: []u64 = &.{},
     weights: ?sampler.WeightedTable = null,
+    /// SHA-256 of the table's contents, computed on first request (`digest`).
+    digest_mutex: std.Thread.Mutex = .{},
+    digest_value: ?[32]u8 = null,
 
     pub fn retain(t: *Table) *Table {
         _ = t.refs.fetchAdd(1, .monotonic);
@@ -81,6 +88,7 @@ pub const Dataset = struct {
 
     mutex: std.Thread.Mutex = .{},
     position: u64 = 0,
+    window_end: u64 = 0,
     epoch_len: u64,
     table: *Table,
 
@@ -233,12 +241,98 @@ pub const Dataset = struct {
     }
 
     /// Reserves the next window: returns its start, length and a retained table snapshot.
+    /// A restored partial window (`window_end > position`) is taken first.
     pub fn reserveWindow(ds: *Dataset) struct { start: u64, len: u64, table: *Table } {
         ds.mutex.lock();
         defer ds.mutex.unlock();
         const start = ds.position;
-        ds.position +%= ds.epoch_len;
-        return .{ .start = start, .len = ds.epoch_len, .table = ds.table.retain() };
+        const len = if (ds.window_end > start) ds.window_end - start else ds.epoch_len;
+        ds.position +%= len;
+        ds.window_end = 0;
+        return .{ .start = start, .len = len, .table = ds.table.retain() };
+    }
+
+    pub const Stream = struct { position: u64, window_end: u64 };
+
+    /// The stream state: the next position and the end of a pending partial window
+    /// (`window_end == position` when there is none).
+    pub fn stream(ds: *Dataset) Stream {
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        return .{ .position = ds.position, .window_end = @max(ds.position, ds.window_end) };
+    }
+
+    /// Moves the stream: the next iterator starts at `s.position` and, when
+    /// `s.window_end > s.position`, reserves only `[position, window_end)`.
+    pub fn setStream(ds: *Dataset, s: Stream) status.Error!void {
+        if (s.window_end < s.position) return status.fail(error.InvalidArgument, "window_end {d} is before position {d}", .{ s.window_end, s.position });
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        ds.position = s.position;
+        ds.window_end = s.window_end;
+    }
+
+    /// SHA-256 identifying the active table: its rows (cache ids, sample ids) in order and
+    /// its sampling weights, or, for the table a dataset starts with, the caches' ids and
+    /// sample counts. Equal digests mean the same stream for the same seed and options.
+    /// Computed once per table (O(rows)), then cached.
+    pub fn tableDigest(ds: *Dataset) [32]u8 {
+        ds.mutex.lock();
+        const t = ds.table.retain();
+        ds.mutex.unlock();
+        defer t.release();
+        t.digest_mutex.lock();
+        defer t.digest_mutex.unlock();
+        if (t.digest_value) |d| return d;
+        var h = Sha256.init();
+        h.update("dataset_rt.table.v1\x00");
+        var buf: [4096 * 16]u8 = undefined;
+        var n: usize = 0;
+        const put = struct {
+            fn word(b: []u8, at: *usize, v: u64) void {
+                std.mem.writeInt(u64, b[at.*..][0..8], v, .little);
+                at.* += 8;
+            }
+        }.word;
+        put(&buf, &n, if (t.cache.len == 0) 0 else 1);
+        put(&buf, &n, t.len);
+        if (t.cache.len == 0) {
+            for (ds.caches) |*c| {
+                if (n + 16 > buf.len) {
+                    h.update(buf[0..n]);
+                    n = 0;
+                }
+                put(&buf, &n, c.cache_id);
+                put(&buf, &n, c.sampleCount());
+            }
+        } else {
+            for (t.cache, t.sample_id) |ci, sid| {
+                if (n + 16 > buf.len) {
+                    h.update(buf[0..n]);
+                    n = 0;
+                }
+                put(&buf, &n, ds.caches[ci].cache_id);
+                put(&buf, &n, sid);
+            }
+        }
+        if (t.weights) |*w| {
+            for (w.cumulative) |c| {
+                if (n + 8 > buf.len) {
+                    h.update(buf[0..n]);
+                    n = 0;
+                }
+                put(&buf, &n, @bitCast(c));
+            }
+            if (n + 8 > buf.len) {
+                h.update(buf[0..n]);
+                n = 0;
+            }
+            put(&buf, &n, @bitCast(w.total));
+        }
+        h.update(buf[0..n]);
+        const d = h.finalResult();
+        t.digest_value = d;
+        return d;
     }
 
     pub fn epochLen(ds: *Dataset) u64 {
@@ -261,6 +355,7 @@ pub const Dataset = struct {
         const old = ds.table;
         ds.table = table;
         ds.position = 0;
+        ds.window_end = 0;
         ds.epoch_len = table.len;
         ds.mutex.unlock();
         old.release();

@@ -401,10 +401,48 @@ const Slot = struct {
 
 pub const Backend = enum { io_uring, threads };
 
+/// Which stream positions an iterator reads: window index k (< count) maps to
+/// `start + (k / block_len) * block_stride + k % block_len`; block_len 0 means contiguous
+/// (`start + k`). Blocks of `block_len` positions every `block_stride` let one consumer of
+/// several read its share of a global stream (batch b of every `stride / len`-th).
+pub const Schedule = struct {
+    start: u64,
+    count: u64,
+    block_len: u64 = 0,
+    block_stride: u64 = 0,
+
+    pub fn position(s: Schedule, k: u64) u64 {
+        if (s.block_len == 0) return s.start +% k;
+        return s.start +% (k / s.block_len) *% s.block_stride +% (k % s.block_len);
+    }
+
+    pub fn validate(s: Schedule) status.Error!void {
+        if (s.block_len != 0 and s.block_stride < s.block_len) {
+            return status.fail(error.InvalidArgument, "block_stride {d} is smaller than block_len {d}", .{ s.block_stride, s.block_len });
+        }
+    }
+};
+
+test "schedule positions" {
+    const contiguous: Schedule = .{ .start = 10, .count = 5 };
+    try std.testing.expectEqual(@as(u64, 14), contiguous.position(4));
+    // Batches of 2 of every third batch, starting at batch 1: 2 3 | 8 9 | 14 15.
+    const strided: Schedule = .{ .start = 2, .count = 6, .block_len = 2, .block_stride = 6 };
+    const want = [_]u64{ 2, 3, 8, 9, 14, 15 };
+    for (want, 0..) |w, k| try std.testing.expectEqual(w, strided.position(k));
+    // A stride equal to the block length is contiguous.
+    const same: Schedule = .{ .start = 7, .count = 9, .block_len = 3, .block_stride = 3 };
+    for (0..9) |k| try std.testing.expectEqual(7 + @as(u64, k), same.position(k));
+    // Positions wrap like the stream counter does.
+    const wrap: Schedule = .{ .start = std.math.maxInt(u64), .count = 2 };
+    try std.testing.expectEqual(@as(u64, 0), wrap.position(1));
+    try std.testing.expectError(error.InvalidArgument, (Schedule{ .start = 0, .count = 1, .block_len = 4, .block_stride = 3 }).validate());
+}
+
 pub const Iter = struct {
     ds: *Dataset,
     table: *Table,
-    start: u64,
+    schedule: Schedule,
     len: u64,
     backend: Backend,
     ring: ?uring.Ring = null,
@@ -432,7 +470,19 @@ pub const Iter = struct {
     mutex: std.Thread.Mutex = .{},
     cond: std.Thread.Condition = .{},
 
+    /// An iterator over the next window of the dataset's stream (reserved now).
     pub fn open(ds: *Dataset) status.Error!*Iter {
+        return openSchedule(ds, null);
+    }
+
+    /// An iterator over explicit stream positions; the dataset's own position is untouched.
+    pub fn openRange(ds: *Dataset, schedule: Schedule) status.Error!*Iter {
+        try schedule.validate();
+        return openSchedule(ds, schedule);
+    }
+
+    /// With no schedule, reserves the dataset's next window once nothing else can fail.
+    fn openSchedule(ds: *Dataset, explicit: ?Schedule) status.Error!*Iter {
         try ds.runtime.checkPid();
         const gpa = ds.gpa;
         const prefetch: usize = @intCast(@min(ds.options.prefetch_size, 1 << 16));
@@ -453,12 +503,23 @@ pub const Iter = struct {
                 break :blk null;
             };
         }
-        const window = ds.reserveWindow();
+        var schedule: Schedule = undefined;
+        var table: *Table = undefined;
+        if (explicit) |e| {
+            ds.mutex.lock();
+            table = ds.table.retain();
+            ds.mutex.unlock();
+            schedule = e;
+        } else {
+            const window = ds.reserveWindow();
+            table = window.table;
+            schedule = .{ .start = window.start, .count = window.len };
+        }
         it.* = .{
             .ds = ds.retain(),
-            .table = window.table,
-            .start = window.start,
-            .len = window.len,
+            .table = table,
+            .schedule = schedule,
+            .len = schedule.count,
             .backend = backend,
             .ring = ring,
             .loc_ring = loc_ring,
@@ -478,7 +539,7 @@ pub const Iter = struct {
         const ds = it.ds;
         const prefetch = it.loc_ring.len;
         while (it.planned < it.len and it.used < it.slots.len and it.planned - it.delivered + it.held_samples < prefetch) {
-            const loc = ds.locate(it.table, it.start +% it.planned);
+            const loc = ds.locate(it.table, it.schedule.position(it.planned));
             const c = &ds.caches[loc.cache];
             const row = c.row(loc.sample_id);
             const slot = &it.slots[(it.head + it.used) % it.slots.len];
@@ -493,7 +554,7 @@ pub const Iter = struct {
             // Ordered mode: extend the read over records adjacent in the same shard.
             if (!ds.options.shuffle) {
                 while (it.planned < it.len and it.planned - it.delivered + it.held_samples < prefetch and slot.len < coalesce_bytes_max and slot.len <= c.manifest.shards[@intCast(row.shard_id)].byte_len -| slot.offset) {
-                    const next = ds.locate(it.table, it.start +% it.planned);
+                    const next = ds.locate(it.table, it.schedule.position(it.planned));
                     if (next.cache != loc.cache) break;
                     const r = c.row(next.sample_id);
                     if (r.shard_id != row.shard_id or r.offset != slot.offset + slot.len) break;

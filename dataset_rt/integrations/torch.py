@@ -1,0 +1,806 @@
+"""PyTorch adapters: ``CachedDataset.to_torch_iterable_dataset`` and
+``CachedDataset.to_torch_dataloader`` (this module imports torch; ``import dataset_rt``
+never does).
+
+Native state belongs to the process that reads: every consumer (the training process
+with ``num_workers=0``, or each DataLoader worker) opens its own reader from a snapshot
+of the dataset (``dump_config``) on first use, whatever the start method; objects
+crossing a process boundary carry only the recipe (paths, options, counts). Which stream
+positions a consumer reads in a pass is plain arithmetic (``_loading``), read by the
+native range iterator, so it never depends on timing, prefetch or how far another
+consumer got; that is what makes ``state_dict()`` / ``load_state_dict()`` exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from dataset_rt.integrations import _loading as plan
+from dataset_rt.records import CachedSample
+
+LOGGER_NAME = "dataset_rt.loader"
+LOADER_STATE_FORMAT = "dataset_rt.loader_state/1"
+ORDER_NAME = "partition-order.npy"
+
+__all__ = ["DatasetRTDataLoader", "to_torch_dataloader", "to_torch_iterable_dataset"]
+
+
+def _event(message: str, *args: object) -> None:
+    """INFO to ``dataset_rt.loader`` through the application's handlers, or to stderr
+    (prefixed ``[dataset_rt.loader]``) when none is configured."""
+    logger = logging.getLogger(LOGGER_NAME)
+    if logger.hasHandlers():
+        logger.info(message, *args)
+        return
+    if logger.level != logging.NOTSET and not logger.isEnabledFor(logging.INFO):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
+    try:
+        handler.handle(logger.makeRecord(LOGGER_NAME, logging.INFO, "", 0, message, args, None))
+    finally:
+        handler.close()
+
+
+# ------------------------------------------------------------------ snapshots and readers
+
+
+class _Snapshot:
+    """A directory holding ``dataset.json`` + ``metadata.arrow`` (and, for shuffled
+    "split", the shared row order), owned by the process that made it: a temporary one
+    is removed when its owner is garbage collected, never by a child process."""
+
+    def __init__(self, work_dir: str | os.PathLike[str] | None) -> None:
+        if work_dir is not None and not Path(work_dir).is_dir():
+            raise ValueError(f"work_dir {os.fspath(work_dir)!r} is not an existing directory")
+        self.directory = Path(tempfile.mkdtemp(prefix="dataset-rt-", dir=work_dir))
+        owner = os.getpid()
+        self._finalizer = weakref.finalize(self, _remove_owned, self.directory, owner)
+        if work_dir is not None:
+            # A caller-chosen work_dir keeps its export (as the reference does).
+            self._finalizer.detach()
+
+    def discard(self) -> None:
+        self._finalizer()
+
+
+def _remove_owned(directory: Path, owner: int) -> None:
+    if os.getpid() == owner:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """What a consumer needs to open its own reader: picklable, no handles."""
+
+    config_path: str
+    native_threads: int
+    shuffle: bool
+    seed: int
+    # Install the snapshot's table (rows ``selection``) instead of the caches' own table.
+    use_table: bool
+    order_path: str | None = None
+
+
+def _open_reader(recipe: _Recipe, offset: int = 0, population: int = 0) -> Any:
+    """A ``CachedDataset`` for this process from the snapshot: the caches with the
+    snapshot's reader options and ``recipe``'s shuffle and seed; with ``use_table``, the
+    active table is the snapshot's rows ``offset .. offset + population`` (cyclic; in the
+    shared shuffled row order when ``order_path`` is set; all rows when ``population``
+    is 0), which switches shuffled reading to weighted draws as in dataset-rt 0.4.8."""
+    import pyarrow as pa
+
+    from dataset_rt.config import DatasetConfiguration
+    from dataset_rt.runtime import DatasetRuntime
+
+    config_file = Path(recipe.config_path)
+    config = DatasetConfiguration.model_validate_json(config_file.read_bytes())
+    reader_config = config.reader_config.model_copy(
+        update={"shuffle": recipe.shuffle, "seed": recipe.seed}
+    )
+    runtime = DatasetRuntime(num_workers=recipe.native_threads)
+    dataset = runtime.cached_dataset(list(config.cache_paths), reader_config=reader_config)
+    if recipe.use_table:
+        with pa.memory_map(str(config_file.parent / config.metadata_file), "r") as source:
+            table = pa.ipc.open_file(source).read_all()
+        count = table.num_rows
+        if population and (recipe.order_path is not None or offset or population != count):
+            if recipe.order_path is not None:
+                order = np.load(recipe.order_path, mmap_mode="r", allow_pickle=False)
+                positions = (np.arange(population, dtype=np.uint64) + offset % count) % count
+                indices = np.asarray(order[positions])
+            else:
+                indices = (np.arange(population, dtype=np.uint64) + offset % count) % count
+            table = table.take(pa.array(indices.astype(np.int64)))
+        dataset._set_arrow_table(table)
+    return dataset
+
+
+class _LocalReader:
+    """The reader of one consumer, opened lazily in the process that reads."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self.dataset: Any = None
+
+    def get(self, open_reader: Callable[[], Any]) -> Any:
+        if self.pid != os.getpid():
+            self.dataset = None  # inherited through fork: never reuse the parent's handles
+            self.dataset = open_reader()
+            self.pid = os.getpid()
+        return self.dataset
+
+
+def _worker_identity() -> tuple[int, int]:
+    info = get_worker_info()
+    return (0, 1) if info is None else (info.id, info.num_workers)
+
+
+# ------------------------------------------------------------------ to_torch_iterable_dataset
+
+
+class _PassCounter:
+    """Per-(worker count, worker) pass numbers kept in the snapshot directory, so a
+    worker's k-th pass is the same whether workers persist or restart every epoch."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def next(self, workers: int, worker: int) -> int:
+        path = os.path.join(self.directory, f"passes-{workers}-{worker}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = os.read(fd, 32)
+            current = int(raw) if raw else 0
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.ftruncate(fd, 0)
+            os.write(fd, str(current + 1).encode())
+            return current
+        finally:
+            os.close(fd)
+
+
+class DatasetRTIterableDataset(IterableDataset):  # type: ignore[type-arg]
+    """A sized ``IterableDataset`` over a ``CachedDataset``'s stream.
+
+    In the training process, ``iter()`` is ``iter(dataset)`` (each pass continues the
+    dataset's stream). In DataLoader worker ``w`` of ``W``, pass ``k`` reads part ``w``
+    of window ``k`` (contiguous spans, the first ones one sample longer) of the stream as
+    it stood when this object was made: windows of ``len(dataset)`` positions from the
+    dataset's position then, so the workers of one epoch together read exactly the
+    window one ``iter(dataset)`` would, whether workers persist or restart. Workers read
+    from their own readers; the dataset's own position does not move.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        from dataset_rt import _native
+        from dataset_rt._native import ffi, lib
+
+        self._dataset = dataset
+        stream = ffi.new("drt_stream *")
+        _native.check(lib.drt_dataset_stream(dataset._handle, stream))
+        self._start = int(stream.position)
+        self._window = len(dataset)
+        self._snapshot = _Snapshot(None)
+        config_path = dataset.dump_config(self._snapshot.directory)
+        self._recipe = _Recipe(
+            config_path=str(config_path),
+            native_threads=dataset._runtime.num_workers,
+            shuffle=bool(dataset.reader_config.shuffle),
+            seed=int(dataset.reader_config.seed),
+            use_table=dataset._custom_table,
+        )
+        self._reader = _LocalReader()
+
+    def __reduce__(self) -> Any:
+        return _restore_iterable, (self._recipe, self._start, self._window)
+
+    def __len__(self) -> int:
+        return len(self._dataset) if self._dataset is not None else self._window
+
+    def __iter__(self) -> Iterator[CachedSample]:
+        info = get_worker_info()
+        if info is None and self._dataset is not None:
+            return iter(self._dataset)
+        worker, workers = _worker_identity()
+        counter = _PassCounter(str(Path(self._recipe.config_path).parent))
+        k = counter.next(workers, worker)
+        offset, length = plan.span(self._window, workers, worker)
+        start = (self._start + k * self._window + offset) % 2**64
+        dataset = self._reader.get(lambda: _open_reader(self._recipe))
+        return dataset._iter_range(start, length)
+
+
+def _restore_iterable(recipe: _Recipe, start: int, window: int) -> DatasetRTIterableDataset:
+    self = DatasetRTIterableDataset.__new__(DatasetRTIterableDataset)
+    self._dataset = None
+    self._start = start
+    self._window = window
+    self._recipe = recipe
+    self._reader = _LocalReader()
+    return self
+
+
+def to_torch_iterable_dataset(dataset: Any) -> DatasetRTIterableDataset:
+    return DatasetRTIterableDataset(dataset)
+
+
+# ------------------------------------------------------------------ to_torch_dataloader
+
+
+@dataclass
+class _Layout:
+    """Who reads what: fixed at construction (and when a state with another seed is
+    loaded). Picklable."""
+
+    mode: plan.Partition
+    rank: int
+    world_size: int
+    workers: int  # DataLoader worker processes (0: the training process reads)
+    batch_size: int
+    samples: int  # the requested global budget per pass
+    drop_last: bool
+    persistent: bool
+    seed: int | None
+    plans: list[plan.ConsumerPlan] = field(default_factory=list)  # reference modes
+    batches_per_rank: int = 0  # global mode
+
+
+@dataclass
+class _Resume:
+    """Where the next passes start. Reference modes: pass ``pass_index`` skips the first
+    ``steps`` batches. Global mode: pass ``pass_index`` starts at stream position
+    ``position`` with ``batches`` local batches; later passes follow it."""
+
+    pass_index: int = 0
+    steps: int = 0
+    position: int = 0
+    batches: int | None = None
+
+
+class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
+    """The dataset a ``DatasetRTDataLoader`` hands torch: ``len()`` is this rank's
+    samples per pass; ``iter()`` in each consumer reads that consumer's positions for
+    the current pass."""
+
+    def __init__(
+        self,
+        layout: _Layout,
+        recipe: _Recipe,
+        transform: Callable[[CachedSample], Any] | None,
+        verbose: bool,
+    ) -> None:
+        self.layout = layout
+        self.recipe = recipe
+        self.transform = transform
+        self.verbose = verbose
+        self.resume = _Resume()
+        self.pass_base = 0  # pass index of the consumer's first iter() in this process
+        self._passes = 0
+        self._readers: dict[int, _LocalReader] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_passes"] = 0
+        state["_readers"] = {}
+        return state
+
+    def __len__(self) -> int:
+        layout = self.layout
+        if layout.mode == "global":
+            return layout.batches_per_rank * layout.batch_size
+        return sum(p.sample_count for p in layout.plans)
+
+    def begin(self, pass_index: int) -> None:
+        """Called by the loader in the training process before each pass."""
+        self.pass_base = pass_index
+        self._passes = 0
+
+    def _global_pass(self, pass_index: int) -> plan.GlobalPass:
+        layout, resume = self.layout, self.resume
+        per_pass = layout.batches_per_rank * layout.world_size * layout.batch_size
+        first = resume.batches if resume.batches is not None else layout.batches_per_rank
+        if pass_index == resume.pass_index:
+            start, batches = resume.position, first
+        else:
+            later = pass_index - resume.pass_index - 1
+            start = resume.position + first * layout.world_size * layout.batch_size
+            start += later * per_pass
+            batches = layout.batches_per_rank
+        return plan.GlobalPass(start, batches, layout.batch_size, layout.world_size, layout.rank)
+
+    def consumer(self, pass_index: int, worker: int) -> int:
+        """The reference-mode consumer DataLoader worker ``worker`` serves in a pass.
+
+        Normally its own. In a resumed pass the DataLoader starts its cycle at worker 0
+        while the interrupted one would have continued with the consumer next in line,
+        so workers serve the consumers rotated to start there."""
+        layout, resume = self.layout, self.resume
+        if layout.mode == "global" or pass_index != resume.pass_index or not resume.steps:
+            return worker
+        _, first = plan.round_robin(self._batch_counts(), resume.steps)
+        return (first + worker) % max(1, layout.workers)
+
+    def _batch_counts(self) -> list[int]:
+        return [_batch_count(p.sample_count, self.layout) for p in self.layout.plans]
+
+    def positions(self, pass_index: int, consumer: int, workers: int) -> tuple[int, int, int, int]:
+        """``(start, count, block_len, block_stride)`` consumer ``consumer`` (a worker
+        index) reads in pass ``pass_index`` (see ``drt_iter_open_range``)."""
+        layout = self.layout
+        if layout.mode == "global":
+            return self._global_pass(pass_index).worker_range(consumer, workers)
+        budget = layout.plans[consumer].sample_count
+        continuing = layout.persistent or layout.workers == 0
+        start = pass_index * budget if continuing else 0
+        skip = 0
+        if pass_index == self.resume.pass_index and self.resume.steps:
+            taken, _ = plan.round_robin(self._batch_counts(), self.resume.steps)
+            skip = min(taken[consumer] * layout.batch_size, budget)
+        return start + skip, budget - skip, 0, 0
+
+    def __iter__(self) -> Iterator[Any]:
+        worker, workers = _worker_identity()
+        layout = self.layout
+        if workers != max(1, layout.workers):
+            raise RuntimeError("DataLoader worker count differs from prepared partitions")
+        pass_index = self.pass_base + self._passes
+        self._passes += 1
+        consumer = self.consumer(pass_index, worker)
+        start, count, block_len, block_stride = self.positions(pass_index, consumer, workers)
+        if self.verbose:
+            _event(
+                "event=%s pid=%s rank=%s worker=%s pass=%s start=%s samples=%s",
+                "reader_pass" if count else "reader_empty",
+                os.getpid(),
+                layout.rank,
+                "main" if get_worker_info() is None else worker,
+                pass_index,
+                start,
+                count,
+            )
+        if count == 0:
+            return iter(())
+        dataset = self._reader_for(consumer)
+        samples = dataset._iter_range(start % 2**64, count, block_len, block_stride)
+        if self.transform is None:
+            return samples
+        return map(self.transform, samples)
+
+    def _reader_for(self, consumer: int) -> Any:
+        """This process's reader for ``consumer`` (global mode: one shared reader)."""
+        key = 0 if self.layout.mode == "global" else consumer
+        reader = self._readers.setdefault(key, _LocalReader())
+        return reader.get(lambda: self._open(key))
+
+    def prepare(self, worker: int) -> None:
+        """Open this consumer's reader now (in a worker, before user code runs), so a
+        cache that cannot be opened fails the worker at start."""
+        if self.layout.mode == "global" or self.layout.plans[worker].sample_count:
+            self._reader_for(worker)
+
+    def _open(self, worker: int) -> Any:
+        layout = self.layout
+        if layout.mode == "global":
+            return _open_reader(self.recipe)
+        p = layout.plans[worker]
+        recipe = _Recipe(
+            config_path=self.recipe.config_path,
+            native_threads=self.recipe.native_threads,
+            shuffle=self.recipe.shuffle,
+            seed=p.seed,
+            use_table=True,
+            order_path=self.recipe.order_path if p.partition_seed is not None else None,
+        )
+        if self.verbose:
+            _event(
+                "event=reader_started pid=%s rank=%s worker=%s seed=%s native_threads=%s "
+                "samples=%s population=%s",
+                os.getpid(),
+                p.rank,
+                "main" if get_worker_info() is None else worker,
+                p.seed,
+                recipe.native_threads,
+                p.sample_count,
+                p.population,
+            )
+        return _open_reader(recipe, p.offset, p.population)
+
+
+def _batch_count(samples: int, layout: _Layout) -> int:
+    if layout.drop_last:
+        return samples // layout.batch_size
+    return -(-samples // layout.batch_size)
+
+
+class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
+    """A ``torch.utils.data.DataLoader`` reading a dataset_rt snapshot, with
+    ``state_dict()`` / ``load_state_dict()`` for exact mid-epoch resume.
+
+    Each ``iter(loader)`` is one pass (epoch). The state records the pass and the
+    batches this loader has yielded in it (counted where the training loop receives
+    them, so batches that workers prefetched but nobody consumed are not counted);
+    restoring it makes the next ``iter(loader)`` yield exactly the batches the
+    interrupted pass had left, then later passes as if never interrupted.
+    """
+
+    _drt_dataset: _LoaderDataset
+    _drt_identity: dict[str, Any]
+    _drt_snapshot: _Snapshot
+
+    def _drt_setup(self, identity: dict[str, Any], snapshot: _Snapshot) -> None:
+        self._drt_dataset = self.dataset  # type: ignore[assignment]
+        self._drt_identity = identity
+        self._drt_snapshot = snapshot
+        self._drt_next_pass = 0
+        self._drt_current: int | None = None
+        self._drt_steps = 0
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        pass_index = self._drt_next_pass
+        self._drt_next_pass += 1
+        self._drt_current = pass_index
+        resume = self._drt_dataset.resume
+        resumed = self._drt_dataset.layout.mode != "global" and pass_index == resume.pass_index
+        # Reference modes count a resumed pass's batches from its start.
+        self._drt_steps = resume.steps if resumed else 0
+        self._drt_dataset.begin(pass_index)
+        return self._drt_count(super().__iter__(), pass_index)
+
+    def _drt_count(self, inner: Iterator[Any], pass_index: int) -> Iterator[Any]:
+        for batch in inner:
+            if self._drt_current == pass_index:
+                self._drt_steps += 1
+            yield batch
+        if self._drt_current == pass_index:
+            self._drt_current = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position: small (no sample lists), JSON-serializable, with the
+        digest of the active table. In "global" mode it describes the whole job (every
+        rank's state is the same) and can be loaded with another world size."""
+        layout = self._drt_dataset.layout
+        pass_index, steps = self._drt_next_pass, 0
+        if self._drt_current is not None and self._drt_steps < len(self):
+            pass_index, steps = self._drt_current, self._drt_steps
+        state: dict[str, Any] = {
+            "format": LOADER_STATE_FORMAT,
+            **self._drt_identity,
+            "mode": layout.mode,
+            "seed": layout.seed,
+            "batch_size": layout.batch_size,
+            "world_size": layout.world_size,
+            "rank": layout.rank,
+            "num_workers": layout.workers,
+            "samples_per_epoch": layout.samples,
+            "drop_last": layout.drop_last,
+            "persistent_workers": layout.persistent,
+            "pass": pass_index,
+            "steps": steps,
+        }
+        if layout.mode == "global":
+            if steps:
+                current = self._drt_dataset._global_pass(pass_index)
+                step = layout.world_size * layout.batch_size
+                state["position"] = current.start + steps * step
+                state["epoch_end"] = current.end
+            else:
+                state["position"] = self._drt_dataset._global_pass(pass_index).start
+                state["epoch_end"] = state["position"]
+        return plan.as_plain(state)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (from ``state_dict()``, possibly of another process).
+
+        Must match: the active table (digest), shuffle, mode and an explicit seed (a
+        loader made with ``seed="random"`` adopts the saved seed). "split"/"replicate"
+        also need the same world size, rank, workers, batch size, budget, drop_last and
+        persistence (each consumer continues its own stream); "global" continues the
+        job's stream with any world size, worker count or batch size. Raises
+        ``ValueError`` naming the difference; on error nothing changes.
+        """
+        if not isinstance(state, Mapping) or state.get("format") != LOADER_STATE_FORMAT:
+            raise ValueError(
+                f"not a dataset_rt loader state (expected format {LOADER_STATE_FORMAT!r})"
+            )
+        dataset = self._drt_dataset
+        layout = dataset.layout
+        for key in ("table_digest", "shuffle"):
+            if state.get(key) != self._drt_identity[key]:
+                what = "a different active table" if key == "table_digest" else f"{key}"
+                raise ValueError(
+                    f"state was saved for {what} ({key}={state.get(key)!r}, this loader: "
+                    f"{self._drt_identity[key]!r})"
+                )
+        if state.get("mode") != layout.mode:
+            raise ValueError(
+                f"state was saved in worker_partition={state.get('mode')!r} mode, this loader "
+                f"uses {layout.mode!r}"
+            )
+        seed = state.get("seed")
+        if seed != layout.seed and not self._drt_identity["random_seed"]:
+            raise ValueError(
+                f"state was saved with seed={seed!r}, this loader uses {layout.seed!r}"
+            )
+        if layout.mode != "global":
+            for key, mine in (
+                ("world_size", layout.world_size),
+                ("rank", layout.rank),
+                ("num_workers", layout.workers),
+                ("batch_size", layout.batch_size),
+                ("samples_per_epoch", layout.samples),
+                ("drop_last", layout.drop_last),
+                ("persistent_workers", layout.persistent),
+            ):
+                if state.get(key) != mine:
+                    raise ValueError(
+                        f"resuming worker_partition={layout.mode!r} needs the same {key} "
+                        f"(state: {state.get(key)!r}, this loader: {mine!r}); "
+                        "worker_partition='global' resumes with any world size"
+                    )
+        pass_index, steps = _nonneg(state, "pass"), _nonneg(state, "steps")
+        resume = _Resume(pass_index, steps)
+        if layout.mode == "global":
+            position, end = _nonneg(state, "position"), _nonneg(state, "epoch_end")
+            if end < position:
+                raise ValueError("state['epoch_end'] is before state['position']")
+            per_round = layout.world_size * layout.batch_size
+            resume = _Resume(pass_index, 0, position, -(-(end - position) // per_round) or None)
+        recipe = dataset.recipe
+        if seed != layout.seed:
+            layout = _relayout(layout, seed, self._drt_identity["row_count"])
+            if layout.mode == "global":
+                recipe = dataclasses.replace(recipe, seed=seed)
+        self._drt_shutdown_workers()
+        dataset.layout = layout
+        dataset.recipe = recipe
+        dataset.resume = resume
+        self._drt_next_pass = pass_index
+        self._drt_current = None
+        self._drt_steps = 0
+
+    def _drt_shutdown_workers(self) -> None:
+        """Persistent workers hold the old plan: stop them; the next pass starts new ones."""
+        iterator = getattr(self, "_iterator", None)
+        if iterator is not None:
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            self._iterator = None
+
+
+def _nonneg(state: Mapping[str, Any], key: str) -> int:
+    value = state.get(key)
+    if type(value) is not int or value < 0:
+        raise ValueError(f"state[{key!r}] must be a nonnegative integer, got {value!r}")
+    return value
+
+
+def _relayout(layout: _Layout, seed: int | None, row_count: int) -> _Layout:
+    """``layout`` for another base seed (a loaded state's)."""
+    if layout.mode == "global":
+        return _Layout(**{**layout.__dict__, "seed": seed})
+    plans = plan.reference_plans(
+        row_count=row_count,
+        rank=layout.rank,
+        world_size=layout.world_size,
+        workers=layout.workers,
+        batch_size=layout.batch_size,
+        samples=layout.samples,
+        partition=layout.mode,  # type: ignore[arg-type]
+        shuffle=seed is not None,
+        seed=seed,
+        drop_last=layout.drop_last,
+    )
+    return _Layout(**{**layout.__dict__, "seed": seed, "plans": plans})
+
+
+class _PickleSink:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _check_picklable(transform: Callable[..., Any] | None, processes: int) -> None:
+    if transform is None or processes == 0:
+        return
+    try:
+        ForkingPickler(_PickleSink(), pickle.HIGHEST_PROTOCOL).dump(transform)
+    except Exception as error:
+        raise TypeError("sample_transform_fn must be picklable for multiprocess loading") from error
+
+
+@dataclass(frozen=True)
+class _WorkerInit:
+    """Opens the worker's reader before the caller's ``worker_init_fn`` runs."""
+
+    callback: Callable[[int], None] | None
+
+    def __call__(self, worker_id: int) -> None:
+        info = get_worker_info()
+        if info is None or not isinstance(info.dataset, _LoaderDataset):
+            raise RuntimeError("DatasetRT initialization requires its DataLoader worker")
+        info.dataset.prepare(worker_id)
+        if self.callback is not None:
+            self.callback(worker_id)
+
+
+def _replica() -> tuple[int, int]:
+    if get_worker_info() is not None:
+        raise RuntimeError("to_torch_dataloader must run before DataLoader workers start")
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _common_seed(world_size: int, rank: int, shuffle: bool, seed: int | str) -> int | None:
+    if not shuffle:
+        return None
+    if isinstance(seed, int):
+        return seed
+    if world_size == 1:
+        return plan.random_seed()
+    values = [plan.random_seed() if rank == 0 else 0]
+    dist.broadcast_object_list(values, src=0)
+    return int(values[0])
+
+
+def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
+    """See ``CachedDataset.to_torch_dataloader``."""
+    import warnings
+
+    extra = dict(kwargs.pop("dataloader_kwargs", None) or {})
+    conflicts = plan.RESERVED_KWARGS.intersection(extra)
+    if conflicts:
+        raise ValueError(
+            f"dataloader_kwargs contains reserved arguments: {', '.join(sorted(conflicts))}"
+        )
+    options = plan.LoaderOptions(
+        shuffle=kwargs["shuffle"],
+        seed=kwargs["seed"],
+        samples_per_epoch=kwargs["samples_per_epoch"],
+        partition=kwargs["worker_partition"],
+        batch_size=kwargs["batch_size"],
+        num_workers=kwargs["num_workers"],
+        native_num_workers=kwargs["native_num_workers"],
+        drop_last=kwargs["drop_last"],
+        pin_memory=kwargs["pin_memory"],
+        persistent_workers=kwargs["persistent_workers"],
+        timeout=kwargs["timeout"],
+        context=kwargs["multiprocessing_context"],
+        prefetch=kwargs["prefetch_factor"],
+        verbose=kwargs["verbose"],
+    )
+    rank, world_size = _replica()
+    workers = plan.resolve_workers(options, world_size)
+    transform = kwargs["sample_transform_fn"]
+    _check_picklable(transform, workers.processes)
+    if workers.processes and not workers.persistent and options.resolved_partition != "global":
+        warnings.warn(
+            "persistent_workers=False restarts DatasetRT readers on every DataLoader pass "
+            "with the same sampling seed and reset draw offset or sequential cursor. "
+            "With unchanged metadata, each epoch repeats the same sample sequence, "
+            "including when seed='random'. Short epochs can repeatedly omit the rest of "
+            "the population. Set persistent_workers=True to continue sampling across epochs.",
+            UserWarning,
+            stacklevel=3,
+        )
+    samples = options.samples_per_epoch
+    if samples is None:
+        samples = dataset._recipe_count
+    if not 1 <= samples <= plan.MAX_SAMPLE_BUDGET:
+        raise ValueError(
+            f"inherited samples_per_epoch must be between 1 and {plan.MAX_SAMPLE_BUDGET}"
+        )
+    seed = _common_seed(world_size, rank, options.shuffle, options.seed)
+    mode = options.resolved_partition
+    snapshot = _Snapshot(kwargs["work_dir"])
+    try:
+        config_path = dataset.dump_config(snapshot.directory)
+        row_count = dataset.get_metadata().height
+        layout = _Layout(
+            mode=mode,
+            rank=rank,
+            world_size=world_size,
+            workers=workers.processes,
+            batch_size=options.batch_size,
+            samples=samples,
+            drop_last=options.drop_last,
+            persistent=workers.persistent,
+            seed=seed,
+        )
+        order_path = None
+        if mode == "global":
+            layout.batches_per_rank = plan.global_batches_per_rank(
+                samples, world_size, options.batch_size, options.drop_last, rank=rank
+            )
+            recipe_seed = seed if seed is not None else int(dataset.reader_config.seed)
+            use_table = dataset._custom_table
+        else:
+            layout = _relayout(layout, seed, row_count)
+            recipe_seed = 0
+            use_table = True
+            if options.shuffle and mode == "split":
+                order_path = str(snapshot.directory / ORDER_NAME)
+                np.save(order_path, _row_order(row_count, plan._require(seed)))
+        recipe = _Recipe(
+            config_path=str(config_path),
+            native_threads=workers.native_threads,
+            shuffle=options.shuffle,
+            seed=recipe_seed,
+            use_table=use_table,
+            order_path=order_path,
+        )
+        adapter = _LoaderDataset(layout, recipe, transform, options.verbose)
+        loader = DatasetRTDataLoader(
+            adapter,
+            batch_size=options.batch_size,
+            num_workers=workers.processes,
+            collate_fn=kwargs["collate_fn"],
+            drop_last=options.drop_last,
+            pin_memory=options.pin_memory,
+            timeout=options.timeout,
+            multiprocessing_context=workers.context,
+            worker_init_fn=_WorkerInit(kwargs["worker_init_fn"]),
+            prefetch_factor=workers.prefetch,
+            persistent_workers=workers.persistent,
+            **extra,
+        )
+    except BaseException:
+        snapshot.discard()
+        raise
+    identity = {
+        "table_digest": dataset.table_digest(),
+        "shuffle": options.shuffle,
+        "random_seed": options.seed == "random",
+        "row_count": row_count,
+    }
+    loader._drt_setup(identity, snapshot)
+    if options.verbose:
+        _event(
+            "event=loader_ready pid=%s rank=%s seed=%s num_workers=%s "
+            "native_threads_per_consumer=%s partition=%s persistent=%s prefetch_factor=%s "
+            "samples=%s samples_per_rank=%s batch_size=%s world_size=%s shuffle=%s",
+            os.getpid(),
+            rank,
+            seed,
+            workers.processes,
+            workers.native_threads,
+            mode,
+            workers.persistent,
+            workers.prefetch if workers.prefetch is not None else "disabled",
+            samples,
+            len(adapter),
+            options.batch_size,
+            world_size,
+            options.shuffle,
+        )
+    return loader
+
+
+def _row_order(count: int, seed: int) -> np.ndarray:
+    """The shared shuffled row order of "split" mode (dataset-rt 0.4.8's: numpy's
+    ``default_rng(seed)`` shuffle of ``0 .. count``)."""
+    order = np.arange(count, dtype=np.uint64)
+    np.random.default_rng(seed).shuffle(order)
+    return order
+
+
+_ = torch  # torch is imported for its side effects on DataLoader (and to fail early)

@@ -1,0 +1,279 @@
+"""The PyTorch adapters, run with a CPU build of torch in a pip-made virtualenv.
+
+torch never enters the uv environment (uv would download a multi-gigabyte CUDA build;
+pip takes the machine's local CPU wheel): ``refenv.ensure_extra`` builds a virtualenv
+with ``torch==2.13.0`` once (cached, locked) and the scripts in ``tests/torch_scripts``
+run there with this checkout on ``PYTHONPATH``. The tests skip, printing the reason,
+only when pip cannot reach the package registry.
+
+- ``loader_checks.py``: "global" mode equals the dataset's own stream for 0, 2 and 3
+  workers; exact resume after interrupting at random batches, for every mode, with and
+  without (persistent) workers; state errors; ``to_torch_iterable_dataset`` in workers
+  (fork and spawn); the reference's validation messages.
+- ``reference_batches.py``: "split"/"replicate" give dataset-rt 0.4.8's batches.
+- ``ddp_global.py`` under ``torchrun`` with the gloo backend: 2 ranks cover each pass
+  exactly once in global order; a job interrupted on 2 ranks resumes on 1 and on 3.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from refenv import (
+    ExtraEnv,
+    ReferenceSetupError,
+    ReferenceUnavailable,
+    ensure_extra,
+    ensure_reference,
+)
+from sources import Numbers
+
+import dataset_rt as drt
+
+TORCH = "torch==2.13.0"
+SCRIPTS = Path(__file__).parent / "torch_scripts"
+SEED = 20261129
+
+
+@pytest.fixture(scope="module")
+def torch_env() -> ExtraEnv:
+    try:
+        return ensure_extra("torch-2.13.0", (TORCH,), "import torch, dataset_rt; print('ok')")
+    except ReferenceUnavailable as exc:
+        print(f"PyTorch cannot be installed here: {exc}")
+        pytest.skip(f"PyTorch cannot be installed here: {exc}")
+    except ReferenceSetupError as exc:
+        pytest.fail(f"could not set up the PyTorch virtualenv: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def caches(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    base = tmp_path_factory.mktemp("torch")
+    runtime = drt.DatasetRuntime(num_workers=2)
+    result = runtime.from_cache_sources(
+        [Numbers("a", 11), Numbers("b", 6)], base, reader_config=drt.ReaderConfig(seed=0)
+    )
+    return [str(p) for p in result.dataset.cache_paths]
+
+
+def run_json(env: ExtraEnv, args: list[str], cwd: Path, timeout: float = 600) -> Any:
+    proc = env.run(args, cwd=cwd, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_importing_dataset_rt_never_imports_torch(torch_env: ExtraEnv, tmp_path: Path) -> None:
+    script = "import sys, dataset_rt; print('torch' in sys.modules)"
+    proc = torch_env.run(["-c", script], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+def test_loader_checks(torch_env: ExtraEnv, caches: list[str], tmp_path: Path) -> None:
+    results = run_json(torch_env, [str(SCRIPTS / "loader_checks.py"), *caches], tmp_path)
+    assert len(results) > 50
+    failures = {name: detail for name, (ok, detail) in results.items() if not ok}
+    assert not failures, json.dumps(failures, indent=1)[:8000]
+
+
+@pytest.mark.compat
+def test_reference_modes_match_0_4_8(
+    torch_env: ExtraEnv, caches: list[str], tmp_path: Path
+) -> None:
+    try:
+        reference = ensure_reference(extra=(TORCH,))
+    except ReferenceUnavailable as exc:
+        pytest.skip(f"dataset-rt 0.4.8 with PyTorch unavailable: {exc}")
+    configs: list[dict[str, Any]] = []
+    combos = ((True, None), (False, None), (True, "split"), (False, "replicate"))
+    for table in (None, "filtered"):
+        for shuffle, partition in combos:
+            for batch_size, budget, drop_last in ((3, None, False), (4, 10, True), (2, 7, False)):
+                configs.append(
+                    {
+                        "table": table,
+                        "num_workers": 0,
+                        "shuffle": shuffle,
+                        "worker_partition": partition,
+                        "batch_size": batch_size,
+                        "samples_per_epoch": budget,
+                        "drop_last": drop_last,
+                    }
+                )
+    for shuffle, partition in combos:
+        configs.append(
+            {
+                "table": "filtered",
+                "num_workers": 2,
+                "persistent_workers": True,
+                "multiprocessing_context": "fork",
+                "shuffle": shuffle,
+                "worker_partition": partition,
+                "batch_size": 2,
+                "samples_per_epoch": 7,
+            }
+        )
+    configs.append(
+        {"num_workers": 2, "persistent_workers": False, "shuffle": True, "batch_size": 3}
+    )
+    configs.append({"num_workers": 2, "multiprocessing_context": "forkserver", "batch_size": 5})
+    for config in configs:
+        config["native_num_workers"] = 1
+        if config["shuffle"] if "shuffle" in config else True:
+            config["seed"] = 42
+    script = SCRIPTS / "reference_batches.py"
+    argument = json.dumps(configs)
+    ours = run_json(torch_env, [str(script), argument, *caches], tmp_path)
+    proc = reference.run(script.read_text(), argument, *caches, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(ours) == len(theirs) == len(configs)
+    for config, mine, ref in zip(configs, ours, theirs):
+        assert mine == ref, config
+
+
+# ------------------------------------------------------------------ torchrun
+
+
+def global_batches(caches: list[str], batch_size: int, count: int) -> list[list[list[int]]]:
+    """The global stream cut into batches: the dataset's own draw stream (its default
+    table keeps uniform draws) with the loaders' seed."""
+    runtime = drt.DatasetRuntime(num_workers=1)
+    dataset = runtime.cached_dataset(
+        caches, reader_config=drt.ReaderConfig(seed=SEED, shuffle=True)
+    )
+    dataset.set_epoch_len(count * batch_size)
+    flat = [[s.cache_id, s.sample_id] for s in dataset]
+    return [flat[i : i + batch_size] for i in range(0, len(flat), batch_size)]
+
+
+def torchrun(
+    env: ExtraEnv, out: Path, nproc: int, caches: list[str], **config: Any
+) -> list[dict[str, Any]]:
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "paths": caches,
+        "out": str(out),
+        "seed": SEED,
+        "batch_size": 4,
+        "samples": 48,
+        "workers": 2,
+        "passes": 2,
+        "load_state": None,
+        "stop_after": None,
+        **config,
+    }
+    args = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-port",
+        str(random.Random().randrange(20000, 60000)),
+        str(SCRIPTS / "ddp_global.py"),
+        json.dumps(settings),
+    ]
+    proc = env.run(args, cwd=out, timeout=600, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def check_ranks(
+    ranks: list[dict[str, Any]],
+    stream: list[list[list[int]]],
+    first_batch: int,
+    per_pass: tuple[int, int],
+) -> int:
+    """Every rank's batch at (pass, step) is global batch
+    ``pass_start + step * world + rank``; the ranks together read each global batch of
+    the run exactly once. Returns the global batch after the last one read."""
+    world = len(ranks)
+    read: list[int] = []
+    for rank, result in enumerate(ranks):
+        for entry in result["batches"]:
+            start = first_batch if entry["pass"] == 0 else first_batch + per_pass[0]
+            start += max(0, entry["pass"] - 1) * per_pass[1]
+            index = start + entry["step"] * world + rank
+            assert entry["ids"] == stream[index], (rank, entry["pass"], entry["step"])
+            read.append(index)
+    assert sorted(read) == list(range(first_batch, first_batch + len(read)))
+    return first_batch + len(read)
+
+
+@pytest.fixture(scope="module")
+def stream(caches: list[str]) -> list[list[list[int]]]:
+    return global_batches(caches, 4, 200)
+
+
+def test_torchrun_global_mode_reads_each_batch_once(
+    torch_env: ExtraEnv, caches: list[str], stream: list[list[list[int]]], tmp_path: Path
+) -> None:
+    ranks = torchrun(torch_env, tmp_path / "full", 2, caches)
+    assert [r["len"] for r in ranks] == [6, 6]  # 48 samples / (2 ranks x 4)
+    for result in ranks:
+        assert [b["pass"] for b in result["batches"]] == [0] * 6 + [1] * 6
+    end = check_ranks(ranks, stream, 0, (12, 12))
+    assert end == 24  # two passes of 12 global batches, none skipped or repeated
+
+
+def test_torchrun_elastic_resume_from_2_ranks_into_1_and_3(
+    torch_env: ExtraEnv, caches: list[str], stream: list[list[list[int]]], tmp_path: Path
+) -> None:
+    stop = random.Random(SEED).randrange(7, 11)  # inside the second pass
+    before = torchrun(torch_env, tmp_path / "before", 2, caches, stop_after=stop)
+    consumed = check_ranks(before, stream, 0, (12, 12))
+    assert consumed == 2 * stop
+    state_file = tmp_path / "before" / "state.json"
+    state = json.loads(state_file.read_text())
+    assert state["position"] == consumed * 4 and len(json.dumps(state)) < 1000
+    for world in (1, 3):
+        after = torchrun(
+            torch_env,
+            tmp_path / f"after{world}",
+            world,
+            caches,
+            load_state=str(state_file),
+            passes=2,
+        )
+        # The rest of the interrupted pass (24 - consumed global batches, rounded up to
+        # whole rounds of `world`), then a full pass of 48 samples.
+        rest = -(-(24 - consumed) // world) * world
+        end = check_ranks(after, stream, consumed, (rest, 48 // 4 // world * world))
+        assert end == consumed + rest + 12
+
+
+def test_without_torch_the_adapters_raise_the_reference_import_error(caches: list[str]) -> None:
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed in this environment")
+    runtime = drt.DatasetRuntime(num_workers=1)
+    dataset = runtime.cached_dataset(caches, reader_config=drt.ReaderConfig(seed=0))
+    for name in ("to_torch_iterable_dataset", "to_torch_dataloader"):
+        with pytest.raises(ImportError) as info:
+            getattr(dataset, name)()
+        assert str(info.value) == f"CachedDataset.{name} requires PyTorch to be installed"
+    assert "torch" not in sys.modules
+
+
+def test_guide_examples_run(torch_env: ExtraEnv, tmp_path: Path) -> None:
+    from test_docs import ROOT, blocks
+
+    page = ROOT / "docs" / "guide-torch.md"
+    page_blocks = blocks(page.read_text(encoding="utf-8"))
+    runnable = [
+        (block, following)
+        for block, following in zip(page_blocks, [*page_blocks[1:], None])
+        if block.info.split() == ["python", "torch"]
+    ]
+    assert len(runnable) >= 5
+    spec = tmp_path / "blocks.json"
+    spec.write_text(json.dumps([[block.line, block.code] for block, _ in runnable]))
+    outputs = run_json(torch_env, [str(SCRIPTS / "run_blocks.py"), str(spec)], tmp_path)
+    for (block, following), output in zip(runnable, outputs):
+        if following is not None and following.is_expected_output:
+            assert output.rstrip("\n") == following.code.rstrip("\n"), block.describe(page)

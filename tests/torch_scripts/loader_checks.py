@@ -1,0 +1,320 @@
+"""Single-process checks of the PyTorch adapters (run by tests/test_torch.py in a
+virtualenv with torch). Prints one JSON object: check name -> [ok, detail].
+
+    python loader_checks.py CACHE_PATH...
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+import warnings
+from typing import Any
+
+import polars as pl
+import torch
+from torch.utils.data import DataLoader
+
+import dataset_rt as drt
+
+PATHS: list[str] = []
+RESULTS: dict[str, list[Any]] = {}
+
+
+def check(name: str, ok: bool, detail: object = "") -> None:
+    RESULTS[name] = [bool(ok), "" if ok else str(detail)[:2000]]
+
+
+def open_dataset(shuffle: bool = False, seed: int = 0, table: str | None = None) -> Any:
+    runtime = drt.DatasetRuntime(num_workers=1)
+    dataset = runtime.cached_dataset(
+        PATHS, reader_config=drt.ReaderConfig(seed=seed, shuffle=shuffle)
+    )
+    if table == "weighted":
+        meta = dataset.get_metadata()
+        dataset.update_metadata(
+            meta.filter(pl.col("sample_id") % 5 != 2).with_columns(
+                weight=(pl.col("sample_id") % 3 + 1).cast(pl.Float64)
+            )
+        )
+    return dataset
+
+
+def ids(batch: Any) -> list[list[int]]:
+    return [[int(c), int(s)] for c, s in zip(batch.cache_id, batch.sample_id)]
+
+
+def flat(batches: list[Any]) -> list[list[int]]:
+    return [pair for batch in batches for pair in batch]
+
+
+def loader(dataset: Any, **kwargs: Any) -> Any:
+    kwargs.setdefault("verbose", False)
+    kwargs.setdefault("native_num_workers", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return dataset.to_torch_dataloader(**kwargs)
+
+
+def global_stream(shuffle: bool, seed: int, table: str | None, count: int) -> list[list[int]]:
+    """The dataset's own stream (one dataset, reader seed = the loader's seed)."""
+    dataset = open_dataset(shuffle=shuffle, seed=seed, table=table)
+    dataset.set_epoch_len(count)
+    return [[s.cache_id, s.sample_id] for s in dataset]
+
+
+def check_global_mode() -> None:
+    for shuffle, table in ((False, None), (True, None), (True, "weighted")):
+        seed = 1234 if shuffle else "random"
+        expected = global_stream(shuffle, 1234 if shuffle else 0, table, 3 * 24)
+        runs = {}
+        for workers, context in ((0, None), (2, "fork"), (3, "fork")):
+            kwargs: dict[str, Any] = {"multiprocessing_context": context} if context else {}
+            data = loader(
+                open_dataset(table=table),
+                batch_size=4,
+                shuffle=shuffle,
+                seed=seed,
+                worker_partition="global",
+                samples_per_epoch=24,
+                num_workers=workers,
+                **kwargs,
+            )
+            passes = [[ids(b) for b in data] for _ in range(3)]
+            runs[workers] = passes
+            name = f"global shuffle={shuffle} table={table} workers={workers}"
+            check(name + ": len", len(data) == 6, len(data))
+            check(
+                name + ": stream",
+                flat(flat(passes)) == expected,
+                (flat(flat(passes))[:12], expected[:12]),
+            )
+
+
+def check_padding_warning() -> None:
+    dataset = open_dataset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        data = dataset.to_torch_dataloader(
+            batch_size=4,
+            shuffle=False,
+            worker_partition="global",
+            samples_per_epoch=10,
+            num_workers=0,
+            verbose=False,
+        )
+    messages = [str(w.message) for w in caught]
+    check(
+        "global pads to whole batches with the reference's warning",
+        len(data) == 3
+        and any("requested 10 global samples, effective 12; padded 2" in m for m in messages),
+        messages,
+    )
+
+
+def run_passes(data: Any, passes: int) -> list[list[list[list[int]]]]:
+    return [[ids(b) for b in data] for _ in range(passes)]
+
+
+def check_resume() -> None:
+    rng = random.Random(7)
+    configs = [
+        {"worker_partition": "global", "shuffle": True, "seed": 5},
+        {"worker_partition": "global", "shuffle": False},
+        {"worker_partition": "replicate", "shuffle": True, "seed": 5},
+        {"worker_partition": "split", "shuffle": True, "seed": 5},
+        {"worker_partition": "split", "shuffle": False},
+    ]
+    worker_setups = [
+        {"num_workers": 0},
+        {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "fork"},
+        {"num_workers": 2, "persistent_workers": False, "multiprocessing_context": "fork"},
+    ]
+    for config, setup in itertools.product(configs, worker_setups):
+        kwargs = {**config, **setup, "batch_size": 3, "samples_per_epoch": 20}
+        table = "weighted" if config["shuffle"] else None
+        full = run_passes(loader(open_dataset(table=table), **kwargs), 3)
+        total = sum(len(p) for p in full)
+        for cut in sorted(rng.sample(range(1, total), 2)):
+            resume_at(config, setup, kwargs, table, full, total, cut)
+
+
+def resume_at(config, setup, kwargs, table, full, total: int, cut: int) -> None:
+    if True:
+        # Interrupted run: consume `cut` batches (across passes), save, stop.
+        first = loader(open_dataset(table=table), **kwargs)
+        got: list[list[list[int]]] = []
+        state = None
+        for _ in range(3):
+            for batch in first:
+                got.append(ids(batch))
+                if len(got) == cut:
+                    state = json.loads(json.dumps(first.state_dict()))
+                    break
+            if state is not None:
+                break
+        del first
+        # Restart: a fresh loader from a fresh dataset, then the remaining passes.
+        second = loader(open_dataset(table=table), **kwargs)
+        second.load_state_dict(state)
+        while len(got) < total:
+            got.extend(ids(b) for b in second)
+        name = f"resume {config} {setup} cut={cut}/{total}"
+        check(name, got == [b for p in full for b in p], (got, full))
+        check(name + ": small state", len(json.dumps(state)) < 1000, state)
+
+
+def check_resume_errors() -> None:
+    data = loader(
+        open_dataset(), batch_size=2, shuffle=True, seed=3, worker_partition="split", num_workers=0
+    )
+    state = data.state_dict()
+    other_table = loader(
+        open_dataset(table="weighted"),
+        batch_size=2,
+        shuffle=True,
+        seed=3,
+        worker_partition="split",
+        num_workers=0,
+    )
+    try:
+        other_table.load_state_dict(state)
+        check("different table rejected", False, "no error")
+    except ValueError as exc:
+        check("different table rejected", "different active table" in str(exc), exc)
+    other_seed = loader(
+        open_dataset(), batch_size=2, shuffle=True, seed=4, worker_partition="split", num_workers=0
+    )
+    try:
+        other_seed.load_state_dict(state)
+        check("different seed rejected", False, "no error")
+    except ValueError as exc:
+        check("different seed rejected", "seed=3" in str(exc), exc)
+    other_batch = loader(
+        open_dataset(), batch_size=3, shuffle=True, seed=3, worker_partition="split", num_workers=0
+    )
+    try:
+        other_batch.load_state_dict(state)
+        check("split needs the same batch size", False, "no error")
+    except ValueError as exc:
+        check("split needs the same batch size", "same batch_size" in str(exc), exc)
+    # A loader made with seed="random" adopts the saved seed.
+    saved = loader(
+        open_dataset(),
+        batch_size=2,
+        shuffle=True,
+        seed=99,
+        worker_partition="replicate",
+        num_workers=0,
+    )
+    expected = [ids(b) for b in saved]
+    fresh = loader(
+        open_dataset(), batch_size=2, shuffle=True, worker_partition="replicate", num_workers=0
+    )
+    fresh.load_state_dict(
+        loader(
+            open_dataset(),
+            batch_size=2,
+            shuffle=True,
+            seed=99,
+            worker_partition="replicate",
+            num_workers=0,
+        ).state_dict()
+    )
+    check("random seed adopts the saved seed", [ids(b) for b in fresh] == expected)
+
+
+def check_iterable_dataset() -> None:
+    dataset = open_dataset(shuffle=True, seed=8, table="weighted")
+    window = len(dataset)
+    reference = open_dataset(shuffle=True, seed=8, table="weighted")
+    expected = [[[s.cache_id, s.sample_id] for s in reference] for _ in range(3)]
+    for context, persistent in (("fork", True), ("fork", False), ("spawn", True)):
+        wrapped = dataset.to_torch_iterable_dataset()
+        data = DataLoader(
+            wrapped,
+            batch_size=None,
+            num_workers=2,
+            multiprocessing_context=context,
+            persistent_workers=persistent,
+        )
+        passes = [[[int(s.cache_id), int(s.sample_id)] for s in data] for _ in range(3)]
+        name = f"iterable dataset in workers ({context}, persistent={persistent})"
+        check(
+            name + ": each epoch is one window",
+            all(sorted(p) == sorted(e) for p, e in zip(passes, expected)),
+            (passes, expected),
+        )
+        check(name + ": len", len(wrapped) == window)
+    main = list(dataset.to_torch_iterable_dataset())
+    check(
+        "iterable dataset in the main process is iter(dataset)",
+        [[s.cache_id, s.sample_id] for s in main] == expected[0],
+    )
+
+
+def check_validation() -> None:
+    dataset = open_dataset()
+    cases = [
+        ({"batch_size": 0}, "batch_size must be a positive integer fitting sys.maxsize"),
+        (
+            {"seed": 3, "shuffle": False},
+            "seed requires shuffle=True; use 'random' for sequential reading",
+        ),
+        (
+            {"worker_partition": "rows"},
+            "worker_partition must be 'split', 'replicate', 'global', or None",
+        ),
+        ({"num_workers": 0, "timeout": 5}, "timeout must be zero with num_workers=0"),
+        (
+            {"num_workers": 0, "persistent_workers": True},
+            "persistent_workers=True requires num_workers > 0",
+        ),
+        (
+            {"dataloader_kwargs": {"sampler": None}},
+            "dataloader_kwargs contains reserved arguments: sampler",
+        ),
+        ({"seed": -1}, "seed must be 'random' or an unsigned 64-bit integer"),
+    ]
+    for kwargs, message in cases:
+        try:
+            dataset.to_torch_dataloader(verbose=False, **kwargs)
+            check(f"validation {kwargs}", False, "no error")
+        except ValueError as exc:
+            check(f"validation {kwargs}", str(exc) == message, exc)
+    try:
+        dataset.to_torch_dataloader(verbose=False, num_workers=1, sample_transform_fn=lambda s: s)
+        check("unpicklable transform", False, "no error")
+    except TypeError as exc:
+        check(
+            "unpicklable transform",
+            str(exc) == "sample_transform_fn must be picklable for multiprocess loading",
+            exc,
+        )
+
+
+def main() -> None:
+    PATHS.extend(sys.argv[1:])
+    torch.set_num_threads(1)
+    for step in (
+        check_global_mode,
+        check_padding_warning,
+        check_resume,
+        check_resume_errors,
+        check_iterable_dataset,
+        check_validation,
+    ):
+        try:
+            step()
+        except Exception as exc:  # report, keep checking
+            import traceback
+
+            check(step.__name__ + " raised", False, traceback.format_exc())
+            del exc
+    print(json.dumps(RESULTS))
+
+
+if __name__ == "__main__":
+    main()
