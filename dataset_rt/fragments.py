@@ -174,7 +174,7 @@ def _write(
     plan = _Plan(0, source, name, None, replace=True)
     result = _write_one(runtime, plan, base, options, None, None, feed)
     if isinstance(result, CacheWriteError):
-        raise FragmentWriteError(name, result.error)
+        raise FragmentWriteError(name, result.message)
     manifest = json.loads((base / name / "manifest.json").read_text(encoding="utf-8"))
     return Fragment(name, base / name, int(manifest["sample_count"]))
 
