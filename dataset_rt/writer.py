@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -334,7 +334,10 @@ def _write_one(
     options: tuple[int, int, int, float],
     progress: _Progress | None,
     timings: _Timings | None,
+    feed: Callable[[_Ingest], None] | None = None,
 ) -> CacheWriteResult:
+    """Write one planned source. ``feed`` replaces iterating ``plan.source``: it appends
+    to the ingest (``set_schema`` + ``append_columns``) and calls ``complete()``."""
     prefetch_size, max_shard_bytes, compression, ratio = options
     native_options = ffi.new(
         "drt_writer_options *",
@@ -370,7 +373,10 @@ def _write_one(
         ingest = _Ingest(
             writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress, timings
         )
-        ingest.run(plan.source)
+        if feed is None:
+            ingest.run(plan.source)
+        else:
+            feed(ingest)
         ingest.check(lib.drt_writer_finish(writer))
     except SourceFailure as failure:
         return CacheWriteError(plan.name, str(failure))
@@ -452,12 +458,16 @@ class _Ingest:
                 payloads, rows = [], []
         if payloads:
             self._flush(payloads, rows)
+        self.complete()
+
+    def complete(self) -> None:
+        """After the last append: refuse an empty source, write ``metadata.arrow``."""
         if self.count == 0:
             raise SourceFailure("cache source yielded no samples")
-        started = clock() if timings else 0
+        started = time.perf_counter_ns() if self.timings else 0
         self._write_arrow()
-        if timings:
-            timings.add("finish_metadata", started)
+        if self.timings:
+            self.timings.add("finish_metadata", started)
 
     def _unpack(self, item: Any) -> tuple[Any, dict[str, Any]]:
         if not isinstance(item, tuple):
@@ -483,10 +493,14 @@ class _Ingest:
                 "Arrow error: Invalid argument error: "
                 "must either specify a row count or at least one column"
             )
+        self.set_schema(keys, [value_kind(metadata[key]) for key in keys])
+
+    def set_schema(self, keys: list[str], kinds: list[int]) -> None:
+        """Set the schema: ``keys`` sorted by their UTF-8 bytes, one KIND_* per key."""
         for key in keys:
             if key in RESERVED_KEYS:
                 raise SourceFailure(f"metadata field '{key}' is reserved")
-        self.kinds = [value_kind(metadata[key]) for key in keys]
+        self.kinds = kinds
         self.keys = keys
         self.key_set = frozenset(keys)
         self.chunks = [[] for _ in keys]
@@ -567,27 +581,40 @@ class _Ingest:
         started = time.perf_counter_ns() if self.timings else 0
         if set(map(len, rows)) != {len(self.keys)}:
             self._check_rows(rows)
-        columns = ffi.new("drt_column[]", max(1, len(self.keys)))
-        keep: list[Any] = []
-        for i, key in enumerate(self.keys):
-            values, offsets = self._column(i, key, rows)
-            columns[i].kind = self.kinds[i]
-            columns[i].values = ffi.from_buffer(values)
-            keep.append(values)
-            if offsets is not None:
-                columns[i].offsets = ffi.cast("uint64_t *", offsets.ctypes.data)
-                keep.append(offsets)
-            self.chunks[i].append((values, offsets))
+        values = [self._column(i, key, rows) for i, key in enumerate(self.keys)]
         offsets = np.zeros(len(payloads) + 1, dtype=np.uint64)
         np.cumsum(np.fromiter(map(len, payloads), np.uint64, len(payloads)), out=offsets[1:])
         blob = b"".join(payloads)
         if self.timings:
             self.timings.add("metadata_validate", started)
-            started = time.perf_counter_ns()
+        self.append_columns(len(payloads), blob, offsets, values)
+
+    def append_columns(
+        self, count: int, blob: Any, offsets: Any, values: list[tuple[Any, Any]]
+    ) -> None:
+        """Hand ``count`` samples to the native writer in one call and keep their metadata
+        for ``metadata.arrow``.
+
+        ``blob`` is a buffer of payload bytes, ``offsets`` a C-contiguous uint64 array of
+        ``count + 1`` byte offsets into it; ``values`` holds one ``(values, offsets)`` pair
+        per schema field as :meth:`_column` returns them (numpy arrays; for strings, UTF-8
+        bytes and uint64 offsets starting at 0). The schema must be set."""
+        assert self.keys is not None
+        started = time.perf_counter_ns() if self.timings else 0
+        columns = ffi.new("drt_column[]", max(1, len(self.keys)))
+        keep: list[Any] = []
+        for i, (column_values, column_offsets) in enumerate(values):
+            columns[i].kind = self.kinds[i]
+            columns[i].values = ffi.from_buffer(column_values)
+            keep.append(column_values)
+            if column_offsets is not None:
+                columns[i].offsets = ffi.cast("uint64_t *", column_offsets.ctypes.data)
+                keep.append(column_offsets)
+            self.chunks[i].append((column_values, column_offsets))
         self.check(
             lib.drt_writer_append(
                 self.writer,
-                len(payloads),
+                count,
                 ffi.from_buffer(blob),
                 ffi.cast("uint64_t *", offsets.ctypes.data),
                 columns,
@@ -595,7 +622,7 @@ class _Ingest:
         )
         if self.timings:
             self.timings.add("ingress_wait", started, len(blob))
-        self.count += len(payloads)
+        self.count += count
         self.payload_bytes += len(blob)
         if self.progress is not None:
             self.progress.update(self.name, self.count, self.payload_bytes)

@@ -457,6 +457,76 @@ int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache
 
 void drt_lookup_close(drt_lookup *lookup);
 
+/* ---- fragments */
+
+/* A distributed job writes one *fragment* per task: an ordinary cache (drt_writer_*)
+ * published under a fragments directory of the job's choice, named by a stable fragment
+ * id. A retried task rewrites its fragment with DRT_WRITER_REPLACE, so one id never has
+ * two copies. A *commit* then turns an ordered list of fragments into one cache
+ * `<base_dir>/<name>` whose sample ids follow the list: drt_commit_open verifies the
+ * fragments and stages the shards and the index, the caller writes the concatenated
+ * metadata.arrow into the staging directory, and drt_commit_finish checks it, writes
+ * the manifest and publishes exactly like drt_writer_finish. Fragments are only read:
+ * a failed commit can be retried, and the caller removes them after a success. */
+typedef struct drt_commit drt_commit;
+
+typedef struct drt_commit_options {
+    uint32_t flags;    /* DRT_COMMIT_* bits */
+    uint32_t reserved; /* must be 0 */
+} drt_commit_options;
+
+/* Commit flags. */
+enum {
+    DRT_COMMIT_REPLACE = 1 /* publish by atomically exchanging with an existing cache at the
+                              destination, as DRT_WRITER_REPLACE does */
+};
+
+/* Starts committing `fragment_count` fragments (paths of fragment directories, each
+ * holding manifest.json, metadata.arrow, index.bin and shards/, borrowed for the call)
+ * into `<base_dir>/<name>`, in that order. Creates base_dir and a locked staging
+ * directory as drt_writer_open does, then, fragment by fragment: parses its manifest
+ * (all fragments must have the first one's metadata schema and shard compression),
+ * verifies the SHA-256 of its metadata.arrow, places every shard under its new number
+ * (a hard link, or a copy where the file system refuses links) and verifies its size
+ * and SHA-256, and appends its index.bin rows with shard ids offset after verifying the
+ * file's size and SHA-256 and that every row lies inside its shard. Memory does not
+ * grow with the number of samples.
+ * name follows drt_writer_open's rules. fragments may be NULL only when fragment_count
+ * is 0 (which fails: "no fragments to commit").
+ * Returns DRT_E_INVALID_ARGUMENT (bad name, options or paths; fragments that disagree
+ * on schema or compression), DRT_E_EXISTS ("cache path already exists: <base>/<name>",
+ * unless DRT_COMMIT_REPLACE), DRT_E_INVALID_CACHE ("missing fragment manifest: <path>",
+ * "checksum mismatch for <file>", "shard length mismatch for <file>", "index row N lies
+ * outside its shards: <file>", ...), DRT_E_JSON (a fragment manifest), DRT_E_IO (naming
+ * the file), DRT_E_OVERFLOW, DRT_E_OUT_OF_MEMORY. On failure nothing is left on disk.
+ * The handle is used by one thread at a time. */
+int32_t drt_commit_open(const char *base_dir, uint64_t base_dir_len, const char *name,
+                        uint64_t name_len, const drt_str *fragments, uint64_t fragment_count,
+                        const drt_commit_options *options, drt_commit **out);
+
+/* Total number of samples of the committed fragments. */
+int32_t drt_commit_sample_count(drt_commit *commit, uint64_t *out);
+
+/* The staging directory (no trailing slash). The caller writes `metadata.arrow` there
+ * (the fragments' metadata.arrow rows concatenated in fragment order, one record batch,
+ * non-null columns in schema order) before drt_commit_finish(). The string is owned by
+ * the commit and valid until drt_commit_close(). */
+int32_t drt_commit_staging_path(drt_commit *commit, drt_str *out);
+
+/* Completes the commit: fsyncs index.bin, checks metadata.arrow (row count equal to the
+ * sample count, the schema's field names and exact Arrow types in order, no nulls),
+ * hashes it, writes manifest.json (source_name = name, cache_id from the name), fsyncs
+ * every file and directory and renames the staging directory to `<base_dir>/<name>`
+ * without replacing anything (or exchanging with DRT_COMMIT_REPLACE), then fsyncs
+ * base_dir. Returns DRT_E_INVALID_ARGUMENT (metadata.arrow does not match; finish after
+ * a failure or a finish), DRT_E_INVALID_CACHE / DRT_E_ARROW (metadata.arrow is not an
+ * Arrow IPC file), DRT_E_EXISTS, DRT_E_IO, DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
+int32_t drt_commit_finish(drt_commit *commit);
+
+/* Releases the commit. If drt_commit_finish() did not succeed, removes the staging
+ * directory: a failed commit never publishes anything. The fragments are not touched. */
+void drt_commit_close(drt_commit *commit);
+
 /* DRT_CDEF_END */
 
 #ifdef __cplusplus

@@ -181,3 +181,22 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.publish)), c.DRT_STAGE_PUBLISH);
     try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.finish_metadata)), c.DRT_STAGE_FINISH_METADATA);
 }
+
+// ---- fragments
+
+/// drt_commit_options.
+pub const CommitOptions = extern struct {
+    flags: u32 = 0,
+    reserved: u32 = 0,
+};
+
+pub const commit_replace: u32 = 1;
+
+test "fragment structs and constants match dataset_rt.h" {
+    const c = @cImport(@cInclude("dataset_rt.h"));
+    try std.testing.expectEqual(@sizeOf(c.drt_commit_options), @sizeOf(CommitOptions));
+    inline for (std.meta.fields(CommitOptions)) |f| {
+        try std.testing.expectEqual(@offsetOf(c.drt_commit_options, f.name), @offsetOf(CommitOptions, f.name));
+    }
+    try std.testing.expectEqual(@as(i64, commit_replace), c.DRT_COMMIT_REPLACE);
+}

@@ -414,3 +414,59 @@ test {
     _ = @import("arrow.zig");
     _ = @import("sha256.zig");
 }
+
+// -------------------------------------------------------------- fragments
+
+const Commit = @import("fragment.zig").Commit;
+
+export fn drt_commit_open(
+    base_dir: ?[*]const u8,
+    base_dir_len: u64,
+    name: ?[*]const u8,
+    name_len: u64,
+    fragments: ?[*]const abi.Str,
+    fragment_count: u64,
+    options: ?*const abi.CommitOptions,
+    out: ?*?*Commit,
+) Rc {
+    const o = out orelse return nullArgument("out");
+    const opts = options orelse return nullArgument("options");
+    if (fragment_count > 0 and fragments == null) return nullArgument("fragments");
+    status.clear();
+    if (opts.flags & ~abi.commit_replace != 0) return fromError(status.fail(error.InvalidArgument, "unknown commit flags 0x{x}", .{opts.flags}));
+    if (opts.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_commit_options.reserved must be 0", .{}));
+    const paths = gpa.alloc([]const u8, @intCast(fragment_count)) catch return fromError(error.OutOfMemory);
+    defer gpa.free(paths);
+    for (paths, 0..) |*p, i| p.* = fragments.?[i].slice();
+    const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
+    const n = abi.Str{ .ptr = name, .len = name_len };
+    o.* = Commit.open(gpa, base.slice(), n.slice(), paths, .{ .replace = opts.flags & abi.commit_replace != 0 }) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_commit_sample_count(c: ?*Commit, out: ?*u64) Rc {
+    const commit = c orelse return nullArgument("commit");
+    const o = out orelse return nullArgument("out");
+    o.* = commit.sample_count;
+    return ok();
+}
+
+export fn drt_commit_staging_path(c: ?*Commit, out: ?*abi.Str) Rc {
+    const commit = c orelse return nullArgument("commit");
+    const o = out orelse return nullArgument("out");
+    o.* = abi.Str.from(commit.stagingPath());
+    return ok();
+}
+
+export fn drt_commit_finish(c: ?*Commit) Rc {
+    const commit = c orelse return nullArgument("commit");
+    return call(Commit.finish, .{commit});
+}
+
+export fn drt_commit_close(c: ?*Commit) void {
+    if (c) |commit| commit.close();
+}
+
+test {
+    _ = @import("fragment.zig");
+}

@@ -84,7 +84,7 @@ pub const Column = struct {
 };
 
 /// Buffered file output that hashes everything it writes.
-const HashedFile = struct {
+pub const HashedFile = struct {
     file: std.fs.File,
     hasher: Sha256,
     buffer: std.ArrayList(u8) = .empty,
@@ -92,7 +92,7 @@ const HashedFile = struct {
 
     const flush_bytes = 1 << 20;
 
-    fn append(self: *HashedFile, gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!void {
+    pub fn append(self: *HashedFile, gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!void {
         self.hasher.update(bytes);
         self.written += bytes.len;
         if (self.buffer.items.len + bytes.len > flush_bytes) {
@@ -112,7 +112,7 @@ const HashedFile = struct {
     }
 
     /// Flushes, fsyncs and closes; returns the digest.
-    fn finish(self: *HashedFile, path: []const u8) status.Error![32]u8 {
+    pub fn finish(self: *HashedFile, path: []const u8) status.Error![32]u8 {
         try self.flush(path);
         self.file.sync() catch |err| return status.failIo(err, path);
         self.file.close();
@@ -120,7 +120,7 @@ const HashedFile = struct {
         return self.hasher.finalResult();
     }
 
-    fn deinit(self: *HashedFile, gpa: std.mem.Allocator, open: bool) void {
+    pub fn deinit(self: *HashedFile, gpa: std.mem.Allocator, open: bool) void {
         if (open) self.file.close();
         self.buffer.deinit(gpa);
     }
@@ -244,65 +244,22 @@ pub const Writer = struct {
 
     pub fn open(gpa: std.mem.Allocator, rt: *Runtime, base: []const u8, name: []const u8, options: Options) status.Error!*Writer {
         try rt.checkPid();
-        if (name.len == 0) return status.fail(error.InvalidArgument, "CacheSource.name must not be empty", .{});
-        if (!manifest.isPlainSegment(name) or std.mem.eql(u8, name, "tmp")) {
-            return status.fail(error.InvalidArgument, "CacheSource.name must be a non-reserved plain path segment", .{});
-        }
-        if (!std.unicode.utf8ValidateSlice(name)) return status.fail(error.InvalidArgument, "CacheSource.name must be valid UTF-8", .{});
+        try checkName(name);
         if (options.fingerprint) |fp| {
             if (!std.unicode.utf8ValidateSlice(fp)) return status.fail(error.InvalidArgument, "CacheSource.fingerprint must be valid UTF-8", .{});
         }
-        if (base.len == 0 or std.mem.indexOfScalar(u8, base, 0) != null) return status.fail(error.InvalidArgument, "invalid cache base directory", .{});
+        try checkBase(base);
         if (options.max_shard_bytes == 0) return status.fail(error.InvalidArgument, "max_shard_bytes must be greater than zero", .{});
         if (options.prefetch_size == 0) return status.fail(error.InvalidArgument, "prefetch_size must be greater than zero", .{});
         if (!(std.math.isFinite(options.ratio) and options.ratio > 0)) return status.fail(error.InvalidArgument, "shard_compression.ratio must be positive and finite", .{});
         if (options.compression == .none and options.ratio != 1.0) return status.fail(error.InvalidArgument, "shard_compression.ratio must be 1.0 when algo is 'none'", .{});
 
-        const base_path = try gpa.dupe(u8, base);
-        errdefer gpa.free(base_path);
         const name_copy = try gpa.dupe(u8, name);
         errdefer gpa.free(name_copy);
-        const dest_path = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ base, name }, 0);
-        errdefer gpa.free(dest_path);
-
-        std.fs.cwd().makePath(base) catch |err| return status.failIo(err, base);
-        var base_dir = std.fs.cwd().openDir(base, .{}) catch |err| return status.failIo(err, base);
-        defer base_dir.close();
-        // Anything at the destination counts, a dangling symlink included (no follow).
-        if (posix.fstatat(base_dir.fd, name, posix.AT.SYMLINK_NOFOLLOW)) |_| {
-            if (!options.replace) return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path});
-        } else |err| switch (err) {
-            error.FileNotFound => {},
-            else => return status.failIo(err, dest_path),
-        }
-        base_dir.makeDir("tmp") catch |err| switch (err) {
-            error.PathAlreadyExists => {},
-            else => return status.failIo(err, base),
-        };
-        var tmp_dir = base_dir.openDir("tmp", .{ .iterate = true }) catch |err| return status.failIo(err, base);
-        defer tmp_dir.close();
-        sweep(tmp_dir);
-
-        // Create and lock the staging directory under a shared lock on tmp/ (see //!).
-        posix.flock(tmp_dir.fd, posix.LOCK.SH) catch |err| return status.failIo(err, base);
-        defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
-        var random_bytes: [8]u8 = undefined;
-        std.crypto.random.bytes(&random_bytes);
-        // At most 64 bytes of the name (cut on a UTF-8 boundary) keep staging names
-        // readable and within NAME_MAX for every valid cache name.
-        var prefix_len = @min(name.len, 64);
-        while (prefix_len < name.len and prefix_len > 0 and (name[prefix_len] & 0xC0) == 0x80) prefix_len -= 1;
-        const staging_name = try std.fmt.allocPrint(gpa, "{s}.{s}.drt", .{ name[0..prefix_len], std.fmt.bytesToHex(random_bytes, .lower) });
-        defer gpa.free(staging_name);
-        const staging_path = try std.fmt.allocPrintSentinel(gpa, "{s}/tmp/{s}", .{ base, staging_name }, 0);
-        errdefer gpa.free(staging_path);
-        tmp_dir.makeDir(staging_name) catch |err| return status.failIo(err, staging_path);
-        errdefer tmp_dir.deleteTree(staging_name) catch {};
-        var staging_dir = tmp_dir.openDir(staging_name, .{ .iterate = true }) catch |err| return status.failIo(err, staging_path);
-        errdefer staging_dir.close();
-        posix.flock(staging_dir.fd, posix.LOCK.EX | posix.LOCK.NB) catch |err| return status.failIo(err, staging_path);
-        staging_dir.makeDir("shards") catch |err| return status.failIo(err, staging_path);
-        const index_file = staging_dir.createFile("index.bin", .{}) catch |err| return status.failIo(err, staging_path);
+        var staging = try Staging.create(gpa, base, name, options.replace);
+        errdefer staging.discard(gpa);
+        const index_file = staging.dir.createFile("index.bin", .{}) catch |err| return status.failIo(err, staging.staging_path);
+        errdefer index_file.close();
 
         const chunk_count = @max(2, 2 * rt.num_workers);
         const chunks = try gpa.alloc(Chunk, chunk_count);
@@ -322,11 +279,11 @@ pub const Writer = struct {
             .gpa = gpa,
             .runtime = rt.retain(),
             .options = options,
-            .base_path = base_path,
-            .dest_path = dest_path,
-            .staging_path = staging_path,
+            .base_path = staging.base_path,
+            .dest_path = staging.dest_path,
+            .staging_path = staging.staging_path,
             .name = name_copy,
-            .staging_dir = staging_dir,
+            .staging_dir = staging.dir,
             .index_file = .{ .file = index_file, .hasher = .init() },
             .profile = .{ .enabled = options.profile },
         };
@@ -351,7 +308,7 @@ pub const Writer = struct {
     }
 
     /// Removes staging directories under `tmp/` whose writers are gone (their lock is free).
-    fn sweep(tmp_dir: std.fs.Dir) void {
+    pub fn sweep(tmp_dir: std.fs.Dir) void {
         posix.flock(tmp_dir.fd, posix.LOCK.EX) catch return;
         defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
         var it = tmp_dir.iterate();
@@ -664,34 +621,12 @@ pub const Writer = struct {
         try syncDir(w.staging_dir, "shards", w.staging_path);
         posix.fsync(w.staging_dir.fd) catch |err| return status.failIo(err, w.staging_path);
 
-        var exchanged = false;
-        if (w.options.replace) {
-            // Swap the new cache in atomically; the old one lands at the staging path.
-            const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_exchange);
-            switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
-                .SUCCESS => exchanged = true,
-                .NOENT => {}, // nothing to replace any more: publish normally
-                else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
-            }
-        }
-        if (!exchanged) {
-            const rc = linux.renameat2(posix.AT.FDCWD, w.staging_path.ptr, posix.AT.FDCWD, w.dest_path.ptr, rename_noreplace);
-            switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
-                .SUCCESS => {},
-                .EXIST, .NOTEMPTY => return status.fail(error.Exists, "cache path already exists: {s}", .{w.dest_path}),
-                else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), w.dest_path }),
-            }
-        }
+        try renameIntoPlace(w.staging_path, w.dest_path, w.options.replace);
         w.published = true;
-        // The replaced cache: datasets that still have it open keep reading its open files
-        // or get "replaced" errors (cache.zig checks the directory's identity).
-        if (exchanged) std.fs.cwd().deleteTree(w.staging_path) catch {};
-        var base_dir = std.fs.cwd().openDir(w.base_path, .{ .iterate = true }) catch |err| return status.failIo(err, w.base_path);
-        defer base_dir.close();
-        posix.fsync(base_dir.fd) catch |err| return status.failIo(err, w.base_path);
+        try syncPath(w.base_path);
     }
 
-    fn hashFile(dir: std.fs.Dir, name: []const u8, where: []const u8) status.Error![32]u8 {
+    pub fn hashFile(dir: std.fs.Dir, name: []const u8, where: []const u8) status.Error![32]u8 {
         const file = dir.openFile(name, .{}) catch |err| return status.failIo(err, where);
         defer file.close();
         file.sync() catch |err| return status.failIo(err, where);
@@ -705,7 +640,7 @@ pub const Writer = struct {
         return hasher.finalResult();
     }
 
-    fn syncDir(parent: std.fs.Dir, name: []const u8, where: []const u8) status.Error!void {
+    pub fn syncDir(parent: std.fs.Dir, name: []const u8, where: []const u8) status.Error!void {
         var dir = parent.openDir(name, .{ .iterate = true }) catch |err| return status.failIo(err, where);
         defer dir.close();
         posix.fsync(dir.fd) catch |err| return status.failIo(err, where);
@@ -739,3 +674,126 @@ pub const Writer = struct {
         return w.staging_path;
     }
 };
+
+/// Checks a cache name: not empty, a plain path segment other than "tmp", valid UTF-8.
+pub fn checkName(name: []const u8) status.Error!void {
+    if (name.len == 0) return status.fail(error.InvalidArgument, "CacheSource.name must not be empty", .{});
+    if (!manifest.isPlainSegment(name) or std.mem.eql(u8, name, "tmp")) {
+        return status.fail(error.InvalidArgument, "CacheSource.name must be a non-reserved plain path segment", .{});
+    }
+    if (!std.unicode.utf8ValidateSlice(name)) return status.fail(error.InvalidArgument, "CacheSource.name must be valid UTF-8", .{});
+}
+
+pub fn checkBase(base: []const u8) status.Error!void {
+    if (base.len == 0 or std.mem.indexOfScalar(u8, base, 0) != null) return status.fail(error.InvalidArgument, "invalid cache base directory", .{});
+}
+
+/// A staging directory `<base>/tmp/<name prefix>.<random>.drt` for the cache `<base>/<name>`,
+/// created with a `shards/` directory and held under an exclusive flock until `dir` is
+/// closed. Used by the writer and by the fragment commit (fragment.zig).
+pub const Staging = struct {
+    /// `<base>` as given, `<base>/<name>`, and the staging directory path.
+    base_path: []u8,
+    dest_path: [:0]u8,
+    staging_path: [:0]u8,
+    dir: std.fs.Dir,
+
+    /// Creates `<base>` (with parents) and `<base>/tmp`, sweeps abandoned staging
+    /// directories, and creates and locks a fresh one. Fails with error.Exists ("cache
+    /// path already exists") when anything is at `<base>/<name>`, unless `replace`.
+    /// The caller checked `name` (checkName) and `base` (checkBase).
+    pub fn create(gpa: std.mem.Allocator, base: []const u8, name: []const u8, replace: bool) status.Error!Staging {
+        const base_path = try gpa.dupe(u8, base);
+        errdefer gpa.free(base_path);
+        const dest_path = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ base, name }, 0);
+        errdefer gpa.free(dest_path);
+
+        std.fs.cwd().makePath(base) catch |err| return status.failIo(err, base);
+        var base_dir = std.fs.cwd().openDir(base, .{}) catch |err| return status.failIo(err, base);
+        defer base_dir.close();
+        // Anything at the destination counts, a dangling symlink included (no follow).
+        if (posix.fstatat(base_dir.fd, name, posix.AT.SYMLINK_NOFOLLOW)) |_| {
+            if (!replace) return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path});
+        } else |err| switch (err) {
+            error.FileNotFound => {},
+            else => return status.failIo(err, dest_path),
+        }
+        base_dir.makeDir("tmp") catch |err| switch (err) {
+            error.PathAlreadyExists => {},
+            else => return status.failIo(err, base),
+        };
+        var tmp_dir = base_dir.openDir("tmp", .{ .iterate = true }) catch |err| return status.failIo(err, base);
+        defer tmp_dir.close();
+        Writer.sweep(tmp_dir);
+
+        // Create and lock the staging directory under a shared lock on tmp/ (see //!).
+        posix.flock(tmp_dir.fd, posix.LOCK.SH) catch |err| return status.failIo(err, base);
+        defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
+        var random_bytes: [8]u8 = undefined;
+        std.crypto.random.bytes(&random_bytes);
+        // At most 64 bytes of the name (cut on a UTF-8 boundary) keep staging names
+        // readable and within NAME_MAX for every valid cache name.
+        var prefix_len = @min(name.len, 64);
+        while (prefix_len < name.len and prefix_len > 0 and (name[prefix_len] & 0xC0) == 0x80) prefix_len -= 1;
+        const staging_name = try std.fmt.allocPrint(gpa, "{s}.{s}.drt", .{ name[0..prefix_len], std.fmt.bytesToHex(random_bytes, .lower) });
+        defer gpa.free(staging_name);
+        const staging_path = try std.fmt.allocPrintSentinel(gpa, "{s}/tmp/{s}", .{ base, staging_name }, 0);
+        errdefer gpa.free(staging_path);
+        tmp_dir.makeDir(staging_name) catch |err| return status.failIo(err, staging_path);
+        errdefer tmp_dir.deleteTree(staging_name) catch {};
+        var staging_dir = tmp_dir.openDir(staging_name, .{ .iterate = true }) catch |err| return status.failIo(err, staging_path);
+        errdefer staging_dir.close();
+        posix.flock(staging_dir.fd, posix.LOCK.EX | posix.LOCK.NB) catch |err| return status.failIo(err, staging_path);
+        staging_dir.makeDir("shards") catch |err| return status.failIo(err, staging_path);
+        return .{ .base_path = base_path, .dest_path = dest_path, .staging_path = staging_path, .dir = staging_dir };
+    }
+
+    /// Closes (unlocks) and removes the staging directory, and frees the paths.
+    pub fn discard(s: *Staging, gpa: std.mem.Allocator) void {
+        s.dir.close();
+        std.fs.cwd().deleteTree(s.staging_path) catch {};
+        s.free(gpa);
+    }
+
+    /// Frees the paths (the directory must be closed already).
+    pub fn free(s: *Staging, gpa: std.mem.Allocator) void {
+        gpa.free(s.base_path);
+        gpa.free(s.dest_path);
+        gpa.free(s.staging_path);
+        s.* = undefined;
+    }
+};
+
+/// Renames a complete, fsynced staging directory to `dest_path`. Without `replace` this
+/// never replaces anything (renameat2 RENAME_NOREPLACE; "cache path already exists"
+/// otherwise). With `replace` an existing destination is exchanged atomically and the old
+/// cache, now at `staging_path`, is removed. The caller fsyncs `<base>` next (syncPath).
+pub fn renameIntoPlace(staging_path: [:0]const u8, dest_path: [:0]const u8, replace: bool) status.Error!void {
+    if (replace) {
+        // Swap the new cache in atomically; the old one lands at the staging path.
+        const rc = linux.renameat2(posix.AT.FDCWD, staging_path.ptr, posix.AT.FDCWD, dest_path.ptr, rename_exchange);
+        switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
+            .SUCCESS => {
+                // The replaced cache: datasets that still have it open keep reading its open
+                // files or get "replaced" errors (cache.zig checks the directory's identity).
+                std.fs.cwd().deleteTree(staging_path) catch {};
+                return;
+            },
+            .NOENT => {}, // nothing to replace any more: publish normally
+            else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), dest_path }),
+        }
+    }
+    const rc = linux.renameat2(posix.AT.FDCWD, staging_path.ptr, posix.AT.FDCWD, dest_path.ptr, rename_noreplace);
+    switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
+        .SUCCESS => {},
+        .EXIST, .NOTEMPTY => return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path}),
+        else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), dest_path }),
+    }
+}
+
+/// fsyncs the directory at `path` (after a rename into it).
+pub fn syncPath(path: []const u8) status.Error!void {
+    var dir = std.fs.cwd().openDir(path, .{ .iterate = true }) catch |err| return status.failIo(err, path);
+    defer dir.close();
+    posix.fsync(dir.fd) catch |err| return status.failIo(err, path);
+}

@@ -1,0 +1,139 @@
+"""Run by tests/test_ray.py inside the Ray extra virtualenv (one ray.init for every check).
+
+Usage: python ray_script.py <workdir>. Prints one JSON object with what the pytest side
+asserts on. Not collected by pytest (no test_ prefix).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import ray
+import ray.data
+
+import dataset_rt as drt
+from dataset_rt.integrations import ray as drt_ray
+
+WORK = Path(sys.argv[1])
+CFG = drt.WriterConfig(show_progress=False, max_shard_bytes=256)
+
+
+class Source:
+    def __init__(self, name: str, n: int, fail_at: int | None = None) -> None:
+        self.name = name
+        self.n = n
+        self.fail_at = fail_at
+
+    def __iter__(self):
+        for i in range(self.n):
+            if i == self.fail_at:
+                raise RuntimeError("task failure")
+            yield drt.CacheInput(f"{self.name}-{i}".encode() * 3, {"i": i, "tag": self.name})
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): p.read_bytes().hex()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def leftovers(base: Path) -> list[str]:
+    return sorted(str(p.relative_to(base)) for p in (base / "tmp").rglob("*"))
+
+
+def main() -> None:
+    out: dict[str, object] = {}
+    started = time.monotonic()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    out["ray_init_s"] = time.monotonic() - started
+    assert "ray" not in sys.modules.get("dataset_rt").__dict__  # import dataset_rt: no ray
+
+    # 1. One task per source, byte-identical to write_cache from the same sources.
+    sources = [Source("a", 40), Source("b", 7), Source("c", 1)]
+    t = time.monotonic()
+    results = drt_ray.write_sources(sources, WORK / "ray", writer_config=CFG)
+    out["sources_s"] = time.monotonic() - t
+    local = drt.DatasetRuntime(num_workers=1).write_cache(
+        sources, WORK / "local", writer_config=CFG
+    )
+    out["sources_results"] = [repr(r) for r in results]
+    out["sources_expected"] = [
+        repr(drt.CacheWriteSuccess(s.name, WORK / "ray" / s.name)) for s in sources
+    ]
+    out["local_results_ok"] = all(isinstance(r, drt.CacheWriteSuccess) for r in local)
+    out["sources_identical"] = {
+        s.name: tree(WORK / "ray" / s.name) == tree(WORK / "local" / s.name) for s in sources
+    }
+    out["sources_nonempty"] = all(tree(WORK / "ray" / s.name) for s in sources)
+
+    # 2. A task that raises: an error result, no cache, no staging; the others succeed.
+    mixed = drt_ray.write_sources(
+        [Source("good", 5), Source("bad", 10, fail_at=4)], WORK / "mixed", writer_config=CFG
+    )
+    out["mixed_results"] = [repr(r) for r in mixed]
+    out["mixed_bad_exists"] = (WORK / "mixed" / "bad").exists()
+    out["mixed_leftovers"] = leftovers(WORK / "mixed")
+
+    # 3. The Datasink: every row once, in the dataset's order.
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    n = 300
+    rows = [
+        {"data": f"row-{i}".encode(), "i": i, "score": i / 7, "even": i % 2 == 0, "s": f"s{i % 5}"}
+        for i in range(n)
+    ]
+    ds = ray.data.from_items(rows, override_num_blocks=6).map_batches(
+        lambda b: b, batch_format="pyarrow"
+    )
+    sink = drt_ray.CacheDatasink(WORK / "sink", "rows", writer_config=CFG)
+    t = time.monotonic()
+    ds.write_datasink(sink)
+    out["sink_s"] = time.monotonic() - t
+    out["sink_result"] = repr(sink.result)
+    rt = drt.DatasetRuntime(num_workers=1)
+    config = drt.ReaderConfig(seed=0, shuffle=False, validate_cache=True)
+    read = [
+        [s.sample_id, s.data.decode(), s.metadata]
+        for s in rt.cached_dataset([WORK / "sink" / "rows"], reader_config=config)
+    ]
+    out["sink_rows"] = read
+    manifest = json.loads((WORK / "sink" / "rows" / "manifest.json").read_text())
+    out["sink_shards"] = len(manifest["shards"])
+    out["sink_leftovers"] = leftovers(WORK / "sink")
+
+    # 4. A write task that raises: the job fails, nothing is published, staging is gone.
+    def explode(batch):
+        if 150 in batch["i"].to_pylist():
+            raise RuntimeError("boom in a write task")
+        return batch
+
+    failing = ray.data.from_items(rows, override_num_blocks=6).map_batches(
+        explode, batch_format="pyarrow", max_retries=0
+    )
+    sink2 = drt_ray.CacheDatasink(WORK / "sink", "failed", writer_config=CFG)
+    try:
+        failing.write_datasink(sink2)
+        out["failed_raised"] = None
+    except Exception as exc:  # Ray wraps the task's error
+        out["failed_raised"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    out["failed_exists"] = (WORK / "sink" / "failed").exists()
+    out["failed_leftovers"] = leftovers(WORK / "sink")
+
+    # 5. Committing onto an existing cache name fails before any task runs.
+    try:
+        ds.write_datasink(drt_ray.CacheDatasink(WORK / "sink", "rows", writer_config=CFG))
+        out["exists_raised"] = None
+    except Exception as exc:
+        out["exists_raised"] = str(exc)[:300]
+    out["total_s"] = time.monotonic() - started
+    ray.shutdown()
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Ray integration (dataset_rt.integrations.ray) on a local Ray instance (num_cpus=2).
+
+Ray never enters the uv environment: ``tests/refenv.py`` builds a pip virtualenv with the
+``ray`` extra, and ``tests/ray_script.py`` runs there (one ``ray.init`` for every check)
+and prints a JSON object that the tests below assert on. Skipped, with the reason, only
+when the extra cannot be installed (no registry).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from refenv import ReferenceUnavailable, ensure_extra, ensure_reference
+
+RAY_REQUIREMENTS = ("ray[data]==2.60.0",)
+SCRIPT = Path(__file__).with_name("ray_script.py")
+
+
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    try:
+        env = ensure_extra(
+            "ray-2.60.0", RAY_REQUIREMENTS, "import ray, ray.data, dataset_rt; print('ok')"
+        )
+    except ReferenceUnavailable as exc:
+        pytest.skip(f"the ray extra cannot be installed: {exc}")
+    work = tmp_path_factory.mktemp("ray")
+    # Ray would start its workers through `uv run` when the driver's ancestors include
+    # uv (its uv runtime-env hook); the workers must use the extra virtualenv as is.
+    proc = env.run(
+        [str(SCRIPT), str(work)],
+        cwd=work,
+        timeout=240,
+        env={"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULT ") :]), work
+
+
+def test_tasks_per_source_are_byte_identical_to_write_cache(ray_run):
+    out, _ = ray_run
+    assert out["sources_results"] == out["sources_expected"]
+    assert out["local_results_ok"] and out["sources_nonempty"]
+    assert out["sources_identical"] == {"a": True, "b": True, "c": True}
+
+
+def test_a_raising_task_leaves_no_cache_and_no_staging(ray_run):
+    out, _ = ray_run
+    assert out["mixed_results"][0].startswith("CacheWriteSuccess(source_name='good'")
+    assert out["mixed_results"][1] == (
+        "CacheWriteError(source_name='bad', message='Python error: RuntimeError: task failure')"
+    )
+    assert out["mixed_bad_exists"] is False and out["mixed_leftovers"] == []
+    # The Datasink job whose task raises: the job fails, nothing published, no staging.
+    assert out["failed_raised"] and "boom in a write task" in out["failed_raised"]
+    assert out["failed_exists"] is False and out["failed_leftovers"] == []
+    assert out["exists_raised"].startswith("cache path already exists: ")
+
+
+def test_datasink_holds_every_row_once_in_order(ray_run):
+    out, work = ray_run
+    assert out["sink_result"] == repr_success("rows", work / "sink" / "rows")
+    expected = [
+        [i, f"row-{i}", {"even": i % 2 == 0, "i": i, "s": f"s{i % 5}", "score": i / 7}]
+        for i in range(300)
+    ]
+    assert out["sink_rows"] == expected  # read back with validate_cache=True
+    assert out["sink_shards"] > 6  # several fragments, each with shards of its own
+    assert out["sink_leftovers"] == []
+
+
+def repr_success(name: str, path: Path) -> str:
+    return f"CacheWriteSuccess(source_name={name!r}, path=PosixPath({str(path)!r}))"
+
+
+def test_datasink_cache_validates_in_the_reference(ray_run):
+    out, work = ray_run
+    try:
+        env = ensure_reference()
+    except ReferenceUnavailable as exc:
+        pytest.skip(f"dataset-rt 0.4.8 unavailable: {exc}")
+    script = """
+import json, sys
+import dataset_rt as drt
+rt = drt.DatasetRuntime(num_workers=1)
+config = drt.ReaderConfig(seed=0, shuffle=False, validate_cache=True)
+ds = rt.cached_dataset([sys.argv[1]], reader_config=config)
+print(json.dumps([[s.sample_id, s.data.decode(), s.metadata] for s in ds]))
+"""
+    proc = env.run(script, str(work / "sink" / "rows"))
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == out["sink_rows"]
