@@ -189,10 +189,19 @@ class CachedDataset:
     def __iter__(self) -> Iterator[CachedSample]:
         return self._generate()
 
-    def _generate(self) -> Iterator[CachedSample]:
-        # A generator: nothing native happens (no window is reserved) until the first next().
-        iterator = self._open_iter()
-        progress = self._track(iterator)
+    def _generate(self, positions: Any = None) -> Iterator[CachedSample]:
+        """Samples of the dataset's next window, or of explicit ``positions`` (a
+        ``drt_iter_range``, which neither reads nor moves the dataset's stream and is not
+        tracked for state_dict). A generator: nothing native happens (no window is
+        reserved) until the first next()."""
+        if positions is None:
+            iterator = self._open_iter()
+            progress = self._track(iterator)
+        else:
+            out = ffi.new("drt_iter **")
+            _native.check(lib.drt_iter_open_range(self._handle, positions, out))
+            iterator = out[0]
+            progress = _Progress(0, 0)
         batch = ffi.new("drt_batch *")
         try:
             while True:
@@ -228,23 +237,12 @@ class CachedDataset:
         position ``start + k // block_len * block_stride + k % block_len`` (``start + k``
         when ``block_len`` is 0). Neither reads nor moves the dataset's own stream."""
         if count <= 0:
-            return
-        spec = ffi.new(
+            return iter(())
+        positions = ffi.new(
             "drt_iter_range *",
             {"start": start, "count": count, "block_len": block_len, "block_stride": block_stride},
         )
-        out = ffi.new("drt_iter **")
-        _native.check(lib.drt_iter_open_range(self._handle, spec, out))
-        iterator = out[0]
-        batch = ffi.new("drt_batch *")
-        try:
-            while True:
-                _native.check(lib.drt_iter_next_batch(iterator, BATCH_SAMPLES_MAX, 0, batch))
-                if batch.count == 0:
-                    return
-                yield from self._samples(batch)
-        finally:
-            lib.drt_iter_close(iterator)
+        return self._generate(positions)
 
     def _samples(self, batch: Any) -> list[CachedSample]:
         """Python records for one native batch (copies everything out of it).
@@ -450,11 +448,7 @@ class CachedDataset:
         _native.check_owner(self._runtime._pid)
         with self._state_lock:
             validate_and_set(self, df)
-            self._active = df
-            self._active_arrow = None
-            self._custom_table = True
-            self._recipe_count = df.height
-            self._progress = None
+            self._table_replaced(df, None, df.height)
 
     def _set_arrow_table(self, table: Any) -> None:
         """``update_metadata`` for a pyarrow table from a snapshot, without Polars."""
@@ -462,11 +456,15 @@ class CachedDataset:
 
         with self._state_lock:
             set_arrow_table(self, table)
-            self._active = None
-            self._active_arrow = table
-            self._custom_table = True
-            self._recipe_count = table.num_rows
-            self._progress = None
+            self._table_replaced(None, table, table.num_rows)
+
+    def _table_replaced(self, frame: Any, arrow: Any, rows: int) -> None:
+        """Python-side state after the native table was replaced (under _state_lock)."""
+        self._active = frame
+        self._active_arrow = arrow
+        self._custom_table = True
+        self._recipe_count = rows
+        self._progress = None
 
     def set_samples_metadata(self, df: Any) -> None:
         """Alias of :meth:`update_metadata`."""
@@ -508,16 +506,9 @@ class CachedDataset:
         stream from the dataset's position when this was called, one window per epoch,
         from its own reader. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
         """
-        try:
-            from dataset_rt.integrations.torch import to_torch_iterable_dataset
-        except ImportError as error:
-            if not _torch_missing(error):
-                raise
-            raise ImportError(
-                "CachedDataset.to_torch_iterable_dataset requires PyTorch to be installed"
-            ) from error
+        adapters = _torch_adapters("to_torch_iterable_dataset")
         _native.check_owner(self._runtime._pid)
-        return to_torch_iterable_dataset(self)
+        return adapters.to_torch_iterable_dataset(self)
 
     def to_torch_dataloader(
         self,
@@ -561,16 +552,9 @@ class CachedDataset:
         resume ("global" also across world sizes). Validation and messages follow
         dataset-rt 0.4.8. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
         """
-        try:
-            from dataset_rt.integrations.torch import to_torch_dataloader
-        except ImportError as error:
-            if not _torch_missing(error):
-                raise
-            raise ImportError(
-                "CachedDataset.to_torch_dataloader requires PyTorch to be installed"
-            ) from error
+        adapters = _torch_adapters("to_torch_dataloader")
         _native.check_owner(self._runtime._pid)
-        return to_torch_dataloader(
+        return adapters.to_torch_dataloader(
             self,
             batch_size=batch_size,
             sample_transform_fn=sample_transform_fn,
@@ -594,9 +578,16 @@ class CachedDataset:
         )
 
 
-def _torch_missing(error: ImportError) -> bool:
-    """True when ``error`` is PyTorch itself not being importable."""
-    return (error.name or "").split(".")[0] == "torch"
+def _torch_adapters(method: str) -> Any:
+    """``dataset_rt.integrations.torch``, or dataset-rt 0.4.8's ImportError for ``method``
+    when PyTorch itself cannot be imported (other import errors propagate)."""
+    try:
+        from dataset_rt.integrations import torch as adapters
+    except ImportError as error:
+        if (error.name or "").split(".")[0] != "torch":
+            raise
+        raise ImportError(f"CachedDataset.{method} requires PyTorch to be installed") from error
+    return adapters
 
 
 STATE_FORMAT = "dataset_rt.dataset_state/1"

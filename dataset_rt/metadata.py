@@ -177,6 +177,16 @@ def _table_column(series: Any, accepted: dict[str, int], keep: list[Any]) -> Any
     return column
 
 
+def _set_table(dataset: Any, rows: int, column: Any) -> None:
+    """Hand the id and weight columns (``column(name)``: Polars or Arrow) to
+    drt_dataset_set_table, which validates them and replaces the active table."""
+    keep: list[Any] = []
+    cache_ids = _table_column(column("cache_id"), _ID_TYPES, keep)
+    sample_ids = _table_column(column("sample_id"), _ID_TYPES, keep)
+    weights = _table_column(column("weight"), _WEIGHT_TYPES, keep)
+    _native.check(lib.drt_dataset_set_table(dataset._handle, rows, cache_ids, sample_ids, weights))
+
+
 def validate_and_set(dataset: Any, df: Any) -> None:
     """Validate ``df`` as the new active table and install it natively (see
     ``CachedDataset.update_metadata``). Raises ValueError; the previous state is kept."""
@@ -197,13 +207,7 @@ def validate_and_set(dataset: Any, df: Any) -> None:
     for name in ID_COLUMNS:
         if name not in df.columns:
             raise ValueError(f"samples metadata missing '{name}' column")
-    keep: list[Any] = []
-    cache_ids = _table_column(df.get_column("cache_id"), _ID_TYPES, keep)
-    sample_ids = _table_column(df.get_column("sample_id"), _ID_TYPES, keep)
-    weights = _table_column(df.get_column("weight"), _WEIGHT_TYPES, keep)
-    _native.check(
-        lib.drt_dataset_set_table(dataset._handle, df.height, cache_ids, sample_ids, weights)
-    )
+    _set_table(dataset, df.height, df.get_column)
 
 
 def set_arrow_table(dataset: Any, table: Any) -> None:
@@ -216,10 +220,4 @@ def set_arrow_table(dataset: Any, table: Any) -> None:
     for name in ID_COLUMNS:
         if name not in table.column_names:
             raise ValueError(f"samples metadata missing '{name}' column")
-    keep: list[Any] = []
-    cache_ids = _table_column(table.column("cache_id"), _ID_TYPES, keep)
-    sample_ids = _table_column(table.column("sample_id"), _ID_TYPES, keep)
-    weights = _table_column(table.column("weight"), _WEIGHT_TYPES, keep)
-    _native.check(
-        lib.drt_dataset_set_table(dataset._handle, table.num_rows, cache_ids, sample_ids, weights)
-    )
+    _set_table(dataset, table.num_rows, table.column)

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -801,6 +800,3 @@ def _row_order(count: int, seed: int) -> np.ndarray:
     order = np.arange(count, dtype=np.uint64)
     np.random.default_rng(seed).shuffle(order)
     return order
-
-
-_ = torch  # torch is imported for its side effects on DataLoader (and to fail early)

@@ -166,63 +166,37 @@ def resume_at(config, setup, kwargs, table, full, total: int, cut: int) -> None:
         check(name + ": small state", len(json.dumps(state)) < 1000, state)
 
 
+def check_raises(
+    name: str, call: Any, error: type[Exception], text: str, exact: bool = False
+) -> None:
+    """``call()`` must raise ``error`` whose message is (or with ``exact`` False,
+    contains) ``text``."""
+    try:
+        call()
+    except error as exc:
+        check(name, str(exc) == text if exact else text in str(exc), exc)
+    else:
+        check(name, False, "no error")
+
+
 def check_resume_errors() -> None:
-    data = loader(
-        open_dataset(), batch_size=2, shuffle=True, seed=3, worker_partition="split", num_workers=0
-    )
-    state = data.state_dict()
-    other_table = loader(
-        open_dataset(table="weighted"),
-        batch_size=2,
-        shuffle=True,
-        seed=3,
-        worker_partition="split",
-        num_workers=0,
-    )
-    try:
-        other_table.load_state_dict(state)
-        check("different table rejected", False, "no error")
-    except ValueError as exc:
-        check("different table rejected", "different active table" in str(exc), exc)
-    other_seed = loader(
-        open_dataset(), batch_size=2, shuffle=True, seed=4, worker_partition="split", num_workers=0
-    )
-    try:
-        other_seed.load_state_dict(state)
-        check("different seed rejected", False, "no error")
-    except ValueError as exc:
-        check("different seed rejected", "seed=3" in str(exc), exc)
-    other_batch = loader(
-        open_dataset(), batch_size=3, shuffle=True, seed=3, worker_partition="split", num_workers=0
-    )
-    try:
-        other_batch.load_state_dict(state)
-        check("split needs the same batch size", False, "no error")
-    except ValueError as exc:
-        check("split needs the same batch size", "same batch_size" in str(exc), exc)
+    def split(table: str | None = None, **kwargs: Any) -> Any:
+        settings = {"batch_size": 2, "shuffle": True, "seed": 3, "worker_partition": "split"}
+        return loader(open_dataset(table=table), num_workers=0, **{**settings, **kwargs})
+
+    state = split().state_dict()
+    for name, other, text in (
+        ("different table rejected", split("weighted"), "different active table"),
+        ("different seed rejected", split(seed=4), "seed=3"),
+        ("split needs the same batch size", split(batch_size=3), "same batch_size"),
+        ("another mode rejected", split(worker_partition="global"), "worker_partition='split'"),
+    ):
+        check_raises(name, lambda other=other: other.load_state_dict(state), ValueError, text)
     # A loader made with seed="random" adopts the saved seed.
-    saved = loader(
-        open_dataset(),
-        batch_size=2,
-        shuffle=True,
-        seed=99,
-        worker_partition="replicate",
-        num_workers=0,
-    )
+    saved = split(seed=99, worker_partition="replicate")
     expected = [ids(b) for b in saved]
-    fresh = loader(
-        open_dataset(), batch_size=2, shuffle=True, worker_partition="replicate", num_workers=0
-    )
-    fresh.load_state_dict(
-        loader(
-            open_dataset(),
-            batch_size=2,
-            shuffle=True,
-            seed=99,
-            worker_partition="replicate",
-            num_workers=0,
-        ).state_dict()
-    )
+    fresh = split(seed="random", worker_partition="replicate")
+    fresh.load_state_dict(split(seed=99, worker_partition="replicate").state_dict())
     check("random seed adopts the saved seed", [ids(b) for b in fresh] == expected)
 
 
@@ -279,20 +253,17 @@ def check_validation() -> None:
         ({"seed": -1}, "seed must be 'random' or an unsigned 64-bit integer"),
     ]
     for kwargs, message in cases:
-        try:
-            dataset.to_torch_dataloader(verbose=False, **kwargs)
-            check(f"validation {kwargs}", False, "no error")
-        except ValueError as exc:
-            check(f"validation {kwargs}", str(exc) == message, exc)
-    try:
-        dataset.to_torch_dataloader(verbose=False, num_workers=1, sample_transform_fn=lambda s: s)
-        check("unpicklable transform", False, "no error")
-    except TypeError as exc:
-        check(
-            "unpicklable transform",
-            str(exc) == "sample_transform_fn must be picklable for multiprocess loading",
-            exc,
-        )
+        call = lambda kwargs=kwargs: dataset.to_torch_dataloader(verbose=False, **kwargs)  # noqa: E731
+        check_raises(f"validation {kwargs}", call, ValueError, message, exact=True)
+    check_raises(
+        "unpicklable transform",
+        lambda: dataset.to_torch_dataloader(
+            verbose=False, num_workers=1, sample_transform_fn=lambda s: s
+        ),
+        TypeError,
+        "sample_transform_fn must be picklable for multiprocess loading",
+        exact=True,
+    )
 
 
 def main() -> None:
