@@ -16,7 +16,6 @@ import argparse
 import ast
 import dataclasses
 import difflib
-import importlib
 import inspect
 import itertools
 import re
@@ -78,7 +77,8 @@ GROUPS: list[tuple[str, str, list[str]]] = [
     ),
     (
         "PyTorch",
-        "The type of `CachedDataset.to_torch_iterable_dataset()` (see that method for its status).",
+        "The type of `CachedDataset.to_torch_iterable_dataset()`; the adapters themselves are "
+        "under [Integrations](#integrations).",
         ["SizedTorchIterableDataset"],
     ),
     (
@@ -121,51 +121,6 @@ def _source(obj: Any) -> str:
         return inspect.getsource(obj)
     except (OSError, TypeError):
         return ""
-
-
-# Features whose code path still raises NotImplementedError: (where to look, the text
-# that marks it, the note shown). A note appears only while its marker is in the source,
-# so the page follows the code (and `--check` flags the page when the code changes).
-NOT_IMPLEMENTED: dict[str, tuple[Any, str, str]] = {
-    "CachedDataset.to_torch_iterable_dataset": (
-        "dataset_rt.dataset.CachedDataset.to_torch_iterable_dataset",
-        "NotImplementedError",
-        "**Not implemented yet** (issue #6): raises `NotImplementedError`.",
-    ),
-    "CachedDataset.to_torch_dataloader": (
-        "dataset_rt.dataset.CachedDataset.to_torch_dataloader",
-        "NotImplementedError",
-        "**Not implemented yet** (issue #6): raises `NotImplementedError`.",
-    ),
-    "WriterProfilerConfig": (
-        "dataset_rt.writer.plan_sources",
-        "WriterProfilerConfig(enabled=True) arrives with issue #5",
-        "**The profiler is not implemented yet** (issue #5): a write with `enabled=True` "
-        "raises `NotImplementedError`.",
-    ),
-    "WriterConfig": (
-        "dataset_rt.writer.plan_sources",
-        "WriterConfig(num_processes > 0) arrives with issue #5",
-        "**Multi-process writing is not implemented yet** (issue #5): a write with "
-        "`num_processes > 0` raises `NotImplementedError`.",
-    ),
-}
-
-
-def status_note(key: str) -> list[str]:
-    if key not in NOT_IMPLEMENTED:
-        return []
-    where, marker, note = NOT_IMPLEMENTED[key]
-    parts = where.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        break
-    return [note, ""] if marker in _source(obj) else []
 
 
 MODULE_PREFIXES = re.compile(
@@ -340,7 +295,6 @@ def render_model(name: str, cls: Any) -> list[str]:
     out = [
         f"```text\n{name}(*, {', '.join(params)})\n```",
         "",
-        *status_note(name),
         doc_text(cls),
         "",
     ]
@@ -431,7 +385,6 @@ def members(owner_name: str, cls: type, *, skip: set[str] = frozenset()) -> list
             "",
             f"#### `{signature_text(function, key, drop_self=drop)}`{kind}",
             "",
-            *status_note(key),
         ]
         text = doc_text(function) if function.__doc__ else ""
         if not text and key in UNDOCUMENTED:
@@ -499,6 +452,78 @@ def render(name: str) -> list[str]:
     return [f"### {name}", "", *body, ""]
 
 
+# Optional integrations, documented from their source (torch and ray are not installed
+# where the docs are generated): module -> the extra it needs, or "" for none.
+INTEGRATION_MODULES = {
+    "dataset_rt.fragments": "",
+    "dataset_rt.integrations.torch": "torch",
+    "dataset_rt.integrations.ray": "ray",
+}
+
+
+def ast_signature(node: ast.FunctionDef, name: str, *, drop_self: bool) -> str:
+    args = node.args
+    if drop_self and args.args and args.args[0].arg in ("self", "cls"):
+        args = ast.arguments(
+            posonlyargs=args.posonlyargs,
+            args=args.args[1:],
+            vararg=args.vararg,
+            kwonlyargs=args.kwonlyargs,
+            kw_defaults=args.kw_defaults,
+            kwarg=args.kwarg,
+            defaults=args.defaults,
+        )
+    text = f"{name}({ast.unparse(args)})"
+    if node.returns is not None and node.name != "__init__":
+        text += f" -> {ast.unparse(node.returns)}"
+    return text
+
+
+def source_doc(node: Any) -> str:
+    """A docstring from the AST, cleaned like ``doc_text`` does for live objects."""
+    return ROLE.sub(r"`\1`", ast.get_docstring(node) or "").strip()
+
+
+def integration_section(module: str, extra: str) -> list[str]:
+    """``module``'s ``__all__`` rendered from its source: signatures and docstrings."""
+    path = ROOT / (module.replace(".", "/") + ".py")
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = {n.name: n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef))}
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            names = list(ast.literal_eval(node.value))
+    needs = f" (needs `pip install 'dataset-rt[{extra}]'`)" if extra else ""
+    out = [f"### `{module}`", "", source_doc(tree).split("\n\n")[0] + needs, ""]
+    for name in names:
+        node = nodes[name]
+        out += [f"#### `{module}.{name}`", ""]
+        if isinstance(node, ast.FunctionDef):
+            out += [f"```text\n{ast_signature(node, name, drop_self=False)}\n```", ""]
+            out += [source_doc(node) or "*(No docstring in the code.)*"]
+            out.append("")
+            continue
+        init = next(
+            (n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+            None,
+        )
+        bases = ", ".join(ast.unparse(b) for b in node.bases)
+        heading = ast_signature(init, name, drop_self=True) if init else f"class {name}({bases})"
+        out += [f"```text\n{heading}\n```", "", source_doc(node), ""]
+        for member in node.body:
+            if (
+                isinstance(member, ast.FunctionDef)
+                and not member.name.startswith("_")
+                and ast.get_docstring(member)
+            ):
+                signature = ast_signature(member, member.name, drop_self=True)
+                out += [f"- `{signature}`: " + " ".join(source_doc(member).split())]
+        out.append("")
+    return out
+
+
 def anchor(name: str) -> str:
     return name.lower()
 
@@ -550,6 +575,10 @@ def generate() -> str:
     lines.append(
         "- Also in `dataset_rt.api`: " + ", ".join(f"[`{n}`](#{anchor(n)})" for n in extras)
     )
+    lines.append(
+        "- [Integrations](#integrations): "
+        + ", ".join(f"`{module}`" for module in INTEGRATION_MODULES)
+    )
     lines.append("")
     for title, intro, names in sections:
         lines += [f"## {title}", "", intro, ""]
@@ -563,6 +592,16 @@ def generate() -> str:
     ]
     for name in extras:
         lines += render(name)
+    lines += [
+        "## Integrations",
+        "",
+        "Modules imported on their own (`import dataset_rt` imports none of them): the",
+        "fragment API for distributed cache building, and the PyTorch and Ray adapters. See",
+        "[the PyTorch guide](guide-torch.md) and [the cluster guide](guide-ray.md).",
+        "",
+    ]
+    for module, extra in INTEGRATION_MODULES.items():
+        lines += integration_section(module, extra)
     text = "\n".join(lines)
     text = re.sub(r"\n{3,}", "\n\n", text)
     return text.rstrip("\n") + "\n"

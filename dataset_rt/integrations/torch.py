@@ -38,7 +38,12 @@ LOGGER_NAME = "dataset_rt.loader"
 LOADER_STATE_FORMAT = "dataset_rt.loader_state/1"
 ORDER_NAME = "partition-order.npy"
 
-__all__ = ["DatasetRTDataLoader", "to_torch_dataloader", "to_torch_iterable_dataset"]
+__all__ = [
+    "DatasetRTDataLoader",
+    "DatasetRTIterableDataset",
+    "to_torch_dataloader",
+    "to_torch_iterable_dataset",
+]
 
 
 def _event(message: str, *args: object) -> None:
@@ -239,6 +244,7 @@ def _restore_iterable(recipe: _Recipe, start: int, window: int) -> DatasetRTIter
 
 
 def to_torch_iterable_dataset(dataset: Any) -> DatasetRTIterableDataset:
+    """See ``CachedDataset.to_torch_iterable_dataset``."""
     return DatasetRTIterableDataset(dataset)
 
 
