@@ -7,7 +7,9 @@ Covers every name of ``dataset_rt.__all__`` (names not placed in ``GROUPS`` belo
 section "Other public names", so a new public name is never left out), the public members of
 ``CachedDataset`` and ``DatasetRuntime``, ``SampleBatch``, the fields of the config
 models with their defaults and constraints, and the extra aliases and defaults of
-``dataset_rt.api``. The output depends only on the code, so it is deterministic.
+``dataset_rt.api``, and the integration modules (``dataset_rt.fragments`` and the torch
+and ray adapters, read from their source so torch and ray need not be installed). The
+output depends only on the code, so it is deterministic.
 """
 
 from __future__ import annotations

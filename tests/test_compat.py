@@ -274,8 +274,6 @@ def run_case(drt, runtime, case, reader_extra=None):
                 out.append(["updated", len(ds)])
             else:
                 raise AssertionError(f"unknown op {op!r}")
-    except NotImplementedError as exc:
-        return {"not_implemented": str(exc), "out": out}
     except Exception as exc:
         return {"error": error_text(exc), "out": out}
     return {"out": out}
@@ -685,8 +683,6 @@ def test_we_read_all_our_caches_as_one_dataset(compat: CompatRun, backend: str) 
 @pytest.mark.parametrize("name", SPEC_NAMES)
 def test_our_metadata_table_equals_reference(compat: CompatRun, name: str) -> None:
     report = _our_read([compat.ours / name], "threads")
-    if "table_error" in report and report["table_error"].startswith("NotImplementedError"):
-        pytest.skip(f"get_metadata is not implemented yet: {report['table_error']}")
     assert "table_error" not in report, report["table_error"]
     assert report["table"] == compat.reference["reads"][f"ours/{name}"]["table"]
     assert report["table"] == _expected_table([_spec(name)])
@@ -897,24 +893,19 @@ def test_metadata_arrow_same_content_as_reference(compat: CompatRun, name: str) 
 # Sampling order
 
 
-def _compare_cases(compat: CompatRun, cases: list[dict[str, Any]], backend: str) -> list[str]:
-    """Run `cases` here; returns the NotImplementedError messages met (cases skipped)."""
+def _compare_cases(compat: CompatRun, cases: list[dict[str, Any]], backend: str) -> None:
+    """Run `cases` here; each must give the reference's result."""
     runtime = drt.DatasetRuntime(num_workers=2)
-    not_implemented = []
     mismatches = []
     for case in cases:
         want = compat.reference["cases"][case["id"]]
-        assert "error" not in want and "not_implemented" not in want, (case["id"], want)
+        assert "error" not in want, (case["id"], want)
         got = SHARED["run_case"](drt, runtime, case, {"io_backend": backend})
-        if "not_implemented" in got:
-            not_implemented.append(f"{case['id']}: {got['not_implemented']}")
-            continue
         if got != want:
             mismatches.append(f"{case['id']}:\n  ours      {got}\n  reference {want}")
     assert not mismatches, f"{len(mismatches)} of {len(cases)} cases differ:\n" + "\n".join(
         mismatches[:8]
     )
-    return not_implemented
 
 
 @pytest.mark.parametrize("combo", list(COMBOS))
@@ -923,8 +914,7 @@ def test_uniform_and_ordered_sampling_match_reference(
 ) -> None:
     cases = [c for c in compat.cases if c["combo"] == combo and not c["weighted"]]
     assert len(cases) == len(SEEDS) * 2 * 4
-    not_implemented = _compare_cases(compat, cases, backend)
-    assert not not_implemented, not_implemented
+    _compare_cases(compat, cases, backend)
 
 
 @pytest.mark.parametrize("combo", list(WEIGHTED_COMBOS))
@@ -933,12 +923,7 @@ def test_weighted_sampling_after_update_matches_reference(
 ) -> None:
     cases = [c for c in compat.cases if c["combo"] == combo and c["weighted"]]
     assert cases
-    not_implemented = _compare_cases(compat, cases, backend)
-    if not_implemented:
-        pytest.skip(
-            f"{len(not_implemented)} of {len(cases)} cases not implemented yet; "
-            f"first: {not_implemented[0]}"
-        )
+    _compare_cases(compat, cases, backend)
 
 
 def test_reference_sequences_are_the_documented_ones(compat: CompatRun) -> None:

@@ -163,20 +163,8 @@ def errors_of(exc_info: pytest.ExceptionInfo[ValidationError]) -> list[tuple[Any
 
 @pytest.fixture(scope="module")
 def facade() -> ModuleType:
-    """The `dataset_rt.api` facade, which every pickle of a public class names.
-
-    Skipped only while the facade (or a `dataset_rt` module it imports) does not exist
-    yet; any other import failure is a real error and fails the test.
-    """
-    try:
-        return importlib.import_module("dataset_rt.api")
-    except ModuleNotFoundError as exc:
-        if exc.name == "dataset_rt" or (exc.name or "").startswith("dataset_rt."):
-            pytest.skip(
-                f"dataset_rt.api is not importable yet (missing {exc.name}); pickles of "
-                "public classes are stored as dataset_rt.api.<Name> and need it"
-            )
-        raise
+    """The `dataset_rt.api` facade, which every pickle of a public class names."""
+    return importlib.import_module("dataset_rt.api")
 
 
 # --------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ Deliberate differences (SPEC.md "Compatibility policy" and section 4):
 
 Also: after an error during iteration the iterator is finished (``next`` raises
 StopIteration) and the dataset stays usable; no file on disk is changed by loading or
-reading. ``get_metadata`` rows skip while it raises NotImplementedError (another issue).
+reading.
 """
 
 from __future__ import annotations
@@ -706,9 +706,6 @@ def test_corrupted_cache(runtime, reader: Reader, fixture_copy, name: str, valid
         error, check = outcome.get_metadata
         try:
             dataset.get_metadata()
-        except NotImplementedError:
-            assert snapshot(root) == before
-            pytest.skip("get_metadata is not implemented yet (another issue)")
         except BaseException as exc:
             assert type(exc) is error, repr(exc)
             check(str(exc), cache)
