@@ -371,6 +371,8 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
         self._passes += 1
         consumer = self.consumer(pass_index, worker)
         start, count, block_len, block_stride = self.positions(pass_index, consumer, workers)
+        # Open the reader first (it logs reader_started), as dataset-rt 0.4.8 orders events.
+        dataset = self._reader_for(consumer) if count else None
         if self.verbose:
             _event(
                 "event=%s pid=%s rank=%s worker=%s pass=%s start=%s samples=%s",
@@ -382,9 +384,8 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
                 start,
                 count,
             )
-        if count == 0:
+        if dataset is None:
             return iter(())
-        dataset = self._reader_for(consumer)
         samples = dataset._iter_range(start % 2**64, count, block_len, block_stride)
         if self.transform is None:
             return samples

@@ -266,6 +266,42 @@ def check_validation() -> None:
     )
 
 
+def check_work_dir_and_logging() -> None:
+    import logging
+    import tempfile
+    from pathlib import Path
+
+    records: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("dataset_rt.loader")
+    handler = Collect()
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        with tempfile.TemporaryDirectory() as work:
+            data = open_dataset().to_torch_dataloader(
+                batch_size=4, shuffle=False, num_workers=0, work_dir=work
+            )
+            batches = [ids(b) for b in data]
+            exports = list(Path(work).glob("dataset-rt-*/dataset.json"))
+            del data
+            check("work_dir keeps the snapshot", len(exports) == 1 and exports[0].exists(), exports)
+    finally:
+        logger.removeHandler(handler)
+    check("all batches read", len(batches) == 5, batches)
+    events = [r.split()[0] for r in records]
+    check(
+        "verbose logs the loader and reader events",
+        events[:2] == ["event=loader_ready", "event=reader_started"]
+        and "event=reader_pass" in events,
+        records,
+    )
+
+
 def main() -> None:
     PATHS.extend(sys.argv[1:])
     torch.set_num_threads(1)
@@ -275,6 +311,7 @@ def main() -> None:
         check_resume,
         check_resume_errors,
         check_iterable_dataset,
+        check_work_dir_and_logging,
         check_validation,
     ):
         try:
