@@ -21,18 +21,13 @@ code.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import platform
 import random
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-import venv
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +35,6 @@ MiB = 1 << 20
 CHUNK_BYTES = 4 * MiB
 DIGEST_BYTES = 16
 
-REFERENCE_VERSION = "0.4.8"
-REFERENCE_REQUIREMENT = f"dataset-rt=={REFERENCE_VERSION}"
-REFERENCE_VENV_ENV = "DATASET_RT_BENCH_REF_VENV"  # developer override of the venv path
-REFERENCE_MARKER = "dataset_rt_bench_reference.ok.json"
-REFERENCE_INSTALL_TIMEOUT_S = 1200.0
 
 
 # ------------------------------------------------------------------ portable helpers
@@ -567,146 +557,21 @@ def print_table(
 # ------------------------------------------------------------------ reference release
 
 
-def reference_venv_dir() -> Path:
-    """``~/.cache/dataset_rt-bench/ref-0.4.8-py<major>.<minor>`` (or ``$XDG_CACHE_HOME``)."""
-    override = os.environ.get(REFERENCE_VENV_ENV)
-    if override:
-        return Path(override).expanduser()
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    tag = f"ref-{REFERENCE_VERSION}-py{sys.version_info.major}.{sys.version_info.minor}"
-    return Path(cache_home) / "dataset_rt-bench" / tag
-
-
-def _clean_env() -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONUSERBASE")
-    }
-    env["PYTHONNOUSERSITE"] = "1"
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
-class ReferenceUnavailable(Exception):
-    """dataset-rt 0.4.8 could not be installed or does not run."""
-
-
-_REFERENCE_PRELUDE = f"""
-import importlib.metadata, os, sys
-import dataset_rt
-_file = os.path.realpath(dataset_rt.__file__)
-assert _file.startswith(os.path.realpath(sys.prefix) + os.sep), f"dataset_rt from {{_file}}"
-assert importlib.metadata.version("dataset-rt") == "{REFERENCE_VERSION}"
-del _file
-"""
-
-
 class Reference:
-    """dataset-rt 0.4.8 in its own virtualenv (stdlib ``venv`` + pip), built on first use."""
+    """dataset-rt 0.4.8 in its own virtualenv: the one the tests build and share
+    (``tests/refenv.py``: stdlib ``venv`` + pip, locked, reused; ``DATASET_RT_REF_VENV``
+    overrides its path). Scripts run isolated (``python -I``, no ``PYTHONPATH``, a fresh
+    working directory) after a prelude proving they import the release."""
 
-    def __init__(self, venv_dir: Path | None = None) -> None:
-        self.venv_dir = venv_dir or reference_venv_dir()
-        self.python = self.venv_dir / "bin" / "python"
-
-    def _ready(self) -> bool:
-        try:
-            marker = json.loads((self.venv_dir / REFERENCE_MARKER).read_text())
-        except (OSError, ValueError):
-            return False
-        return marker.get("requirement") == REFERENCE_REQUIREMENT and self.python.exists()
-
-    def ensure(self) -> None:
-        """Create the virtualenv and install the reference if needed.
-
-        Raises ReferenceUnavailable when that fails (e.g. offline).
-        """
-        if self._ready():
-            return
-        with _locked(self.venv_dir.parent / (self.venv_dir.name + ".lock")):
-            if self._ready():
-                return
-            print(
-                f"reference: installing {REFERENCE_REQUIREMENT} into {self.venv_dir} ...",
-                flush=True,
-            )
-            if self.venv_dir.exists():
-                shutil.rmtree(self.venv_dir)
-            try:
-                # venv follows sys._base_executable, so the project's virtualenv is not nested.
-                venv.EnvBuilder(with_pip=True, clear=True, symlinks=True).create(self.venv_dir)
-            except (OSError, subprocess.CalledProcessError) as exc:
-                raise ReferenceUnavailable(f"cannot create a virtualenv: {exc}") from exc
-            cmd = [
-                str(self.python),
-                "-m",
-                "pip",
-                "install",
-                "--no-input",
-                "--disable-pip-version-check",
-                "--retries",
-                "2",
-                REFERENCE_REQUIREMENT,
-            ]
-            try:
-                proc = subprocess.run(
-                    cmd,
-                    env=_clean_env(),
-                    capture_output=True,
-                    text=True,
-                    timeout=REFERENCE_INSTALL_TIMEOUT_S,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise ReferenceUnavailable("pip install timed out") from exc
-            if proc.returncode != 0:
-                lines = [x for x in (proc.stdout + proc.stderr).splitlines() if x.strip()]
-                errors = [x for x in lines if x.startswith("ERROR")] or lines or ["pip failed"]
-                raise ReferenceUnavailable(
-                    f"pip install {REFERENCE_REQUIREMENT}: {errors[-1].strip()}"
-                )
-            check = self._run_raw("print('ok')", [], timeout=120)
-            if check.returncode != 0 or check.stdout.strip() != "ok":
-                raise ReferenceUnavailable(
-                    f"installed but does not import: {check.stderr.strip()[-300:]}"
-                )
-            (self.venv_dir / REFERENCE_MARKER).write_text(
-                json.dumps({"requirement": REFERENCE_REQUIREMENT, "python": sys.version})
-            )
-
-    def _run_raw(
-        self, script: str, args: Sequence[str], timeout: float
-    ) -> subprocess.CompletedProcess[str]:
-        with tempfile.TemporaryDirectory(prefix="dataset_rt-bench-ref-") as work:
-            path = Path(work) / "script.py"
-            # Annotations in the shipped helpers stay unevaluated on any Python version.
-            text = "from __future__ import annotations\n" + _REFERENCE_PRELUDE + "\n" + script
-            path.write_text(text, encoding="utf-8")
-            # -I: no user site, no PYTHON* variables, neither cwd nor the script dir on sys.path.
-            return subprocess.run(
-                [str(self.python), "-I", str(path), *args],
-                env=_clean_env(),
-                cwd=work,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                check=False,
-            )
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.python = env.python
 
     def run_json(self, script: str, args: Sequence[str] = (), timeout: float = 1800.0) -> Any:
         """Run ``script`` in the reference's interpreter; parse the last stdout line as JSON."""
-        proc = self._run_raw(script, args, timeout)
+        # Annotations in the shipped helpers stay unevaluated on any Python version.
+        source = "from __future__ import annotations\n" + script
+        proc = self.env.run(source, *map(str, args), timeout=timeout)
         if proc.returncode != 0:
             raise RuntimeError(
                 f"reference script failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -722,13 +587,14 @@ def get_reference(enabled: bool) -> Reference | None:
     if not enabled:
         print("reference: not available (disabled by --no-reference)")
         return None
-    ref = Reference()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    import refenv
+
     try:
-        ref.ensure()
-    except ReferenceUnavailable as exc:
+        return Reference(refenv.ensure_reference())
+    except (refenv.ReferenceUnavailable, refenv.ReferenceSetupError) as exc:
         print(f"reference: not available ({exc})")
         return None
-    return ref
 
 
 __all__ = [

@@ -40,7 +40,7 @@ from typing import Any
 import pytest
 
 import dataset_rt as drt
-from tests.conftest import FIXTURES, expected
+from tests.conftest import FIXTURES, expected, io_uring_available
 
 ROOT = Path(__file__).resolve().parents[1]
 FORK_MESSAGE = (
@@ -80,22 +80,11 @@ def last_json(output: str) -> Any:
     return json.loads(lines[-1])
 
 
-def _io_uring_works() -> bool:
-    try:
-        drt.DatasetRuntime(num_workers=1).cached_dataset(
-            [FIXTURES / "text_records_v1"],
-            reader_config=drt.ReaderConfig(seed=0, io_backend="io_uring"),
-        )
-    except ValueError:
-        return False
-    return True
-
-
 BACKENDS = ["io_uring", "threads"]
 
 
 def backend_or_skip(backend: str) -> str:
-    if backend == "io_uring" and not _io_uring_works():
+    if backend == "io_uring" and not io_uring_available():
         pytest.skip("io_uring is not available here (kernel or seccomp refuses io_uring_setup)")
     return backend
 
@@ -265,7 +254,7 @@ READER = """
 
 @pytest.mark.parametrize("validate", [False, True], ids=["plain", "validate_cache"])
 def test_many_processes_read_one_dataset_at_once(tmp_path: Path, validate: bool) -> None:
-    backends = ["io_uring", "threads"] if _io_uring_works() else ["threads"]
+    backends = ["io_uring", "threads"] if io_uring_available() else ["threads"]
     paths = [str(FIXTURES / name) for name in SAME_SCHEMA]
     go = tmp_path / "go"
     script = tmp_path / "reader.py"

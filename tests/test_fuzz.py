@@ -65,7 +65,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, io_uring_available
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -382,23 +382,10 @@ def worker() -> Iterator[Worker]:
     w.close()
 
 
-def _io_uring_works() -> bool:
-    import dataset_rt as drt
-
-    try:
-        drt.DatasetRuntime(num_workers=1).cached_dataset(
-            [FIXTURES / "text_records_v1"],
-            reader_config=drt.ReaderConfig(seed=0, io_backend="io_uring"),
-        )
-    except ValueError:
-        return False
-    return True
-
-
 @pytest.fixture(scope="module")
 def backends() -> list[str]:
     """Mutants alternate between the read backends (io_uring only where the kernel allows it)."""
-    return ["threads", "io_uring"] if _io_uring_works() else ["threads"]
+    return ["threads", "io_uring"] if io_uring_available() else ["threads"]
 
 
 # ------------------------------------------------------------- caches written here
