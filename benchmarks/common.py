@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +35,6 @@ from typing import Any
 MiB = 1 << 20
 CHUNK_BYTES = 4 * MiB
 DIGEST_BYTES = 16
-
 
 
 # ------------------------------------------------------------------ portable helpers
@@ -554,6 +554,40 @@ def print_table(
         print(line(row))
 
 
+def pin_library(workdir: Path) -> str | None:
+    """Load a private copy of the native library for the whole run; returns what was done.
+
+    Other checkouts' builds may rewrite ``dataset_rt/libdataset_rt.so`` in place while a
+    benchmark runs, which kills a process that has it mapped (SIGBUS). The copy is made
+    before ``dataset_rt`` is imported and loaded through the developer override
+    ``DATASET_RT_LIBRARY`` (left alone when already set), which subprocesses inherit.
+    """
+    import importlib.util
+
+    if os.environ.get("DATASET_RT_LIBRARY"):
+        return None
+    found = importlib.util.find_spec("dataset_rt")
+    if found is None or found.origin is None:
+        return None
+    built = Path(found.origin).with_name("libdataset_rt.so")
+    if not built.exists():
+        return None
+    pinned = workdir / "libdataset_rt.so"
+    shutil.copy2(built, pinned)
+    os.environ["DATASET_RT_LIBRARY"] = str(pinned)
+    return f"{built} copied to {pinned}"
+
+
+def print_header(title: str, quick: bool, workdir: Path, pinned: str | None) -> None:
+    """The report's first lines: title, machine facts, the pinned library, the load."""
+    print(f"# dataset_rt {title} benchmark" + (" (--quick)" if quick else ""))
+    for name, value in machine_facts(workdir):
+        print(f"- {name}: {value}")
+    if pinned:
+        print(f"- native library pinned for the run: {pinned}")
+    print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
 # ------------------------------------------------------------------ reference release
 
 
@@ -611,7 +645,9 @@ __all__ = [
     "get_reference",
     "machine_facts",
     "measure_limits",
+    "pin_library",
     "portable_source",
+    "print_header",
     "print_table",
     "resident_fraction",
     "sample_digest",

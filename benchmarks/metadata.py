@@ -58,8 +58,9 @@ from typing import Any
 from common import (
     fmt_num,
     get_reference,
-    machine_facts,
+    pin_library,
     portable_source,
+    print_header,
     print_table,
 )
 
@@ -418,26 +419,6 @@ def run_ref(ref: Any, script: str, spec_path: Path, case: str, timeout: float) -
         return {"error": str(exc)[-2000:]}
 
 
-def pin_library(workdir: Path, env: dict[str, str]) -> str | None:
-    """Load a private copy of the native library (a concurrent rebuild rewrites it in
-    place, which kills a process that has it mapped)."""
-    import importlib.util
-
-    if env.get("DATASET_RT_LIBRARY"):
-        return None
-    found = importlib.util.find_spec("dataset_rt")
-    if found is None or found.origin is None:
-        return None
-    built = Path(found.origin).with_name("libdataset_rt.so")
-    if not built.exists():
-        return None
-    pinned = workdir / "libdataset_rt.so"
-    shutil.copy2(built, pinned)
-    env["DATASET_RT_LIBRARY"] = str(pinned)
-    os.environ["DATASET_RT_LIBRARY"] = str(pinned)
-    return f"{built} copied to {pinned}"
-
-
 # ------------------------------------------------------------------ report
 
 ROWS = [
@@ -647,15 +628,10 @@ def main() -> int:
 
 def run(args: argparse.Namespace, counts: dict[str, int], timeout: float, workdir: Path) -> int:
     started = time.perf_counter()
+    pinned = pin_library(workdir)
     env = dict(os.environ)
-    pinned = pin_library(workdir, env)
     total = counts["caches"] * counts["rows"]
-    print("# dataset_rt metadata benchmark" + (" (--quick)" if args.quick else ""))
-    for name, value in machine_facts(workdir):
-        print(f"- {name}: {value}")
-    if pinned:
-        print(f"- native library pinned for the run: {pinned}")
-    print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print_header("metadata", args.quick, workdir, pinned)
     print(
         f"- workloads: {counts['caches']:,} caches x {counts['rows']:,} rows ({total:,} rows), "
         f"{counts['small_caches']:,} small caches x {counts['small_rows']} rows; 8-byte payloads; "

@@ -38,9 +38,10 @@ from common import (
     fmt_num,
     fmt_rate,
     get_reference,
-    machine_facts,
     measure_limits,
+    pin_library,
     portable_source,
+    print_header,
     print_table,
     resident_fraction,
     sample_digest,
@@ -415,32 +416,6 @@ def verify_status(
     return f"ok ({v['distinct']:,} distinct)"
 
 
-PINNED: list[str] = []
-
-
-def pin_library(workdir: Path) -> None:
-    """Load a private copy of the native library for the whole run.
-
-    Other checkouts' builds may rewrite ``dataset_rt/libdataset_rt.so`` in place while a
-    benchmark runs, which kills a process that has it mapped (SIGBUS). The copy is made
-    before ``dataset_rt`` is imported and loaded through the developer override
-    ``DATASET_RT_LIBRARY`` (left alone when already set).
-    """
-    import importlib.util
-
-    if os.environ.get("DATASET_RT_LIBRARY"):
-        return
-    found = importlib.util.find_spec("dataset_rt")
-    if found is None or found.origin is None:
-        return
-    built = Path(found.origin).with_name("libdataset_rt.so")
-    if built.exists():
-        pinned = workdir / "libdataset_rt.so"
-        shutil.copy2(built, pinned)
-        os.environ["DATASET_RT_LIBRARY"] = str(pinned)
-        PINNED.append(f"{built} copied to {pinned}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -460,26 +435,26 @@ def main() -> int:
     repeat = args.repeat or (1 if args.quick else 3)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dataset_rt-bench-read-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    pin_library(workdir)
+    pinned = pin_library(workdir)
     started = time.perf_counter()
     try:
-        return run(args, counts, repeat, workdir, started)
+        return run(args, counts, repeat, workdir, started, pinned)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
 def run(
-    args: argparse.Namespace, counts: dict[str, int], repeat: int, workdir: Path, started: float
+    args: argparse.Namespace,
+    counts: dict[str, int],
+    repeat: int,
+    workdir: Path,
+    started: float,
+    pinned: str | None,
 ) -> int:
     import dataset_rt as d
 
-    print("# dataset_rt read benchmark" + (" (--quick)" if args.quick else ""))
-    for name, value in machine_facts(workdir):
-        print(f"- {name}: {value}")
-    if PINNED:
-        print(f"- native library pinned for the run: {PINNED[0]}")
-    print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print_header("read", args.quick, workdir, pinned)
     print(
         f"- workloads: W1 {counts['w1']:,} x 512 B, W2 {counts['w2']:,} x 1 MiB; "
         f"num_workers={args.num_workers}, prefetch_size={PREFETCH}, "

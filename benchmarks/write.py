@@ -40,13 +40,13 @@ from common import (
     fmt_num,
     fmt_rate,
     get_reference,
-    machine_facts,
+    pin_library,
     portable_source,
+    print_header,
     print_table,
     sample_digest,
     write_fsync_bandwidth,
 )
-from read import PINNED, pin_library
 
 FULL = {"w1": 200_000, "w2": 1_000}
 QUICK = {"w1": 20_000, "w2": 100}
@@ -358,10 +358,10 @@ def main() -> int:
     repeat = args.repeat or (1 if args.quick else 3)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dataset_rt-bench-write-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    pin_library(workdir)
+    pinned = pin_library(workdir)
     started = time.perf_counter()
     try:
-        return run(args, counts, repeat, workdir, started)
+        return run(args, counts, repeat, workdir, started, pinned)
     finally:
         for name in ("verify-ours", "verify-ref", "timed-ours", "timed-ref"):
             shutil.rmtree(workdir / name, ignore_errors=True)
@@ -382,18 +382,18 @@ def write_limits(
 
 
 def run(
-    args: argparse.Namespace, counts: dict[str, int], repeat: int, workdir: Path, started: float
+    args: argparse.Namespace,
+    counts: dict[str, int],
+    repeat: int,
+    workdir: Path,
+    started: float,
+    pinned: str | None,
 ) -> int:
     import dataset_rt as d
 
     workers = [int(x) for x in args.num_workers.split(",") if x.strip()]
     configs = [c for c in CONFIGS if args.only.lower() in c["label"].lower()]
-    print("# dataset_rt write benchmark" + (" (--quick)" if args.quick else ""))
-    for name, value in machine_facts(workdir):
-        print(f"- {name}: {value}")
-    if PINNED:
-        print(f"- native library pinned for the run: {PINNED[0]}")
-    print(f"- load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print_header("write", args.quick, workdir, pinned)
     print(
         f"- workloads: W1 {counts['w1']:,} x 512 B, W2 {counts['w2']:,} x 1 MiB; "
         f"num_workers={','.join(map(str, workers))}, prefetch_size={PREFETCH}, "

@@ -252,6 +252,13 @@ pub const Dataset = struct {
         return .{ .start = start, .len = len, .table = ds.table.retain() };
     }
 
+    /// A retained reference to the active table (the caller releases it).
+    pub fn snapshotTable(ds: *Dataset) *Table {
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        return ds.table.retain();
+    }
+
     pub const Stream = struct { position: u64, window_end: u64 };
 
     /// The stream state: the next position and the end of a pending partial window
@@ -277,9 +284,7 @@ pub const Dataset = struct {
     /// sample counts. Equal digests mean the same stream for the same seed and options.
     /// Computed once per table (O(rows)), then cached.
     pub fn tableDigest(ds: *Dataset) [32]u8 {
-        ds.mutex.lock();
-        const t = ds.table.retain();
-        ds.mutex.unlock();
+        const t = ds.snapshotTable();
         defer t.release();
         t.digest_mutex.lock();
         defer t.digest_mutex.unlock();

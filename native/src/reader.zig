@@ -442,8 +442,8 @@ test "schedule positions" {
 pub const Iter = struct {
     ds: *Dataset,
     table: *Table,
+    /// The stream positions this iterator reads; `schedule.count` samples in all.
     schedule: Schedule,
-    len: u64,
     backend: Backend,
     ring: ?uring.Ring = null,
     /// Planned locations, indexed by window index modulo prefetch.
@@ -503,23 +503,14 @@ pub const Iter = struct {
                 break :blk null;
             };
         }
-        var schedule: Schedule = undefined;
-        var table: *Table = undefined;
-        if (explicit) |e| {
-            ds.mutex.lock();
-            table = ds.table.retain();
-            ds.mutex.unlock();
-            schedule = e;
-        } else {
+        const table: *Table, const schedule: Schedule = if (explicit) |e| .{ ds.snapshotTable(), e } else blk: {
             const window = ds.reserveWindow();
-            table = window.table;
-            schedule = .{ .start = window.start, .count = window.len };
-        }
+            break :blk .{ window.table, .{ .start = window.start, .count = window.len } };
+        };
         it.* = .{
             .ds = ds.retain(),
             .table = table,
             .schedule = schedule,
-            .len = schedule.count,
             .backend = backend,
             .ring = ring,
             .loc_ring = loc_ring,
@@ -538,7 +529,7 @@ pub const Iter = struct {
     fn fill(it: *Iter) status.Error!void {
         const ds = it.ds;
         const prefetch = it.loc_ring.len;
-        while (it.planned < it.len and it.used < it.slots.len and it.planned - it.delivered + it.held_samples < prefetch) {
+        while (it.planned < it.schedule.count and it.used < it.slots.len and it.planned - it.delivered + it.held_samples < prefetch) {
             const loc = ds.locate(it.table, it.schedule.position(it.planned));
             const c = &ds.caches[loc.cache];
             const row = c.row(loc.sample_id);
@@ -553,7 +544,7 @@ pub const Iter = struct {
             it.planned += 1;
             // Ordered mode: extend the read over records adjacent in the same shard.
             if (!ds.options.shuffle) {
-                while (it.planned < it.len and it.planned - it.delivered + it.held_samples < prefetch and slot.len < coalesce_bytes_max and slot.len <= c.manifest.shards[@intCast(row.shard_id)].byte_len -| slot.offset) {
+                while (it.planned < it.schedule.count and it.planned - it.delivered + it.held_samples < prefetch and slot.len < coalesce_bytes_max and slot.len <= c.manifest.shards[@intCast(row.shard_id)].byte_len -| slot.offset) {
                     const next = ds.locate(it.table, it.schedule.position(it.planned));
                     if (next.cache != loc.cache) break;
                     const r = c.row(next.sample_id);
@@ -710,7 +701,7 @@ pub const Iter = struct {
             it.finished = true;
             return status.failText(err, it.deferred_message[0..it.deferred_len]);
         }
-        if (it.finished or it.delivered >= it.len) {
+        if (it.finished or it.delivered >= it.schedule.count) {
             it.finished = true;
             out.* = std.mem.zeroes(abi.Batch);
             return;
@@ -727,7 +718,7 @@ pub const Iter = struct {
         } else {
             // Payloads are copied into the batch arena, so slots are released round by
             // round and a batch may be larger than the prefetch window.
-            while (it.batch.count() < max_count and it.delivered < it.len and it.deferred == null) {
+            while (it.batch.count() < max_count and it.delivered < it.schedule.count and it.deferred == null) {
                 try it.fill();
                 const first = it.batch.count();
                 if (try it.deliver(max_count - first) == 0) break;
@@ -743,7 +734,7 @@ pub const Iter = struct {
     /// batch were taken is deferred to the next call (the reference delivers the samples
     /// before a corrupt one first). Returns the samples taken.
     fn deliver(it: *Iter, wanted: u64) status.Error!u64 {
-        const limit = @min(wanted, it.len - it.delivered);
+        const limit = @min(wanted, it.schedule.count - it.delivered);
         var taken: u64 = 0;
         var i: usize = 0;
         while (taken < limit and i < it.used) : (i += 1) {
