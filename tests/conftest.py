@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,16 +26,37 @@ def expected(name: str) -> dict[str, Any]:
     return json.loads((FIXTURES / f"{name}.expected.json").read_text(encoding="utf-8"))
 
 
+def copy_writable(source: Path, target: Path) -> Path:
+    """Copy the tree ``source`` to ``target`` with writable permissions; returns target."""
+    shutil.copytree(source, target)
+    for path in target.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return target
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Relative path -> content hash (or kind) of everything under ``root`` (a file: its
+    hash under ".")."""
+    if root.is_file():
+        return {".": hashlib.sha256(root.read_bytes()).hexdigest()}
+    out: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        if path.is_symlink():
+            out[rel] = "link:" + os.readlink(path)
+        elif path.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
 @pytest.fixture
 def fixture_copy(tmp_path: Path):
     """Copy a reference cache into a writable temporary directory."""
 
     def copy(name: str) -> Path:
-        target = tmp_path / "copies" / name
-        shutil.copytree(FIXTURES / name, target)
-        for path in target.rglob("*"):
-            path.chmod(0o755 if path.is_dir() else 0o644)
-        return target
+        return copy_writable(FIXTURES / name, tmp_path / "copies" / name)
 
     return copy
 

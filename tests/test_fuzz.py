@@ -65,7 +65,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FIXTURES, io_uring_available
+from tests.conftest import FIXTURES, copy_writable, io_uring_available
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -452,7 +452,7 @@ def written_caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert isinstance(result, drt.CacheWriteSuccess), result
         out[name] = base / name
     # The same plain cache as a format-2 manifest (no cache_id: the id is the position).
-    v2 = copy_cache(out["tiny_plain"], base / "tiny_v2")
+    v2 = copy_writable(out["tiny_plain"], base / "tiny_v2")
     manifest = json.loads((v2 / "manifest.json").read_bytes())
     manifest = {
         "format_version": 2,
@@ -474,13 +474,6 @@ def cache_files(cache: Path) -> list[str]:
     rest = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file())
     rest.remove("manifest.json")
     return ["manifest.json", *rest]
-
-
-def copy_cache(source: Path, target: Path) -> Path:
-    shutil.copytree(source, target)
-    for path in target.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return target
 
 
 # ----------------------------------------------------------------- strict JSON oracle
@@ -1000,7 +993,7 @@ def _mutate_structured(
 
 def make_mutant(rng: random.Random, source: Path, target: Path, mutant: Mutant) -> None:
     """Copy ``source`` to ``target`` and apply 1-3 random edits (described in ``mutant``)."""
-    copy_cache(source, target)
+    copy_writable(source, target)
     files = {rel: bytearray((target / rel).read_bytes()) for rel in cache_files(target)}
     manifest = json.loads(files["manifest.json"])
     lz4 = any(s["compression"]["algo"] == "lz4" for s in manifest["shards"])
@@ -1150,7 +1143,7 @@ def test_boundary_records_fail_cleanly(
         pristine = {rel: bytearray((source / rel).read_bytes()) for rel in cache_files(source)}
         for edit in _edge_edits(pristine, row, names):
             for backend in backends:
-                target = copy_cache(source, tmp_path / f"e{number}" / name)
+                target = copy_writable(source, tmp_path / f"e{number}" / name)
                 number += 1
                 files = {rel: bytearray(data) for rel, data in pristine.items()}
                 _edge_edits(files, row, names)[edit]()
@@ -1198,7 +1191,7 @@ def test_metadata_arrow_field_names_fail_cleanly(
         while at >= 0:
             for value in (0xCC, 0x00, ord("X")):
                 for fix in (False, True):
-                    target = copy_cache(source, tmp_path / f"a{number}" / name)
+                    target = copy_writable(source, tmp_path / f"a{number}" / name)
                     number += 1
                     data = bytearray(arrow)
                     data[at + len(raw) - 1] = value
@@ -1239,7 +1232,7 @@ def test_pristine_caches_pass_the_oracle(
 ) -> None:
     """The harness itself: unmutated caches load, read completely and match the oracle."""
     for name in RANDOM_CACHES:
-        target = copy_cache(cache_source(name, written_caches), tmp_path / name)
+        target = copy_writable(cache_source(name, written_caches), tmp_path / name)
         for backend in backends:
             [reply] = worker.request(
                 {
@@ -1355,7 +1348,7 @@ def test_validate_cache_detects_every_single_byte_change(
     worker: Worker, backends: list[str], written_caches: dict[str, Path], tmp_path: Path, name: str
 ) -> None:
     source = cache_source(name, written_caches)
-    cache = copy_cache(source, tmp_path / name)
+    cache = copy_writable(source, tmp_path / name)
     rng = random.Random(f"{SEED}-detect-{name}")
     manifest_positions, file_positions = DETECTION_CACHES[name]
     failures: list[str] = []

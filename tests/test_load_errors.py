@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import struct
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from typing import Any
 import pytest
 
 import dataset_rt as drt
-from tests.conftest import FIXTURES, expected
+from tests.conftest import FIXTURES, expected, snapshot
 
 PLAIN_ONE_SHARD_ID = 4233350989699285984
 PLAIN_MANY_SHARDS_ID = 8396414845348598824
@@ -45,20 +44,6 @@ UNICODE_ID = 716452998420398136
 BAD = 2  # the sample a record-level corruption is applied to
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Relative path -> content hash (or kind) of everything under ``root``."""
-    out: dict[str, str] = {}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_dir():
-            out[rel] = "dir"
-        else:
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def manifest(cache: Path) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import array
 import enum
 import fractions
-import hashlib
 import json
 import math
 import os
@@ -33,6 +32,7 @@ import pytest
 
 import dataset_rt as drt
 from dataset_rt.config import DEFAULT_WRITER_CONFIG, ShardCompression, WriterConfig
+from tests.conftest import snapshot
 
 QUIET = WriterConfig(show_progress=False)
 VALIDATING = WriterConfig(show_progress=False, validate_cache=True)
@@ -139,22 +139,6 @@ def tree(base: Path) -> list[str] | None:
     if not os.path.lexists(base):
         return None
     return sorted(str(p.relative_to(base)) for p in base.rglob("*"))
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Relative path -> content hash (or kind) of everything under ``root``."""
-    out: dict[str, str] = {}
-    if root.is_file():
-        return {".": hashlib.sha256(root.read_bytes()).hexdigest()}
-    for path in sorted(root.rglob("*")):
-        rel = str(path.relative_to(root))
-        if path.is_symlink():
-            out[rel] = "link:" + os.readlink(path)
-        elif path.is_dir():
-            out[rel] = "dir"
-        else:
-            out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def published(base: Path) -> list[str]:
