@@ -1125,6 +1125,22 @@ def _edge_edits(files: dict[str, bytearray], row: int, names: list[str]) -> dict
     }
 
 
+def read_edited(
+    worker: Worker, job: dict[str, Any], target: Path, what: str, failures: list[str]
+) -> None:
+    """Read the edited cache ``target`` in the worker; record a crash, a hang or a wrong
+    result under ``what``. The cache is removed afterwards, unless the worker died on it."""
+    try:
+        [reply] = worker.request(job)
+    except WorkerDied as died:
+        failures.append(f"{what}\n  -> {died.detail}")
+        return
+    problems = check_read(reply, build_oracle(target))
+    if problems:
+        failures.append(f"{what}\n  -> " + "\n  -> ".join(problems[:6]))
+    shutil.rmtree(target.parent)
+
+
 @pytest.mark.parametrize("name", ["plain_one_shard", "lz4_many_shards"])
 def test_boundary_records_fail_cleanly(
     worker: Worker, backends: list[str], tmp_path: Path, name: str
@@ -1157,15 +1173,7 @@ def test_boundary_records_fail_cleanly(
                     "limit": 400,
                 }
                 what = f"{name} row {row}: {edit} ({backend}, prefetch_size={prefetch})"
-                try:
-                    [reply] = worker.request(job)
-                except WorkerDied as died:
-                    failures.append(f"{what}\n  -> {died.detail}")
-                    continue
-                problems = check_read(reply, build_oracle(target))
-                if problems:
-                    failures.append(f"{what}\n  -> " + "\n  -> ".join(problems[:6]))
-                shutil.rmtree(target.parent)
+                read_edited(worker, job, target, what, failures)
     assert not failures, f"{len(failures)} of {number} edge cases failed:\n" + "\n".join(
         failures[:MAX_REPORTED]
     )
@@ -1211,15 +1219,7 @@ def test_metadata_arrow_field_names_fail_cleanly(
                     what = f"{name} metadata.arrow byte {at + len(raw) - 1}"
                     what += f" (field {field_name!r}) -> {value:#04x}"
                     what += ", metadata_sha256 fixed" if fix else ""
-                    try:
-                        [reply] = worker.request(job)
-                    except WorkerDied as died:
-                        failures.append(f"{what}\n  -> {died.detail}")
-                        continue
-                    problems = check_read(reply, build_oracle(target))
-                    if problems:
-                        failures.append(f"{what}\n  -> " + "\n  -> ".join(problems[:6]))
-                    shutil.rmtree(target.parent)
+                    read_edited(worker, job, target, what, failures)
             at = arrow.find(raw, at + 1)
     assert number > 0
     assert not failures, f"{len(failures)} of {number} edits failed:\n" + "\n".join(
