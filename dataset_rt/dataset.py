@@ -301,6 +301,12 @@ class CachedDataset:
             progress.closed = True
             lib.drt_iter_close(iterator)
 
+    def _stream(self) -> tuple[int, int]:
+        """The native stream state: (next position, end of a pending partial window)."""
+        stream = ffi.new("drt_stream *")
+        _native.check(lib.drt_dataset_stream(self._handle, stream))
+        return int(stream.position), int(stream.window_end)
+
     def table_digest(self) -> str:
         """Hex SHA-256 identifying the active table (rows, order and weights; for the
         table a dataset opens with, its caches' ids and sizes). Computed natively, once
@@ -321,11 +327,9 @@ class CachedDataset:
         have in the uninterrupted run). Older iterators still running are not
         described. Small: a few integers, the reading options and ``table_digest``.
         """
-        stream = ffi.new("drt_stream *")
         with self._state_lock:
             progress = self._progress
-            _native.check(lib.drt_dataset_stream(self._handle, stream))
-        position, window_end = int(stream.position), int(stream.window_end)
+            position, window_end = self._stream()
         if progress is not None and not progress.closed and progress.taken() < progress.count:
             position = (progress.start + progress.taken()) % 2**64
             window_end = (progress.start + progress.count) % 2**64

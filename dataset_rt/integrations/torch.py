@@ -195,13 +195,8 @@ class DatasetRTIterableDataset(IterableDataset):  # type: ignore[type-arg]
     """
 
     def __init__(self, dataset: Any) -> None:
-        from dataset_rt import _native
-        from dataset_rt._native import ffi, lib
-
         self._dataset = dataset
-        stream = ffi.new("drt_stream *")
-        _native.check(lib.drt_dataset_stream(dataset._handle, stream))
-        self._start = int(stream.position)
+        self._start, _ = dataset._stream()
         self._window = len(dataset)
         self._snapshot = _Snapshot(None)
         config_path = dataset.dump_config(self._snapshot.directory)
