@@ -9,6 +9,7 @@ codes become exceptions in one place, :func:`check`.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -79,6 +80,19 @@ def check_owner(pid: int) -> None:
 def encode_path(path: str | os.PathLike[str]) -> bytes:
     """A path as the bytes the OS sees (surrogate-escaped names round-trip)."""
     return os.fsencode(path)
+
+
+class PathArray:
+    """A ``drt_str[]`` of paths (``.array``, ``.count``) for one native call. Keep the
+    object alive for the call: it owns the encoded bytes the entries point into."""
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        self._encoded = [encode_path(p) for p in paths]
+        self.count = len(self._encoded)
+        self.array = ffi.new("drt_str[]", max(1, self.count))
+        for entry, raw in zip(self.array, self._encoded):
+            entry.ptr = ffi.from_buffer(raw)
+            entry.len = len(raw)
 
 
 def library_path() -> str:

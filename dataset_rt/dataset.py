@@ -74,13 +74,9 @@ def _native_options(reader_config: Any) -> Any:
 
 
 def _open_native(runtime: Any, paths: list[Path], options: Any) -> Any:
-    encoded = [_native.encode_path(p) for p in paths]
-    strs = ffi.new("drt_str[]", max(1, len(encoded)))
-    for item, raw in zip(strs, encoded):
-        item.ptr = ffi.from_buffer(raw)
-        item.len = len(raw)
+    strs = _native.PathArray(paths)
     out = ffi.new("drt_dataset **")
-    _native.check(lib.drt_dataset_open(runtime._handle(), strs, len(encoded), options, out))
+    _native.check(lib.drt_dataset_open(runtime._handle(), strs.array, strs.count, options, out))
     return ffi.gc(out[0], _close_dataset)
 
 

@@ -306,17 +306,20 @@ def commit_fragments(
     import pyarrow as pa
 
     paths = [Path(f.path) if isinstance(f, Fragment) else Path(f) for f in fragments]
-    encoded = [_native.encode_path(p) for p in paths]
-    strs = ffi.new("drt_str[]", max(1, len(encoded)))
-    for entry, raw in zip(strs, encoded):
-        entry.ptr = ffi.from_buffer(raw)
-        entry.len = len(raw)
+    strs = _native.PathArray(paths)
     base_bytes = _native.encode_path(base_dir)
     name_bytes = name.encode("utf-8")
     options = ffi.new("drt_commit_options *", {"flags": lib.DRT_COMMIT_REPLACE if replace else 0})
     out = ffi.new("drt_commit **")
     status = lib.drt_commit_open(
-        base_bytes, len(base_bytes), name_bytes, len(name_bytes), strs, len(encoded), options, out
+        base_bytes,
+        len(base_bytes),
+        name_bytes,
+        len(name_bytes),
+        strs.array,
+        strs.count,
+        options,
+        out,
     )
     if status != 0:
         return CacheWriteError(name, _native.last_error())
