@@ -43,6 +43,7 @@ import venv
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REFERENCE_VERSION = "0.4.8"
 REFERENCE_REQUIREMENT = f"dataset-rt=={REFERENCE_VERSION}"
@@ -91,6 +92,16 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """.replace("@VERSION@", REFERENCE_VERSION)
 
 
+_READ_VALIDATED = """
+import json, sys
+import dataset_rt as drt
+rt = drt.DatasetRuntime(num_workers=1)
+config = drt.ReaderConfig(seed=0, shuffle=False, validate_cache=True)
+ds = rt.cached_dataset([sys.argv[1]], reader_config=config)
+print(json.dumps([[s.sample_id, s.data.decode(), s.metadata] for s in ds]))
+"""
+
+
 class ReferenceUnavailable(Exception):
     """The reference cannot be installed because the package registry is unreachable."""
 
@@ -111,6 +122,15 @@ class ReferenceEnv:
     ) -> subprocess.CompletedProcess[str]:
         """Run ``script`` (Python source) in the reference virtualenv; see :func:`run_reference`."""
         return _run_script(self.python, script, args, timeout)
+
+    def read_validated(self, cache: Path) -> Any:
+        """``[[sample_id, data as text, metadata], ...]`` of the cache ``cache`` read in
+        order by dataset-rt 0.4.8 with ``validate_cache=True`` (an AssertionError with its
+        stderr when it fails)."""
+        proc = self.run(_READ_VALIDATED, str(cache))
+        if proc.returncode != 0:
+            raise AssertionError(f"dataset-rt 0.4.8 could not read {cache}:\n{proc.stderr}")
+        return json.loads(proc.stdout)
 
 
 def default_venv_dir() -> Path:

@@ -297,18 +297,9 @@ def test_committed_cache_validates_in_the_reference(rt, tmp_path):
         F.write_fragment(rt, samples(k), tmp_path / "frags", k, writer_config=CFG) for k in range(3)
     ]
     F.commit_fragments(frags, tmp_path / "base", "out")
-    script = """
-import json, sys
-import dataset_rt as drt
-rt = drt.DatasetRuntime(num_workers=1)
-config = drt.ReaderConfig(seed=0, shuffle=False, validate_cache=True)
-ds = rt.cached_dataset([sys.argv[1]], reader_config=config)
-print(json.dumps([[s.sample_id, s.data.decode(), s.metadata] for s in ds]))
-"""
-    proc = env.run(script, str(tmp_path / "base" / "out"))
-    assert proc.returncode == 0, proc.stderr
+    rows = env.read_validated(tmp_path / "base" / "out")
     expected = [
         [i, s.data.decode(), dict(sorted(s.metadata.items()))]
         for i, s in enumerate(x for k in range(3) for x in samples(k))
     ]
-    assert json.loads(proc.stdout) == expected
+    assert rows == expected

@@ -82,14 +82,4 @@ def test_datasink_cache_validates_in_the_reference(ray_run):
         env = ensure_reference()
     except ReferenceUnavailable as exc:
         pytest.skip(f"dataset-rt 0.4.8 unavailable: {exc}")
-    script = """
-import json, sys
-import dataset_rt as drt
-rt = drt.DatasetRuntime(num_workers=1)
-config = drt.ReaderConfig(seed=0, shuffle=False, validate_cache=True)
-ds = rt.cached_dataset([sys.argv[1]], reader_config=config)
-print(json.dumps([[s.sample_id, s.data.decode(), s.metadata] for s in ds]))
-"""
-    proc = env.run(script, str(work / "sink" / "rows"))
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == out["sink_rows"]
+    assert env.read_validated(work / "sink" / "rows") == out["sink_rows"]
