@@ -20,6 +20,7 @@ code.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -27,8 +28,9 @@ import platform
 import random
 import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -578,6 +580,44 @@ def pin_library(workdir: Path) -> str | None:
     return f"{built} copied to {pinned}"
 
 
+def bench_parser(
+    description: str,
+    *,
+    quick_help: str,
+    workdir_help: str,
+    repeat_help: str = "timed runs per configuration (default 3; --quick 1)",
+    only_help: str = "run configurations whose label contains this",
+) -> argparse.ArgumentParser:
+    """The options every benchmark script has: --quick, --no-reference, --workdir,
+    --repeat, --only and --json."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--no-reference", action="store_true", help="skip dataset-rt 0.4.8")
+    parser.add_argument("--workdir", type=Path, help=workdir_help)
+    parser.add_argument("--repeat", type=int, help=repeat_help)
+    parser.add_argument("--only", default="", help=only_help)
+    parser.add_argument("--json", type=Path, help="also write all results to this file")
+    return parser
+
+
+@contextlib.contextmanager
+def bench_workdir(
+    given: Path | None, name: str, scratch: Sequence[str] = ()
+) -> Iterator[tuple[Path, str | None]]:
+    """``(workdir, pinned library note)``: ``given`` (kept afterwards, except its
+    ``scratch`` subdirectories) or a temporary directory removed afterwards; the native
+    library is pinned into it for the run (:func:`pin_library`)."""
+    workdir = given or Path(tempfile.mkdtemp(prefix=f"dataset_rt-bench-{name}-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        yield workdir, pin_library(workdir)
+    finally:
+        for sub in scratch:
+            shutil.rmtree(workdir / sub, ignore_errors=True)
+        if given is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def print_header(title: str, quick: bool, workdir: Path, pinned: str | None) -> None:
     """The report's first lines: title, machine facts, the pinned library, the load."""
     print(f"# dataset_rt {title} benchmark" + (" (--quick)" if quick else ""))
@@ -637,6 +677,8 @@ __all__ = [
     "MiB",
     "Reference",
     "SampleCheck",
+    "bench_parser",
+    "bench_workdir",
     "best_of",
     "drop_page_cache",
     "expected_stream",

@@ -50,15 +50,15 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from common import (
+    bench_parser,
+    bench_workdir,
     fmt_num,
     get_reference,
-    pin_library,
     portable_source,
     print_header,
     print_table,
@@ -579,30 +579,24 @@ def verify(case: str, res: Any, counts: dict[str, int], peer: Any) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="100 x 10,000 rows; 1,000 small caches"
+    parser = bench_parser(
+        __doc__.split("\n")[0],
+        quick_help="100 x 10,000 rows; 1,000 small caches",
+        workdir_help="keep the caches here (reused when present)",
+        repeat_help="runs of each case, each in a fresh process; best shown (default 3; --quick 1)",
+        only_help="run cases whose name contains this",
     )
     parser.add_argument("--caches", type=int, help="big caches (default 1,000; --quick 100)")
     parser.add_argument("--rows", type=int, help="rows per big cache (default 10,000)")
     parser.add_argument(
         "--small-caches", type=int, help="small caches of 10 rows (default 10,000; --quick 1,000)"
     )
-    parser.add_argument("--workdir", type=Path, help="keep the caches here (reused when present)")
-    parser.add_argument("--no-reference", action="store_true", help="skip dataset-rt 0.4.8")
-    parser.add_argument("--only", default="", help="run cases whose name contains this")
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument(
         "--timeout",
         type=float,
         help="seconds per case and implementation (default 300; --quick 120)",
     )
-    parser.add_argument(
-        "--repeat",
-        type=int,
-        help="runs of each case, each in a fresh process; best shown (default 3; --quick 1)",
-    )
-    parser.add_argument("--json", type=Path, help="also write all results to this file")
     parser.add_argument("--write-part", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -617,18 +611,18 @@ def main() -> int:
             counts[key] = getattr(args, key)
     timeout = args.timeout or (120.0 if args.quick else 300.0)
     args.repeat = max(1, args.repeat or (1 if args.quick else 3))
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dataset_rt-bench-metadata-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    try:
-        return run(args, counts, timeout, workdir)
-    finally:
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with bench_workdir(args.workdir, "metadata") as (workdir, pinned):
+        return run(args, counts, timeout, workdir, pinned)
 
 
-def run(args: argparse.Namespace, counts: dict[str, int], timeout: float, workdir: Path) -> int:
+def run(
+    args: argparse.Namespace,
+    counts: dict[str, int],
+    timeout: float,
+    workdir: Path,
+    pinned: str | None,
+) -> int:
     started = time.perf_counter()
-    pinned = pin_library(workdir)
     env = dict(os.environ)
     total = counts["caches"] * counts["rows"]
     print_header("metadata", args.quick, workdir, pinned)

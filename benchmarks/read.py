@@ -23,7 +23,6 @@ import os
 import random
 import shutil
 import sys
-import tempfile
 import time
 from array import array
 from pathlib import Path
@@ -32,6 +31,8 @@ from typing import Any
 from common import (
     MiB,
     SampleCheck,
+    bench_parser,
+    bench_workdir,
     best_of,
     drop_page_cache,
     expected_stream,
@@ -39,7 +40,6 @@ from common import (
     fmt_rate,
     get_reference,
     measure_limits,
-    pin_library,
     portable_source,
     print_header,
     print_table,
@@ -417,31 +417,18 @@ def verify_status(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="W1 20,000 records, W2 100, one repetition"
-    )
-    parser.add_argument("--no-reference", action="store_true", help="skip dataset-rt 0.4.8")
-    parser.add_argument("--workdir", type=Path, help="keep workloads here (reused when present)")
-    parser.add_argument(
-        "--repeat", type=int, help="timed runs per configuration (default 3; --quick 1)"
+    parser = bench_parser(
+        __doc__.split("\n")[0],
+        quick_help="W1 20,000 records, W2 100, one repetition",
+        workdir_help="keep workloads here (reused when present)",
     )
     parser.add_argument("--num-workers", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--only", default="", help="run configurations whose label contains this")
-    parser.add_argument("--json", type=Path, help="also write all results to this file")
     args = parser.parse_args()
 
     counts = QUICK if args.quick else FULL
     repeat = args.repeat or (1 if args.quick else 3)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dataset_rt-bench-read-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    pinned = pin_library(workdir)
-    started = time.perf_counter()
-    try:
-        return run(args, counts, repeat, workdir, started, pinned)
-    finally:
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+    with bench_workdir(args.workdir, "read") as (workdir, pinned):
+        return run(args, counts, repeat, workdir, time.perf_counter(), pinned)
 
 
 def run(

@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,13 @@ from common import (
     MiB,
     SampleCheck,
     _files_under,
+    bench_parser,
+    bench_workdir,
     best_of,
     expected_stream,
     fmt_num,
     fmt_rate,
     get_reference,
-    pin_library,
     portable_source,
     print_header,
     print_table,
@@ -334,39 +334,23 @@ def verify_status(res: dict[str, Any], n: int, expected: tuple[str, str]) -> str
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument(
-        "--quick", action="store_true", help="W1 20,000 records, W2 100, one repetition"
-    )
-    parser.add_argument("--no-reference", action="store_true", help="skip dataset-rt 0.4.8")
-    parser.add_argument(
-        "--workdir", type=Path, help="write here (default: a temporary directory, removed)"
-    )
-    parser.add_argument(
-        "--repeat", type=int, help="timed runs per configuration (default 3; --quick 1)"
+    parser = bench_parser(
+        __doc__.split("\n")[0],
+        quick_help="W1 20,000 records, W2 100, one repetition",
+        workdir_help="write here (default: a temporary directory, removed)",
     )
     parser.add_argument(
         "--num-workers",
         default="1,2",
         help="comma-separated num_workers values, each run by both implementations",
     )
-    parser.add_argument("--only", default="", help="run configurations whose label contains this")
-    parser.add_argument("--json", type=Path, help="also write all results to this file")
     args = parser.parse_args()
 
     counts = QUICK if args.quick else FULL
     repeat = args.repeat or (1 if args.quick else 3)
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dataset_rt-bench-write-"))
-    workdir.mkdir(parents=True, exist_ok=True)
-    pinned = pin_library(workdir)
-    started = time.perf_counter()
-    try:
-        return run(args, counts, repeat, workdir, started, pinned)
-    finally:
-        for name in ("verify-ours", "verify-ref", "timed-ours", "timed-ref"):
-            shutil.rmtree(workdir / name, ignore_errors=True)
-        if args.workdir is None:
-            shutil.rmtree(workdir, ignore_errors=True)
+    scratch = ("verify-ours", "verify-ref", "timed-ours", "timed-ref")
+    with bench_workdir(args.workdir, "write", scratch) as (workdir, pinned):
+        return run(args, counts, repeat, workdir, time.perf_counter(), pinned)
 
 
 def write_limits(
