@@ -833,6 +833,23 @@ fn expectParseError(expected: Error, bytes: []const u8) !void {
     } else |err| try testing.expectEqual(expected, err);
 }
 
+/// A test file decoded from base64 and parsed (the parsed File borrows the bytes).
+const Parsed = struct {
+    bytes: []u8,
+    file: File,
+
+    fn init(comptime b64: []const u8) !Parsed {
+        const bytes = try sample(b64);
+        errdefer testing.allocator.free(bytes);
+        return .{ .bytes = bytes, .file = try File.parse(testing.allocator, bytes) };
+    }
+
+    fn deinit(p: *Parsed) void {
+        p.file.deinit(testing.allocator);
+        testing.allocator.free(p.bytes);
+    }
+};
+
 fn expectFields(f: File, expected: []const Field) !void {
     try testing.expectEqual(expected.len, f.fields.len);
     for (expected, f.fields) |e, a| {
@@ -877,10 +894,9 @@ fn touchAll(f: File) u64 {
 }
 
 test "arrow-rs file written by the reference release (fixture plain_one_shard)" {
-    const bytes = try sample(fixture_b64);
-    defer testing.allocator.free(bytes);
-    var f = try File.parse(testing.allocator, bytes);
-    defer f.deinit(testing.allocator);
+    var f_owner = try Parsed.init(fixture_b64);
+    defer f_owner.deinit();
+    const f = f_owner.file;
     try expectFields(f, &.{
         .{ .name = "flag", .type = .bool, .nullable = false },
         .{ .name = "label", .type = .int64, .nullable = false },
@@ -909,10 +925,9 @@ test "arrow-rs file written by the reference release (fixture plain_one_shard)" 
 }
 
 test "pyarrow file with all four kinds and extreme values" {
-    const bytes = try sample(all4_b64);
-    defer testing.allocator.free(bytes);
-    var f = try File.parse(testing.allocator, bytes);
-    defer f.deinit(testing.allocator);
+    var f_owner = try Parsed.init(all4_b64);
+    defer f_owner.deinit();
+    const f = f_owner.file;
     try expectFields(f, &.{
         .{ .name = "flag", .type = .bool, .nullable = false },
         .{ .name = "label", .type = .int64, .nullable = false },
@@ -937,10 +952,9 @@ test "pyarrow file with all four kinds and extreme values" {
 }
 
 test "several batches, an empty batch in the middle, nullable columns with nulls" {
-    const bytes = try sample(multi_b64);
-    defer testing.allocator.free(bytes);
-    var f = try File.parse(testing.allocator, bytes);
-    defer f.deinit(testing.allocator);
+    var f_owner = try Parsed.init(multi_b64);
+    defer f_owner.deinit();
+    const f = f_owner.file;
     try expectFields(f, &.{
         .{ .name = "b", .type = .bool, .nullable = true },
         .{ .name = "i", .type = .int64, .nullable = true },
@@ -987,10 +1001,9 @@ test "0 rows: no batch at all, and a single empty batch" {
     try testing.expectEqual(@as(usize, 4), f.fields.len);
     f.deinit(testing.allocator);
 
-    const empty = try sample(zerorow_b64);
-    defer testing.allocator.free(empty);
-    var g = try File.parse(testing.allocator, empty);
-    defer g.deinit(testing.allocator);
+    var g_owner = try Parsed.init(zerorow_b64);
+    defer g_owner.deinit();
+    const g = g_owner.file;
     try testing.expectEqual(@as(u64, 0), g.row_count);
     try testing.expectEqual(@as(usize, 1), g.batches.len);
     try testing.expectEqual(ColumnType.utf8, g.fields[0].type);
@@ -998,10 +1011,9 @@ test "0 rows: no batch at all, and a single empty batch" {
 }
 
 test "a sliced batch reads as its own rows" {
-    const bytes = try sample(sliced_b64);
-    defer testing.allocator.free(bytes);
-    var f = try File.parse(testing.allocator, bytes);
-    defer f.deinit(testing.allocator);
+    var f_owner = try Parsed.init(sliced_b64);
+    defer f_owner.deinit();
+    const f = f_owner.file;
     try testing.expectEqual(@as(u64, 9), f.row_count);
     const c = f.batches[0].columns;
     var buf: [8]u8 = undefined;
@@ -1015,30 +1027,27 @@ test "a sliced batch reads as its own rows" {
 }
 
 test "large_utf8 is reported (and readable); string_view and other types are .other" {
-    const large = try sample(large_b64);
-    defer testing.allocator.free(large);
-    var f = try File.parse(testing.allocator, large);
-    defer f.deinit(testing.allocator);
+    var f_owner = try Parsed.init(large_b64);
+    defer f_owner.deinit();
+    const f = f_owner.file;
     try testing.expectEqual(ColumnType.large_utf8, f.fields[0].type);
     try testing.expectEqual(@as(?schema.Kind, null), f.fields[0].type.kind());
     try testing.expectEqualStrings("c", f.batches[0].columns[0].getString(1));
     try testing.expectEqual(@as(i64, 2), f.batches[0].columns[1].getInt(1));
 
     // polars writes string_view (with variadic data buffers) by default.
-    const view = try sample(polars_b64);
-    defer testing.allocator.free(view);
-    var g = try File.parse(testing.allocator, view);
-    defer g.deinit(testing.allocator);
+    var g_owner = try Parsed.init(polars_b64);
+    defer g_owner.deinit();
+    const g = g_owner.file;
     try expectFields(g, &.{ .{ .name = "s", .type = .other, .nullable = true }, .{ .name = "i", .type = .int64, .nullable = true } });
     try testing.expectEqual(@as(usize, 0), g.batches[0].columns[0].values.len);
     try testing.expectEqual(@as(i64, 1), g.batches[0].columns[1].getInt(0));
 
     // Nested and other unsupported columns are skipped node by node, buffer by buffer, so
     // the supported columns after them are still found.
-    const nested = try sample(nested_b64);
-    defer testing.allocator.free(nested);
-    var h = try File.parse(testing.allocator, nested);
-    defer h.deinit(testing.allocator);
+    var h_owner = try Parsed.init(nested_b64);
+    defer h_owner.deinit();
+    const h = h_owner.file;
     for (h.fields[0..5]) |fl| try testing.expectEqual(ColumnType.other, fl.type);
     try testing.expectEqualStrings("i32", h.fields[4].name);
     const c = h.batches[0].columns;
