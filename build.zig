@@ -28,7 +28,7 @@ pub fn build(b: *std.Build) void {
     options.addOption([:0]const u8, "version", b.allocator.dupeZ(u8, b.fmt("{d}.{d}.{d}", .{ lib_version.major, lib_version.minor, lib_version.patch })) catch @panic("OOM"));
 
     const root = b.createModule(.{
-        .root_source_file = b.path("native/src/c_api.zig"),
+        .root_source_file = b.path("native/src/root.zig"),
         .target = target,
         .optimize = optimize,
         .link_libc = true,
@@ -67,7 +67,7 @@ pub fn build(b: *std.Build) void {
     b.getInstallStep().dependOn(&b.addInstallFileWithDir(pc_file, .lib, "pkgconfig/dataset_rt.pc").step);
 
     const test_module = b.createModule(.{
-        .root_source_file = b.path("native/src/c_api.zig"),
+        .root_source_file = b.path("native/src/root.zig"),
         .target = target,
         .optimize = optimize,
         .link_libc = true,

@@ -1,95 +1,127 @@
-//! The io_uring layer of the reader: a small wrapper over std's IoUring that exposes
-//! only what the prefetch pipeline needs (queue a positioned read, submit, reap), plus a
-//! runtime `available` probe. Everything that churns between Zig versions or kernels
-//! stays in this file; the reader falls back to the thread pool when `init` fails
-//! (ENOSYS on old kernels, EPERM under seccomp, ENOMEM from locked-memory limits).
+//! The io_uring backend: one ring per reader, driven by the thread that queues and waits
+//! (the consumer). Reads are queued as SQEs and submitted in one `io_uring_enter`; the
+//! waiter reaps completions, continues short reads where they stopped, and runs each
+//! read's completion hook on the reaping thread. Everything that churns between Zig
+//! versions or kernels (std's IoUring API, errnos) stays in this file.
+//!
+//! Invariants:
+//! - `in_flight` counts SQEs queued or submitted and not yet reaped; it never exceeds the
+//!   ring's capacity, because each read has at most one SQE at a time and the caller
+//!   keeps at most `reads_max` reads queued.
+//! - Only the owning thread touches the ring (no locks).
 
 const std = @import("std");
 const linux = std.os.linux;
 const posix = std.posix;
+const status = @import("../base/status.zig");
+const backend = @import("backend.zig");
+const Read = backend.Read;
 
-pub const Completion = struct {
-    user_data: u64,
-    /// Bytes transferred, or a negative errno.
-    res: i32,
-};
+/// Whether this process may use io_uring at all (kernel support, seccomp, limits).
+pub fn available() bool {
+    var ring = linux.IoUring.init(2, 0) catch return false;
+    ring.deinit();
+    return true;
+}
 
-pub const Ring = struct {
+pub const Uring = struct {
     ring: linux.IoUring,
-    /// Submissions queued or in flight (bounded by the ring size by the caller).
     in_flight: u32 = 0,
 
-    /// Creates a ring with at least `entries` submission slots (rounded up to a power of two).
-    pub fn init(entries: u32) error{Unavailable}!Ring {
-        const n = std.math.ceilPowerOfTwo(u32, @max(entries, 1)) catch return error.Unavailable;
+    /// A ring with room for `reads_max` reads (rounded up to a power of two, at most 4096).
+    pub fn init(reads_max: u32) error{Unavailable}!Uring {
+        const n = std.math.ceilPowerOfTwo(u32, @max(reads_max, 1)) catch return error.Unavailable;
         const ring = linux.IoUring.init(@intCast(@min(n, 4096)), 0) catch return error.Unavailable;
         return .{ .ring = ring };
     }
 
-    pub fn deinit(r: *Ring) void {
-        r.ring.deinit();
+    pub fn deinit(u: *Uring) void {
+        std.debug.assert(u.in_flight == 0);
+        u.ring.deinit();
     }
 
-    /// Whether this process may use io_uring at all (kernel support, seccomp, limits).
-    pub fn available() bool {
-        var r = init(2) catch return false;
-        r.deinit();
-        return true;
+    pub fn queue(u: *Uring, read: *Read) status.Error!void {
+        try u.queueRest(read);
     }
 
-    pub fn capacity(r: *const Ring) u32 {
-        return r.ring.sq.sqes.len;
+    /// Queues the part of `read` not yet read, submitting first when the queue is full.
+    fn queueRest(u: *Uring, read: *Read) status.Error!void {
+        const at: usize = @intCast(read.done_bytes);
+        const buf = read.buf[at..];
+        const offset = read.offset + read.done_bytes;
+        _ = u.ring.read(@intFromPtr(read), read.fd, .{ .buffer = buf }, offset) catch {
+            try u.submit();
+            _ = u.ring.read(@intFromPtr(read), read.fd, .{ .buffer = buf }, offset) catch
+                return status.fail(error.Internal, "io_uring submission queue stays full", .{});
+        };
+        u.in_flight += 1;
+        std.debug.assert(u.in_flight <= u.ring.sq.sqes.len + u.ring.cq.cqes.len);
     }
 
-    /// Queues a positioned read of `buf.len` bytes at `offset` (not yet submitted).
-    pub fn queueRead(r: *Ring, user_data: u64, fd: posix.fd_t, buf: []u8, offset: u64) error{Full}!void {
-        _ = r.ring.read(user_data, fd, .{ .buffer = buf }, offset) catch return error.Full;
-        r.in_flight += 1;
+    pub fn submit(u: *Uring) status.Error!void {
+        if (u.ring.sq_ready() == 0) return;
+        try u.enter(0);
     }
 
-    /// Submits everything queued; with `wait` > 0 also waits for that many completions.
-    pub fn submit(r: *Ring, wait: u32) !void {
+    fn enter(u: *Uring, wait_nr: u32) status.Error!void {
         while (true) {
-            _ = r.ring.submit_and_wait(wait) catch |err| switch (err) {
+            _ = u.ring.submit_and_wait(wait_nr) catch |err| switch (err) {
                 error.SignalInterrupt => continue,
-                else => return err,
+                else => return status.failIo(err, "io_uring_enter"),
             };
             return;
         }
     }
 
-    /// Copies up to out.len ready completions, waiting for at least `wait` of them.
-    pub fn reap(r: *Ring, out: []Completion, wait: u32) !usize {
+    pub fn wait(u: *Uring, read: *Read) status.Error!void {
+        while (!read.isDone()) try u.reap(1);
+    }
+
+    /// io_uring reads cannot be taken back cheaply: wait for the read instead.
+    pub fn cancel(u: *Uring, read: *Read) void {
+        while (read.state.load(.acquire) == .queued) u.reap(1) catch {
+            // io_uring_enter itself fails: nothing more can be reaped from this ring. Stop
+            // waiting; the owner tears the ring down next (closing it ends its requests).
+            read.state.store(.idle, .release);
+            u.in_flight -|= 1;
+            return;
+        };
+    }
+
+    /// Handles the ready completions, waiting for at least `wait_nr` of them: finished
+    /// reads run their hook and become done, short ones continue where they stopped.
+    fn reap(u: *Uring, wait_nr: u32) status.Error!void {
+        // Reads queued but not yet submitted would never complete: submit them first.
+        try u.submit();
         var cqes: [64]linux.io_uring_cqe = undefined;
-        const want = @min(out.len, cqes.len);
         const n = while (true) {
-            break r.ring.copy_cqes(cqes[0..want], wait) catch |err| switch (err) {
+            break u.ring.copy_cqes(&cqes, wait_nr) catch |err| switch (err) {
                 error.SignalInterrupt => continue,
-                else => return err,
+                else => return status.failIo(err, "io_uring_enter"),
             };
         };
-        for (cqes[0..n], out[0..n]) |cqe, *c| c.* = .{ .user_data = cqe.user_data, .res = cqe.res };
-        r.in_flight -= n;
-        return n;
+        u.in_flight -= n;
+        var resubmit = false;
+        for (cqes[0..n]) |cqe| {
+            const read: *Read = @ptrFromInt(cqe.user_data);
+            std.debug.assert(read.state.load(.monotonic) == .queued);
+            const result: backend.Result = if (cqe.res < 0)
+                .{ .os = @enumFromInt(-cqe.res) }
+            else if (cqe.res == 0)
+                .eof
+            else blk: {
+                read.done_bytes += @intCast(cqe.res);
+                std.debug.assert(read.done_bytes <= read.buf.len);
+                if (read.done_bytes < read.buf.len) {
+                    try u.queueRest(read);
+                    resubmit = true;
+                    continue;
+                }
+                break :blk .ok;
+            };
+            read.finish(result);
+            read.state.store(.done, .release);
+        }
+        if (resubmit) try u.submit();
     }
 };
-
-test "read a file through the ring" {
-    if (!Ring.available()) return error.SkipZigTest;
-    var tmp = std.testing.tmpDir(.{});
-    defer tmp.cleanup();
-    try tmp.dir.writeFile(.{ .sub_path = "f", .data = "hello io_uring" });
-    const file = try tmp.dir.openFile("f", .{});
-    defer file.close();
-    var r = try Ring.init(4);
-    defer r.deinit();
-    var buf: [8]u8 = undefined;
-    try r.queueRead(7, file.handle, &buf, 6);
-    try r.submit(1);
-    var out: [4]Completion = undefined;
-    const n = try r.reap(&out, 1);
-    try std.testing.expectEqual(@as(usize, 1), n);
-    try std.testing.expectEqual(@as(u64, 7), out[0].user_data);
-    try std.testing.expectEqual(@as(i32, 8), out[0].res);
-    try std.testing.expectEqualStrings("io_uring", &buf);
-}

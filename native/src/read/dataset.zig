@@ -13,14 +13,13 @@
 //!   run continues exactly where the saved one stopped.
 
 const std = @import("std");
-const schema = @import("schema.zig");
-const status = @import("status.zig");
-const abi = @import("abi.zig");
+const schema = @import("../format/schema.zig");
+const status = @import("../base/status.zig");
 const sampler = @import("sampler.zig");
-const Sha256 = @import("sha256.zig").Sha256;
-const Cache = @import("cache.zig").Cache;
-const uring = @import("io/uring.zig");
-const runtime_mod = @import("runtime.zig");
+const Sha256 = @import("../codec/sha256.zig").Sha256;
+const Cache = @import("../store/cache.zig").Cache;
+const io = @import("../io/backend.zig");
+const runtime_mod = @import("../base/runtime.zig");
 const Runtime = runtime_mod.Runtime;
 
 pub const Options = struct {
@@ -28,7 +27,7 @@ pub const Options = struct {
     prefetch_size: u64,
     shuffle: bool,
     validate_cache: bool,
-    io_backend: i32,
+    io_backend: io.Choice,
     /// Shuffled reading in permutation passes instead of draws with replacement.
     permutation: bool = false,
 };
@@ -73,17 +72,17 @@ pub const Dataset = struct {
     runtime: *Runtime,
     refs: std.atomic.Value(u32) = .init(1),
     options: Options,
-    io_backend: i32,
+    /// The backend iterators use (resolved from `options.io_backend` at open).
+    io_kind: io.Kind,
     caches: []Cache,
     fields: []const schema.Field,
     /// prefix[i] = samples in caches before i; prefix[caches.len] = total.
     prefix: []u64,
     ids: std.AutoHashMapUnmanaged(u64, u32) = .empty,
 
-    /// Read counters (drt_dataset_io_stats), updated with relaxed atomics.
-    uring_reads: std.atomic.Value(u64) = .init(0),
-    pool_reads: std.atomic.Value(u64) = .init(0),
-    lookup_reads: std.atomic.Value(u64) = .init(0),
+    /// Read counters (drt_dataset_io_stats), updated with relaxed atomics: reads per
+    /// iterator backend, then lookup reads.
+    reads: [std.meta.fields(io.Kind).len + 1]std.atomic.Value(u64) = @splat(.init(0)),
     bytes_read: std.atomic.Value(u64) = .init(0),
 
     mutex: std.Thread.Mutex = .{},
@@ -126,11 +125,7 @@ pub const Dataset = struct {
         }
         if (prefix[paths.len] == 0) return status.fail(error.InvalidCache, "dataset contains no physical samples", .{});
 
-        const io_backend: i32 = switch (options.io_backend) {
-            abi.io_threads => abi.io_threads,
-            abi.io_uring => if (uring.Ring.available()) abi.io_uring else return status.fail(error.InvalidArgument, "io_backend 'io_uring' is not available here (the kernel or a seccomp filter refuses io_uring_setup); use 'auto' or 'threads'", .{}),
-            else => if (uring.Ring.available()) abi.io_uring else abi.io_threads,
-        };
+        const io_kind = try io.resolve(options.io_backend);
 
         const table = try gpa.create(Table);
         errdefer gpa.destroy(table);
@@ -141,7 +136,7 @@ pub const Dataset = struct {
             .gpa = gpa,
             .runtime = rt.retain(),
             .options = options,
-            .io_backend = io_backend,
+            .io_kind = io_kind,
             .caches = caches,
             .fields = caches[0].manifest.fields,
             .prefix = prefix,
@@ -178,21 +173,20 @@ pub const Dataset = struct {
         gpa.destroy(ds);
     }
 
-    pub fn countRead(ds: *Dataset, comptime counter: enum { uring, pool, lookup }, bytes: u64) void {
-        const c = switch (counter) {
-            .uring => &ds.uring_reads,
-            .pool => &ds.pool_reads,
-            .lookup => &ds.lookup_reads,
-        };
-        _ = c.fetchAdd(1, .monotonic);
+    /// Counts one read by an iterator backend (`kind`) or by a lookup (null).
+    pub fn countRead(ds: *Dataset, kind: ?io.Kind, bytes: u64) void {
+        const counter = if (kind) |k| @intFromEnum(k) else ds.reads.len - 1;
+        _ = ds.reads[counter].fetchAdd(1, .monotonic);
         _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
     }
 
-    pub fn ioStats(ds: *const Dataset) abi.IoStats {
+    pub const IoStats = struct { uring_reads: u64, pool_reads: u64, lookup_reads: u64, bytes_read: u64 };
+
+    pub fn ioStats(ds: *const Dataset) IoStats {
         return .{
-            .uring_reads = ds.uring_reads.load(.monotonic),
-            .pool_reads = ds.pool_reads.load(.monotonic),
-            .lookup_reads = ds.lookup_reads.load(.monotonic),
+            .uring_reads = ds.reads[@intFromEnum(io.Kind.io_uring)].load(.monotonic),
+            .pool_reads = ds.reads[@intFromEnum(io.Kind.threads)].load(.monotonic),
+            .lookup_reads = ds.reads[ds.reads.len - 1].load(.monotonic),
             .bytes_read = ds.bytes_read.load(.monotonic),
         };
     }

@@ -7,7 +7,7 @@
 //! vectors below come from.
 
 const std = @import("std");
-const ChaCha8 = @import("chacha.zig").ChaCha8;
+const ChaCha8 = @import("../codec/chacha.zig").ChaCha8;
 
 /// The generator seed of draw `draw`: `seed ^ rotl64(draw, 32)`.
 pub fn drawSeed(seed: u64, draw: u64) u64 {
@@ -194,7 +194,7 @@ test "permutation golden values (part of the determinism contract)" {
 }
 
 test {
-    _ = @import("chacha.zig");
+    _ = @import("../codec/chacha.zig");
 }
 
 fn expectUniform(seed: u64, n: u64, want: []const u64) !void {

@@ -26,15 +26,15 @@
 
 const std = @import("std");
 const posix = std.posix;
-const status = @import("status.zig");
-const manifest = @import("manifest.zig");
-const index = @import("index.zig");
-const schema = @import("schema.zig");
-const arrow = @import("arrow.zig");
-const shard = @import("shard.zig");
+const status = @import("../base/status.zig");
+const manifest = @import("../format/manifest.zig");
+const index = @import("../format/index.zig");
+const schema = @import("../format/schema.zig");
+const arrow = @import("../format/arrow.zig");
+const shard = @import("../format/shard.zig");
 const writer = @import("writer.zig");
-const runtime = @import("runtime.zig");
-const Sha256 = @import("sha256.zig").Sha256;
+const runtime = @import("../base/runtime.zig");
+const Sha256 = @import("../codec/sha256.zig").Sha256;
 
 pub const Options = struct {
     /// Publish by atomically exchanging with an existing cache at the destination (the

@@ -3,7 +3,7 @@
 //! Shards are plain concatenations of records; index.bin says where each one starts.
 
 const std = @import("std");
-const status = @import("status.zig");
+const status = @import("../base/status.zig");
 
 pub const header_bytes = 8;
 

@@ -10,7 +10,7 @@
 
 const std = @import("std");
 const schema = @import("schema.zig");
-const status = @import("status.zig");
+const status = @import("../base/status.zig");
 const metadata_json = @import("metadata_json.zig");
 
 pub const Compression = enum(i32) {

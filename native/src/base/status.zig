@@ -107,6 +107,23 @@ pub fn failIo(err: anyerror, path: []const u8) Error {
     return fail(error.Io, "I/O error: {s}: {s}", .{ describeOsError(err), path });
 }
 
+/// An I/O failure reported as an errno (io_uring completions, the I/O layer's reads), in
+/// the same words as `failIo`.
+pub fn failErrno(e: std.posix.E, path: []const u8) Error {
+    const text = switch (e) {
+        .NOENT => "No such file or directory",
+        .ACCES, .PERM => "Permission denied",
+        .IO => "Input/output error",
+        .ISDIR => "Is a directory",
+        .BADF => "Bad file descriptor",
+        .NOMEM => "Cannot allocate memory",
+        .INVAL => "Invalid argument",
+        .NOSPC => "No space left on device",
+        else => @tagName(e),
+    };
+    return fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ text, @intFromEnum(e), path });
+}
+
 /// Human text for the std error names that file operations return.
 pub fn describeOsError(err: anyerror) []const u8 {
     return switch (err) {

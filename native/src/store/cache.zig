@@ -9,12 +9,12 @@
 
 const std = @import("std");
 const posix = std.posix;
-const schema = @import("schema.zig");
-const status = @import("status.zig");
-const manifest = @import("manifest.zig");
-const index = @import("index.zig");
-const arrow = @import("arrow.zig");
-const Sha256 = @import("sha256.zig").Sha256;
+const schema = @import("../format/schema.zig");
+const status = @import("../base/status.zig");
+const manifest = @import("../format/manifest.zig");
+const index = @import("../format/index.zig");
+const arrow = @import("../format/arrow.zig");
+const Sha256 = @import("../codec/sha256.zig").Sha256;
 
 /// A cache's `metadata.arrow`, mapped and parsed (columns point into the mapping).
 pub const Metadata = struct {

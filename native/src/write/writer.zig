@@ -18,16 +18,15 @@
 const std = @import("std");
 const linux = std.os.linux;
 const posix = std.posix;
-const schema = @import("schema.zig");
-const status = @import("status.zig");
-const manifest = @import("manifest.zig");
-const index = @import("index.zig");
-const lz4 = @import("lz4.zig");
-const metadata_json = @import("metadata_json.zig");
-const runtime_mod = @import("runtime.zig");
+const schema = @import("../format/schema.zig");
+const status = @import("../base/status.zig");
+const manifest = @import("../format/manifest.zig");
+const index = @import("../format/index.zig");
+const lz4 = @import("../codec/lz4.zig");
+const metadata_json = @import("../format/metadata_json.zig");
+const runtime_mod = @import("../base/runtime.zig");
 const Runtime = runtime_mod.Runtime;
-const abi = @import("abi.zig");
-const Sha256 = @import("sha256.zig").Sha256;
+const Sha256 = @import("../codec/sha256.zig").Sha256;
 
 /// renameat2 flags: fail with EEXIST instead of replacing the destination; swap the two.
 const rename_noreplace: u32 = 1;
@@ -58,10 +57,17 @@ pub const Stage = enum(u8) {
     publish,
 };
 
+/// One stage's totals.
+pub const StageStats = struct {
+    calls: u64 = 0,
+    total_ns: u64 = 0,
+    bytes: u64 = 0,
+};
+
 /// Stage timings, recorded only when profiling (a clock read costs tens of ns).
 const Profile = struct {
     enabled: bool,
-    stages: [std.meta.fields(Stage).len]abi.StageStats = [_]abi.StageStats{.{}} ** std.meta.fields(Stage).len,
+    stages: [std.meta.fields(Stage).len]StageStats = [_]StageStats{.{}} ** std.meta.fields(Stage).len,
 
     fn start(p: *const Profile) i128 {
         return if (p.enabled) std.time.nanoTimestamp() else 0;
@@ -518,7 +524,7 @@ pub const Writer = struct {
             to.total_ns += from.total_ns;
             to.bytes += from.bytes;
         }
-        c.profile.stages = [_]abi.StageStats{.{}} ** c.profile.stages.len;
+        c.profile.stages = [_]StageStats{.{}} ** c.profile.stages.len;
         var at: usize = 0;
         for (c.record_lens.items, c.raw_lens.items) |record_len, raw_len| {
             const record = c.records.items[at..][0..@intCast(record_len)];

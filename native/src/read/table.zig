@@ -8,50 +8,57 @@
 //! Nothing is allocated for the caller's data beyond the new table itself.
 
 const std = @import("std");
-const status = @import("status.zig");
-const abi = @import("abi.zig");
+const status = @import("../base/status.zig");
 const sampler = @import("sampler.zig");
 const dataset_mod = @import("dataset.zig");
 const Dataset = dataset_mod.Dataset;
 const Table = dataset_mod.Table;
 
-const Column = struct {
-    c: abi.TableColumn,
+/// The type of a column's values, as the caller laid them out.
+pub const ValueType = enum { other, u64, u32, i64, i32, f64, f32 };
+
+/// One Arrow-layout column handed over by pointer: `values` (null for `other`), an
+/// optional validity bitmap, and the row offset into both.
+pub const Column = struct {
+    type: ValueType,
+    values: ?*const anyopaque,
+    validity: ?[*]const u8,
+    offset: u64,
 
     fn isNull(col: Column, row: usize) bool {
-        const bits = col.c.validity orelse return false;
-        const bit = col.c.offset + row;
+        const bits = col.validity orelse return false;
+        const bit = col.offset + row;
         return (bits[@intCast(bit / 8)] >> @intCast(bit % 8)) & 1 == 0;
     }
 
     fn isInteger(col: Column) bool {
-        return switch (col.c.type) {
-            abi.type_u64, abi.type_u32, abi.type_i64, abi.type_i32 => true,
+        return switch (col.type) {
+            .u64, .u32, .i64, .i32 => true,
             else => false,
         };
     }
 
     fn isNumeric(col: Column) bool {
-        return col.isInteger() or col.c.type == abi.type_f64 or col.c.type == abi.type_f32;
+        return col.isInteger() or col.type == .f64 or col.type == .f32;
     }
 
     /// The value as i128 (integers only), so negative and u64 values compare exactly.
     fn int(col: Column, row: usize) i128 {
-        const v = col.c.values.?;
-        return switch (col.c.type) {
-            abi.type_u64 => @as([*]const u64, @ptrCast(@alignCast(v)))[row],
-            abi.type_u32 => @as([*]const u32, @ptrCast(@alignCast(v)))[row],
-            abi.type_i64 => @as([*]const i64, @ptrCast(@alignCast(v)))[row],
-            abi.type_i32 => @as([*]const i32, @ptrCast(@alignCast(v)))[row],
+        const v = col.values.?;
+        return switch (col.type) {
+            .u64 => @as([*]const u64, @ptrCast(@alignCast(v)))[row],
+            .u32 => @as([*]const u32, @ptrCast(@alignCast(v)))[row],
+            .i64 => @as([*]const i64, @ptrCast(@alignCast(v)))[row],
+            .i32 => @as([*]const i32, @ptrCast(@alignCast(v)))[row],
             else => unreachable,
         };
     }
 
     fn float(col: Column, row: usize) f64 {
-        const v = col.c.values.?;
-        return switch (col.c.type) {
-            abi.type_f64 => @as([*]const f64, @ptrCast(@alignCast(v)))[row],
-            abi.type_f32 => @as([*]const f32, @ptrCast(@alignCast(v)))[row],
+        const v = col.values.?;
+        return switch (col.type) {
+            .f64 => @as([*]const f64, @ptrCast(@alignCast(v)))[row],
+            .f32 => @as([*]const f32, @ptrCast(@alignCast(v)))[row],
             else => @floatFromInt(col.int(row)),
         };
     }
@@ -66,15 +73,12 @@ fn checkId(col: Column, comptime name: []const u8, row: usize) status.Error!u64 
 }
 
 /// Validates the columns and builds the table (weighted mode). Caller owns the result.
-pub fn build(ds: *const Dataset, row_count: u64, cache_ids: abi.TableColumn, sample_ids: abi.TableColumn, weights: abi.TableColumn) status.Error!*Table {
+pub fn build(ds: *const Dataset, row_count: u64, cid_col: Column, sid_col: Column, w_col: Column) status.Error!*Table {
     const gpa = ds.gpa;
     if (row_count == 0) return status.fail(error.InvalidArgument, "metadata table must include at least one sample", .{});
     const n: usize = std.math.cast(usize, row_count) orelse return status.fail(error.Overflow, "metadata table is too large", .{});
-    const cid_col = Column{ .c = cache_ids };
-    const sid_col = Column{ .c = sample_ids };
-    const w_col = Column{ .c = weights };
     for ([_]Column{ cid_col, sid_col, w_col }) |col| {
-        if (col.isNumeric() and col.c.values == null) return status.fail(error.InvalidArgument, "a numeric table column has no values", .{});
+        if (col.isNumeric() and col.values == null) return status.fail(error.InvalidArgument, "a numeric table column has no values", .{});
     }
 
     const table = try gpa.create(Table);

@@ -41,7 +41,7 @@
 
 const std = @import("std");
 const schema = @import("schema.zig");
-const status = @import("status.zig");
+const status = @import("../base/status.zig");
 
 const Error = status.Error;
 

@@ -4,16 +4,22 @@
 
 const std = @import("std");
 const build_options = @import("build_options");
-const status = @import("status.zig");
-const abi = @import("abi.zig");
-const schema = @import("schema.zig");
-const manifest = @import("manifest.zig");
-const Runtime = @import("runtime.zig").Runtime;
-const Writer = @import("writer.zig").Writer;
-const WriterColumn = @import("writer.zig").Column;
-const Dataset = @import("dataset.zig").Dataset;
-const reader = @import("reader.zig");
-const table = @import("table.zig");
+const status = @import("../base/status.zig");
+const abi = @import("types.zig");
+const schema = @import("../format/schema.zig");
+const manifest = @import("../format/manifest.zig");
+const Runtime = @import("../base/runtime.zig").Runtime;
+const Writer = @import("../write/writer.zig").Writer;
+const WriterColumn = @import("../write/writer.zig").Column;
+const Dataset = @import("../read/dataset.zig").Dataset;
+const iterator = @import("../read/iterator.zig");
+const Iter = iterator.Iter;
+const Lookup = @import("../read/lookup.zig").Lookup;
+const batch = @import("../read/batch.zig");
+const table = @import("../read/table.zig");
+const io = @import("../io/backend.zig");
+const uring = @import("../io/uring.zig");
+const sha256 = @import("../codec/sha256.zig");
 
 const gpa = std.heap.c_allocator;
 
@@ -144,7 +150,9 @@ export fn drt_writer_append(w: ?*Writer, count: u64, payloads: ?[*]const u8, pay
 export fn drt_writer_stats(w: ?*Writer, out: ?[*]abi.StageStats) Rc {
     const writer = w orelse return nullArgument("writer");
     const o = out orelse return nullArgument("out");
-    @memcpy(o[0..writer.profile.stages.len], &writer.profile.stages);
+    for (o[0..writer.profile.stages.len], writer.profile.stages) |*dst, src| {
+        dst.* = .{ .calls = src.calls, .total_ns = src.total_ns, .bytes = src.bytes };
+    }
     return ok();
 }
 
@@ -192,15 +200,18 @@ export fn drt_dataset_open(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: 
     if (opts.sampling != abi.sampling_with_replacement and opts.sampling != abi.sampling_permutation) {
         return fromError(status.fail(error.InvalidArgument, "unknown sampling mode {d}", .{opts.sampling}));
     }
-    if (opts.io_backend < abi.io_auto or opts.io_backend > abi.io_threads) {
-        return fromError(status.fail(error.InvalidArgument, "unknown io_backend {d}", .{opts.io_backend}));
-    }
+    const io_backend: io.Choice = switch (opts.io_backend) {
+        abi.io_auto => .auto,
+        abi.io_uring => .io_uring,
+        abi.io_threads => .threads,
+        else => return fromError(status.fail(error.InvalidArgument, "unknown io_backend {d}", .{opts.io_backend})),
+    };
     o.* = Dataset.open(gpa, r, slices, .{
         .seed = opts.seed,
         .prefetch_size = opts.prefetch_size,
         .shuffle = opts.shuffle != 0,
         .validate_cache = opts.validate_cache != 0,
-        .io_backend = opts.io_backend,
+        .io_backend = io_backend,
         .permutation = opts.sampling == abi.sampling_permutation,
     }) catch |err| return fromError(err);
     return ok();
@@ -227,23 +238,27 @@ export fn drt_dataset_field_count(ds: ?*Dataset, out: ?*u64) Rc {
 export fn drt_dataset_io_backend(ds: ?*Dataset, out: ?*i32) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
-    o.* = d.io_backend;
+    o.* = switch (d.io_kind) {
+        .io_uring => abi.io_uring,
+        .threads => abi.io_threads,
+    };
     return ok();
 }
 
 export fn drt_dataset_io_stats(ds: ?*Dataset, out: ?*abi.IoStats) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
-    o.* = d.ioStats();
+    const s = d.ioStats();
+    o.* = .{ .uring_reads = s.uring_reads, .pool_reads = s.pool_reads, .lookup_reads = s.lookup_reads, .bytes_read = s.bytes_read };
     return ok();
 }
 
 export fn drt_io_uring_available() i32 {
-    return @intFromBool(@import("io/uring.zig").Ring.available());
+    return @intFromBool(uring.available());
 }
 
 export fn drt_sha256_implementation() [*:0]const u8 {
-    const name = @import("sha256.zig").implementation();
+    const name = sha256.implementation();
     return if (std.mem.eql(u8, name, "sha-ni")) "sha-ni" else "portable";
 }
 
@@ -292,7 +307,10 @@ export fn drt_dataset_set_table(
     status.clear();
     if (cids.reserved != 0 or sids.reserved != 0 or w.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_table_column.reserved must be 0", .{}));
     d.runtime.checkPid() catch |err| return fromError(err);
-    const new_table = table.build(d, row_count, cids.*, sids.*, w.*) catch |err| return fromError(err);
+    const cid_col = tableColumn(cids.*) catch |err| return fromError(err);
+    const sid_col = tableColumn(sids.*) catch |err| return fromError(err);
+    const w_col = tableColumn(w.*) catch |err| return fromError(err);
+    const new_table = table.build(d, row_count, cid_col, sid_col, w_col) catch |err| return fromError(err);
     d.replaceTable(new_table);
     return ok();
 }
@@ -330,94 +348,149 @@ export fn drt_dataset_table_digest(ds: ?*Dataset, out: ?[*]u8) Rc {
     return ok();
 }
 
+fn tableColumn(c: abi.TableColumn) status.Error!table.Column {
+    const value_type: table.ValueType = switch (c.type) {
+        abi.type_other => .other,
+        abi.type_u64 => .u64,
+        abi.type_u32 => .u32,
+        abi.type_i64 => .i64,
+        abi.type_i32 => .i32,
+        abi.type_f64 => .f64,
+        abi.type_f32 => .f32,
+        else => return status.fail(error.InvalidArgument, "unknown drt_table_column.type {d}", .{c.type}),
+    };
+    return .{ .type = value_type, .values = c.values, .validity = c.validity, .offset = c.offset };
+}
+
 // ---------------------------------------------------------------- reading
 
-export fn drt_iter_open(ds: ?*Dataset, out: ?*?*reader.Iter) Rc {
+/// What `drt_iter` and `drt_lookup` point to: the reader and the `drt_column` array its
+/// batches point into (valid, like the batch, until the next call on the handle).
+fn BatchHandle(comptime Reader: type) type {
+    return struct {
+        const Self = @This();
+        reader: *Reader,
+        columns: []abi.Column,
+
+        fn wrap(reader: *Reader) status.Error!*Self {
+            errdefer reader.close();
+            const columns = try gpa.alloc(abi.Column, reader.ds.fields.len);
+            errdefer gpa.free(columns);
+            const h = try gpa.create(Self);
+            h.* = .{ .reader = reader, .columns = columns };
+            return h;
+        }
+
+        fn close(h: *Self) void {
+            // A forked child never touches inherited state (the reader's close is a no-op there).
+            const forked = if (h.reader.ds.runtime.checkPid()) |_| false else |_| true;
+            h.reader.close();
+            if (forked) return;
+            gpa.free(h.columns);
+            gpa.destroy(h);
+        }
+
+        /// Lays `view` out as a `drt_batch`.
+        fn publish(h: *Self, view: batch.View, out: *abi.Batch) void {
+            std.debug.assert(view.columns.len == 0 or view.columns.len == h.columns.len);
+            for (view.columns, h.columns[0..view.columns.len]) |src, *dst| {
+                dst.* = .{ .kind = @intFromEnum(src.kind), .reserved = 0, .values = src.values, .offsets = src.offsets };
+            }
+            out.* = .{
+                .count = view.count,
+                .payloads = view.payloads,
+                .payload_lens = view.payload_lens,
+                .payload_base = view.payload_base,
+                .payload_offsets = view.payload_offsets,
+                .cache_ids = view.cache_ids,
+                .sample_ids = view.sample_ids,
+                .columns = if (view.count == 0) null else h.columns.ptr,
+            };
+        }
+    };
+}
+
+const IterHandle = BatchHandle(Iter);
+const LookupHandle = BatchHandle(Lookup);
+
+fn contiguousFlag(flags: u32) status.Error!bool {
+    if (flags & ~abi.batch_contiguous != 0) return status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags});
+    return flags & abi.batch_contiguous != 0;
+}
+
+export fn drt_iter_open(ds: ?*Dataset, out: ?*?*IterHandle) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
     status.clear();
-    o.* = reader.Iter.open(d) catch |err| return fromError(err);
+    const it = Iter.open(d) catch |err| return fromError(err);
+    o.* = IterHandle.wrap(it) catch |err| return fromError(err);
     return ok();
 }
 
-export fn drt_iter_open_range(ds: ?*Dataset, range: ?*const abi.IterRange, out: ?*?*reader.Iter) Rc {
+export fn drt_iter_open_range(ds: ?*Dataset, range: ?*const abi.IterRange, out: ?*?*IterHandle) Rc {
     const d = ds orelse return nullArgument("dataset");
     const r = range orelse return nullArgument("range");
     const o = out orelse return nullArgument("out");
     status.clear();
-    o.* = reader.Iter.openRange(d, .{ .start = r.start, .count = r.count, .block_len = r.block_len, .block_stride = r.block_stride }) catch |err| return fromError(err);
+    const it = Iter.openRange(d, .{ .start = r.start, .count = r.count, .block_len = r.block_len, .block_stride = r.block_stride }) catch |err| return fromError(err);
+    o.* = IterHandle.wrap(it) catch |err| return fromError(err);
     return ok();
 }
 
-export fn drt_iter_window(it: ?*reader.Iter, out: ?*abi.IterRange) Rc {
-    const iter = it orelse return nullArgument("iter");
+export fn drt_iter_window(it: ?*IterHandle, out: ?*abi.IterRange) Rc {
+    const h = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
-    const s = iter.schedule;
+    const s = h.reader.schedule;
     o.* = .{ .start = s.start, .count = s.count, .block_len = s.block_len, .block_stride = s.block_stride };
     return ok();
 }
 
-export fn drt_iter_next_batch(it: ?*reader.Iter, max_count: u64, flags: u32, out: ?*abi.Batch) Rc {
-    const iter = it orelse return nullArgument("iter");
-    const o = out orelse return nullArgument("out");
-    if (flags & ~reader.batch_contiguous != 0) return fromError(status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags}));
-    return call(reader.Iter.nextBatch, .{ iter, max_count, flags, o });
-}
-
-export fn drt_iter_close(it: ?*reader.Iter) void {
-    if (it) |iter| iter.close();
-}
-
-export fn drt_lookup_open(ds: ?*Dataset, out: ?*?*reader.Lookup) Rc {
-    const d = ds orelse return nullArgument("dataset");
+export fn drt_iter_next_batch(it: ?*IterHandle, max_count: u64, flags: u32, out: ?*abi.Batch) Rc {
+    const h = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
     status.clear();
-    o.* = reader.Lookup.open(d) catch |err| return fromError(err);
+    const contiguous = contiguousFlag(flags) catch |err| return fromError(err);
+    const view = h.reader.nextBatch(max_count, contiguous) catch |err| return fromError(err);
+    h.publish(view, o);
     return ok();
 }
 
-export fn drt_lookup_get(lk: ?*reader.Lookup, count: u64, cache_ids: ?[*]const u64, sample_ids: ?[*]const u64, flags: u32, out: ?*abi.Batch) Rc {
-    const lookup = lk orelse return nullArgument("lookup");
+export fn drt_iter_close(it: ?*IterHandle) void {
+    if (it) |h| h.close();
+}
+
+export fn drt_lookup_open(ds: ?*Dataset, out: ?*?*LookupHandle) Rc {
+    const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
-    if (flags & ~reader.batch_contiguous != 0) return fromError(status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags}));
+    status.clear();
+    const lk = Lookup.open(d) catch |err| return fromError(err);
+    o.* = LookupHandle.wrap(lk) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_lookup_get(lk: ?*LookupHandle, count: u64, cache_ids: ?[*]const u64, sample_ids: ?[*]const u64, flags: u32, out: ?*abi.Batch) Rc {
+    const h = lk orelse return nullArgument("lookup");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    const contiguous = contiguousFlag(flags) catch |err| return fromError(err);
     if (count > 0 and (cache_ids == null or sample_ids == null)) return nullArgument("cache_ids and sample_ids");
     const n: usize = @intCast(count);
     const empty: [0]u64 = .{};
     const cids = if (n > 0) cache_ids.?[0..n] else &empty;
     const sids = if (n > 0) sample_ids.?[0..n] else &empty;
-    return call(reader.Lookup.get, .{ lookup, cids, sids, flags, o });
+    const view = h.reader.get(cids, sids, contiguous) catch |err| return fromError(err);
+    h.publish(view, o);
+    return ok();
 }
 
-export fn drt_lookup_close(lk: ?*reader.Lookup) void {
-    if (lk) |lookup| lookup.close();
+export fn drt_lookup_close(lk: ?*LookupHandle) void {
+    if (lk) |h| h.close();
 }
 
-test {
-    std.testing.refAllDecls(@This());
-    _ = @import("schema.zig");
-    _ = @import("status.zig");
-    _ = @import("abi.zig");
-    _ = @import("manifest.zig");
-    _ = @import("index.zig");
-    _ = @import("shard.zig");
-    _ = @import("runtime.zig");
-    _ = @import("cache.zig");
-    _ = @import("dataset.zig");
-    _ = @import("reader.zig");
-    _ = @import("table.zig");
-    _ = @import("writer.zig");
-    _ = @import("lz4.zig");
-    _ = @import("metadata_json.zig");
-    _ = @import("sampler.zig");
-    _ = @import("chacha.zig");
-    _ = @import("io/uring.zig");
-    _ = @import("arrow.zig");
-    _ = @import("sha256.zig");
-}
 
 // -------------------------------------------------------------- fragments
 
-const Commit = @import("fragment.zig").Commit;
+const Commit = @import("../write/fragment.zig").Commit;
 
 export fn drt_commit_open(
     base_dir: ?[*]const u8,
@@ -467,6 +540,3 @@ export fn drt_commit_close(c: ?*Commit) void {
     if (c) |commit| commit.close();
 }
 
-test {
-    _ = @import("fragment.zig");
-}

@@ -1,4 +1,4 @@
-//! Zig mirrors of the structs and constants of dataset_rt.h. The header is the source of
+//! Zig mirrors of the structs and constants of dataset_rt.h (the C types: only abi/ uses them). The header is the source of
 //! truth; the test at the bottom compiles the header with @cImport and checks that sizes,
 //! field offsets and constants agree, so the two cannot drift apart.
 
@@ -123,6 +123,9 @@ pub const IterRange = extern struct {
 pub const abi_version_major = 1;
 pub const abi_version_minor = 2;
 
+/// drt_iter_next_batch / drt_lookup_get flag.
+pub const batch_contiguous: u32 = 1;
+
 pub const io_auto = 0;
 pub const io_uring = 1;
 pub const io_threads = 2;
@@ -151,7 +154,7 @@ test "structs and constants match dataset_rt.h" {
             try std.testing.expectEqual(@offsetOf(C, f.name), @offsetOf(Z, f.name));
         }
     }
-    const status = @import("status.zig");
+    const status = @import("../base/status.zig");
     inline for (std.meta.fields(status.Status)) |f| {
         const c_name = comptime blk: {
             if (std.mem.eql(u8, f.name, "ok")) break :blk "DRT_OK";
@@ -161,14 +164,16 @@ test "structs and constants match dataset_rt.h" {
         };
         try std.testing.expectEqual(@as(i64, f.value), @as(i64, @field(c, c_name)));
     }
-    const schema = @import("schema.zig");
+    const schema = @import("../format/schema.zig");
     try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.bool)), c.DRT_KIND_BOOL);
     try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.int)), c.DRT_KIND_INT);
     try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.float)), c.DRT_KIND_FLOAT);
     try std.testing.expectEqual(@as(i64, @intFromEnum(schema.Kind.string)), c.DRT_KIND_STRING);
     try std.testing.expectEqual(@as(i64, abi_version_major), c.DRT_ABI_VERSION_MAJOR);
     try std.testing.expectEqual(@as(i64, abi_version_minor), c.DRT_ABI_VERSION_MINOR);
+    try std.testing.expectEqual(@as(i64, io_auto), c.DRT_IO_AUTO);
     try std.testing.expectEqual(@as(i64, io_uring), c.DRT_IO_URING);
+    try std.testing.expectEqual(@as(i64, batch_contiguous), c.DRT_BATCH_CONTIGUOUS);
     try std.testing.expectEqual(@as(i64, io_threads), c.DRT_IO_THREADS);
     try std.testing.expectEqual(@as(i64, 1), c.DRT_COMPRESSION_LZ4);
     try std.testing.expectEqual(@as(i64, type_u64), c.DRT_TYPE_U64);
@@ -176,7 +181,7 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, type_other), c.DRT_TYPE_OTHER);
     try std.testing.expectEqual(@as(i64, writer_profile), c.DRT_WRITER_PROFILE);
     try std.testing.expectEqual(@as(i64, sampling_permutation), c.DRT_SAMPLING_PERMUTATION);
-    const Stage = @import("writer.zig").Stage;
+    const Stage = @import("../write/writer.zig").Stage;
     try std.testing.expectEqual(@as(i64, std.meta.fields(Stage).len), c.DRT_STAGE_COUNT);
     try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.publish)), c.DRT_STAGE_PUBLISH);
     try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.finish_metadata)), c.DRT_STAGE_FINISH_METADATA);

@@ -1,0 +1,403 @@
+//! Iterators: a window of the dataset's stream, read ahead through a bounded prefetch
+//! pipeline and delivered in plan order, in batches.
+//!
+//! Positions are planned (plan.zig: sampler → index row) into *slots*, one positioned read
+//! each (one record or, in ordered mode, a run of adjacent records). Each slot's read goes
+//! to the iterator's I/O backend (io/backend.zig), which completes reads in any order and
+//! runs the slot's decode hook where the read finishes; the consumer waits for the oldest
+//! slot and delivers slots in plan order (the reorder stage).
+//!
+//! Invariants (asserted in `checkInvariants`):
+//! - At most `prefetch_size` samples are planned and not yet released by the consumer
+//!   (in flight, completed, or in the batch last handed out), so an iterator's memory is
+//!   bounded by `prefetch_size` records plus fixed buffers. A slow consumer stops reads.
+//! - Slots form a ring in plan order: `used` slots from `head`, each holding consecutive
+//!   window indexes; free slots are never queued.
+//! - `delivered <= planned <= schedule.count`, and samples are delivered in window order.
+//! - A batch whose payloads stay in the slot buffers (no copy) holds at most half the
+//!   prefetch window (at least one sample), so the other half stays in flight while the
+//!   consumer works on the batch. A contiguous batch copies payloads into one arena and
+//!   releases slots as it goes, so it may be any size the caller asks for.
+//! - Batch pointers stay valid until the next call on the iterator.
+//! - Closing an iterator cancels or waits for every outstanding read before freeing the
+//!   buffers the reads target. An error finishes the iterator; the dataset stays usable.
+
+const std = @import("std");
+const status = @import("../base/status.zig");
+const shard = @import("../format/shard.zig");
+const io = @import("../io/backend.zig");
+const files_mod = @import("../io/files.zig");
+const dataset_mod = @import("dataset.zig");
+const plan = @import("plan.zig");
+const batch_mod = @import("batch.zig");
+const record = @import("record.zig");
+const Dataset = dataset_mod.Dataset;
+const Loc = dataset_mod.Loc;
+const Table = dataset_mod.Table;
+
+pub const Schedule = plan.Schedule;
+
+/// Where one record's parts are after its slot is read and decoded.
+const Decoded = struct {
+    json_at: u32,
+    json_len: u32,
+    /// Payload location: in `Slot.buf` or, for lz4, in `Slot.raw`.
+    payload_at: u64,
+    payload_len: u64,
+    in_raw: bool,
+};
+
+/// One positioned read of a planned span and its decoded records.
+const Slot = struct {
+    read: io.Read = .{ .complete = onRead },
+    it: *Iter = undefined,
+    span: plan.Span = undefined,
+    file: ?files_mod.Files.Handle = null,
+    buf: std.ArrayList(u8) = .empty,
+    raw: std.ArrayList(u8) = .empty,
+    decoded: std.ArrayList(Decoded) = .empty,
+    failure: ?status.Error = null,
+    message: [256]u8 = undefined,
+    message_len: usize = 0,
+
+    fn deinit(s: *Slot, gpa: std.mem.Allocator) void {
+        s.buf.deinit(gpa);
+        s.raw.deinit(gpa);
+        s.decoded.deinit(gpa);
+    }
+
+    /// Remembers the failure (this may run on a worker; the consumer re-raises it in order).
+    fn fail(s: *Slot, err: status.Error) void {
+        const msg = status.lastMessage();
+        const n = @min(msg.len, s.message.len);
+        @memcpy(s.message[0..n], msg[0..n]);
+        s.message_len = n;
+        s.failure = err;
+    }
+
+    /// The read's completion hook: runs on a pool worker (threads) or on the consumer
+    /// while it reaps (io_uring).
+    fn onRead(read: *io.Read) void {
+        const s: *Slot = @fieldParentPtr("read", read);
+        const ds = s.it.ds;
+        switch (read.result) {
+            .ok => {
+                ds.countRead(s.it.io.kind(), s.span.len);
+                s.decode(ds) catch |err| s.fail(err);
+            },
+            .eof => s.fail(status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{s.path(ds)})),
+            .os => |e| s.fail(status.failErrno(e, s.path(ds))),
+            .pending => unreachable,
+        }
+    }
+
+    fn path(s: *const Slot, ds: *const Dataset) [:0]const u8 {
+        return ds.caches[s.span.cache].shard_paths[@intCast(s.span.shard_id)];
+    }
+
+    /// Splits the records read and decompresses lz4 payloads into `raw`.
+    fn decode(s: *Slot, ds: *Dataset) status.Error!void {
+        const gpa = ds.gpa;
+        const c = &ds.caches[s.span.cache];
+        const compression = c.manifest.shards[@intCast(s.span.shard_id)].compression;
+        s.decoded.clearRetainingCapacity();
+        s.raw.clearRetainingCapacity();
+        var at: u64 = 0;
+        var k: u32 = 0;
+        while (k < s.span.count) : (k += 1) {
+            const loc = s.it.locAt(s.span.first + k);
+            const row = c.row(loc.sample_id);
+            const image = s.buf.items[@intCast(at)..@intCast(at + row.byte_len)];
+            const rec = try shard.split(image);
+            var d: Decoded = .{
+                .json_at = @intCast(at + shard.header_bytes),
+                .json_len = @intCast(rec.json.len),
+                .payload_at = at + rec.payload_offset,
+                .payload_len = rec.stored_payload.len,
+                .in_raw = false,
+            };
+            if (compression == .lz4) {
+                d.payload_at = s.raw.items.len;
+                d.payload_len = try record.appendDecompressed(&s.raw, gpa, rec.stored_payload);
+                d.in_raw = true;
+            }
+            try s.decoded.append(gpa, d);
+            at += row.byte_len;
+        }
+        std.debug.assert(at == s.span.len);
+    }
+};
+
+/// Opens shard files for the descriptor cache.
+const ShardOpener = struct {
+    ds: *const Dataset,
+
+    pub fn open(o: ShardOpener, key: files_mod.Key) status.Error!std.posix.fd_t {
+        return o.ds.caches[key.cache].openShard(key.shard_id);
+    }
+};
+
+pub const Iter = struct {
+    ds: *Dataset,
+    table: *Table,
+    /// The stream positions this iterator reads; `schedule.count` samples in all.
+    schedule: Schedule,
+    io: io.Io,
+    /// Planned locations, indexed by window index modulo prefetch.
+    loc_ring: []Loc,
+    slots: []Slot,
+    /// Slot ring: `head` is the oldest undelivered slot, `used` slots are in use.
+    head: usize = 0,
+    used: usize = 0,
+    /// Samples of the head slot already delivered.
+    head_taken: u32 = 0,
+    /// Slots fully handed out by the last batch, released on the next call.
+    pending_release: usize = 0,
+    /// Window indexes: next to plan, next to deliver; samples the consumer still holds.
+    planned: u64 = 0,
+    delivered: u64 = 0,
+    held_samples: u64 = 0,
+    finished: bool = false,
+    /// A failure met after some samples of a batch; raised by the next call.
+    deferred: ?status.Error = null,
+    deferred_message: [status.message_bytes_max]u8 = undefined,
+    deferred_len: usize = 0,
+    files: files_mod.Files = .{},
+    batch: batch_mod.Buffers,
+
+    /// An iterator over the next window of the dataset's stream (reserved now).
+    pub fn open(ds: *Dataset) status.Error!*Iter {
+        return openSchedule(ds, null);
+    }
+
+    /// An iterator over explicit stream positions; the dataset's own position is untouched.
+    pub fn openRange(ds: *Dataset, schedule: Schedule) status.Error!*Iter {
+        try schedule.validate();
+        return openSchedule(ds, schedule);
+    }
+
+    /// With no schedule, reserves the dataset's next window once nothing else can fail.
+    fn openSchedule(ds: *Dataset, explicit: ?Schedule) status.Error!*Iter {
+        try ds.runtime.checkPid();
+        const gpa = ds.gpa;
+        const prefetch: usize = @intCast(@min(ds.options.prefetch_size, 1 << 16));
+        var batch = try batch_mod.Buffers.init(gpa, ds.fields.len);
+        errdefer batch.deinit(gpa);
+        const loc_ring = try gpa.alloc(Loc, prefetch);
+        errdefer gpa.free(loc_ring);
+        const slots = try gpa.alloc(Slot, prefetch);
+        errdefer gpa.free(slots);
+        @memset(slots, .{});
+        const it = try gpa.create(Iter);
+        errdefer gpa.destroy(it);
+        var backend = io.Io.init(ds.io_kind, @intCast(prefetch), &ds.runtime.pool);
+        errdefer backend.deinit();
+        const table: *Table, const schedule: Schedule = if (explicit) |e| .{ ds.snapshotTable(), e } else blk: {
+            const window = ds.reserveWindow();
+            break :blk .{ window.table, .{ .start = window.start, .count = window.len } };
+        };
+        it.* = .{
+            .ds = ds.retain(),
+            .table = table,
+            .schedule = schedule,
+            .io = backend,
+            .loc_ring = loc_ring,
+            .slots = slots,
+            .batch = batch,
+        };
+        for (slots) |*s| s.it = it;
+        return it;
+    }
+
+    fn locAt(it: *const Iter, window_index: u64) Loc {
+        return it.loc_ring[@intCast(window_index % it.loc_ring.len)];
+    }
+
+    fn slotAt(it: *Iter, i: usize) *Slot {
+        std.debug.assert(i < it.used);
+        return &it.slots[(it.head + i) % it.slots.len];
+    }
+
+    /// The bounds the header promises; a violation is our bug, never the caller's.
+    fn checkInvariants(it: *const Iter) void {
+        std.debug.assert(it.delivered <= it.planned and it.planned <= it.schedule.count);
+        std.debug.assert(it.held_samples <= it.delivered);
+        std.debug.assert(it.planned - it.delivered + it.held_samples <= it.loc_ring.len);
+        std.debug.assert(it.used <= it.slots.len);
+        std.debug.assert(it.pending_release <= it.used);
+    }
+
+    /// Plans and queues reads until the prefetch window is full or the window ends.
+    fn fill(it: *Iter) status.Error!void {
+        defer it.checkInvariants();
+        const ds = it.ds;
+        const prefetch = it.loc_ring.len;
+        const limit = @min(it.schedule.count, it.delivered - it.held_samples + prefetch);
+        while (it.planned < limit and it.used < it.slots.len) {
+            const slot = &it.slots[(it.head + it.used) % it.slots.len];
+            std.debug.assert(slot.read.state.load(.monotonic) != .queued and slot.file == null);
+            slot.span = plan.next(ds, it.table, it.schedule, it.planned, limit, !ds.options.shuffle, it.loc_ring);
+            it.planned += slot.span.count;
+            it.used += 1;
+            slot.failure = null;
+            slot.decoded.clearRetainingCapacity();
+            slot.read.prepare(-1, &.{}, 0);
+            // A slot that fails before I/O, or has nothing to read, completes right here;
+            // its failure is raised in plan order like any other.
+            const needs_read = it.prepareRead(slot) catch |err| blk: {
+                slot.fail(err);
+                break :blk false;
+            };
+            if (needs_read) try it.io.queue(&slot.read) else slot.read.skip();
+        }
+        try it.io.submit();
+    }
+
+    /// Checks a planned slot's range, pins its shard descriptor and sizes its buffer.
+    /// Returns false when there is nothing to read (a 0-length record from a corrupt
+    /// index: decoded right away, which reports it, instead of an empty read).
+    fn prepareRead(it: *Iter, slot: *Slot) status.Error!bool {
+        const ds = it.ds;
+        const span = slot.span;
+        const shard_len = ds.caches[span.cache].manifest.shards[@intCast(span.shard_id)].byte_len;
+        if (span.offset > shard_len or span.len > shard_len - span.offset) {
+            return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(ds)});
+        }
+        const handle = try it.files.acquire(.{ .cache = span.cache, .shard_id = span.shard_id }, ShardOpener{ .ds = ds });
+        slot.file = handle;
+        try record.growUninit(&slot.buf, ds.gpa, @intCast(span.len));
+        if (span.len == 0) {
+            try slot.decode(ds);
+            return false;
+        }
+        slot.read.prepare(handle.fd, slot.buf.items, span.offset);
+        return true;
+    }
+
+    fn releaseFile(it: *Iter, slot: *Slot) void {
+        if (slot.file) |handle| it.files.release(handle);
+        slot.file = null;
+    }
+
+    fn addSample(it: *Iter, slot: *Slot, k: u32) status.Error!void {
+        const d = slot.decoded.items[k];
+        const json = slot.buf.items[d.json_at..][0..d.json_len];
+        const payload_buf = if (d.in_raw) slot.raw.items else slot.buf.items;
+        const payload = payload_buf[@intCast(d.payload_at)..][0..@intCast(d.payload_len)];
+        try it.batch.add(it.ds, it.locAt(slot.span.first + k), json, payload);
+    }
+
+    fn deferFailure(it: *Iter, err: status.Error) void {
+        const msg = status.lastMessage();
+        const n = @min(msg.len, it.deferred_message.len);
+        @memcpy(it.deferred_message[0..n], msg[0..n]);
+        it.deferred_len = n;
+        it.deferred = err;
+    }
+
+    /// Releases the slots fully handed out by the previous batch.
+    fn releaseDelivered(it: *Iter) void {
+        while (it.pending_release > 0) : (it.pending_release -= 1) {
+            const slot = &it.slots[it.head];
+            std.debug.assert(slot.read.isDone());
+            it.releaseFile(slot);
+            it.head = (it.head + 1) % it.slots.len;
+            it.used -= 1;
+        }
+        it.held_samples = 0;
+    }
+
+    /// Fills `out` with the next samples (count 0 at the end). See drt_iter_next_batch.
+    pub fn nextBatch(it: *Iter, max_count: u64, contiguous: bool) status.Error!batch_mod.View {
+        const ds = it.ds;
+        try ds.runtime.checkPid();
+        if (max_count == 0) return status.fail(error.InvalidArgument, "max_count must be at least 1", .{});
+        it.releaseDelivered();
+        if (it.deferred) |err| {
+            it.deferred = null;
+            it.finished = true;
+            return status.failText(err, it.deferred_message[0..it.deferred_len]);
+        }
+        if (it.finished or it.delivered >= it.schedule.count) {
+            it.finished = true;
+            return .{};
+        }
+        errdefer it.finished = true;
+        try it.batch.reset(ds.gpa, ds.fields);
+        if (!contiguous) {
+            // Payloads stay in the slots: hand out at most half the window so the other
+            // half keeps reading while the caller copies this batch.
+            try it.fill();
+            const taken = try it.deliver(@min(max_count, @max(1, it.loc_ring.len / 2)));
+            it.held_samples = taken;
+        } else {
+            // Payloads are copied into the batch arena, so slots are released round by
+            // round and a batch may be larger than the prefetch window.
+            while (it.batch.count() < max_count and it.delivered < it.schedule.count and it.deferred == null) {
+                try it.fill();
+                const first = it.batch.count();
+                if (try it.deliver(max_count - first) == 0) break;
+                try it.batch.pack(ds.gpa, first);
+                it.releaseDelivered();
+            }
+        }
+        it.checkInvariants();
+        return it.batch.view(ds.fields, contiguous);
+    }
+
+    /// Appends up to `wanted` samples in plan order to the batch: waits for the oldest
+    /// read, then takes whatever is already complete. A failure after samples of this
+    /// batch were taken is deferred to the next call (the reference delivers the samples
+    /// before a corrupt one first). Returns the samples taken.
+    fn deliver(it: *Iter, wanted: u64) status.Error!u64 {
+        const limit = @min(wanted, it.schedule.count - it.delivered);
+        var taken: u64 = 0;
+        var i: usize = 0;
+        while (taken < limit and i < it.used) : (i += 1) {
+            const slot = it.slotAt(i);
+            if (i == 0) try it.io.wait(&slot.read) else if (!slot.read.isDone()) break;
+            std.debug.assert(slot.span.first + (if (i == 0) it.head_taken else 0) == it.delivered + taken);
+            var k: u32 = if (i == 0) it.head_taken else 0;
+            while (k < slot.span.count and taken < limit) : (k += 1) {
+                // Records decoded before a slot's failure are still delivered.
+                const added = if (k < slot.decoded.items.len)
+                    it.addSample(slot, k)
+                else
+                    status.failText(slot.failure.?, slot.message[0..slot.message_len]);
+                added catch |err| {
+                    if (taken == 0 and it.batch.count() == 0) return err;
+                    it.deferFailure(err);
+                    break;
+                };
+                taken += 1;
+            }
+            if (it.deferred != null or k < slot.span.count) {
+                // Partly delivered: once the slots before it are released it is the head.
+                it.head_taken = k;
+                break;
+            }
+            it.head_taken = 0;
+            it.pending_release += 1;
+        }
+        it.delivered += taken;
+        return taken;
+    }
+
+    pub fn close(it: *Iter) void {
+        const ds = it.ds;
+        if (ds.runtime.checkPid()) |_| {} else |_| return; // forked child: leak, never touch
+        const gpa = ds.gpa;
+        // No read may target a buffer once it is freed.
+        for (it.slots) |*s| it.io.cancel(&s.read);
+        for (it.slots) |*s| it.releaseFile(s);
+        it.io.deinit();
+        it.files.deinit();
+        for (it.slots) |*s| s.deinit(gpa);
+        gpa.free(it.slots);
+        gpa.free(it.loc_ring);
+        it.batch.deinit(gpa);
+        it.table.release();
+        gpa.destroy(it);
+        ds.release();
+    }
+};
