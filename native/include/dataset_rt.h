@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 2
+    DRT_ABI_VERSION_MINOR = 3
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -526,6 +526,49 @@ int32_t drt_commit_finish(drt_commit *commit);
 /* Releases the commit. If drt_commit_finish() did not succeed, removes the staging
  * directory: a failed commit never publishes anything. The fragments are not touched. */
 void drt_commit_close(drt_commit *commit);
+
+/* ------------------------------------------------------- files on disk (1.3) */
+
+/* Checks a source name: 0 when it can name a cache (a plain path segment: not empty, not
+ * "." or "..", no '/', '\\' or NUL; not the reserved "tmp"; valid UTF-8), else
+ * DRT_E_INVALID_ARGUMENT with the message a write of that name fails with
+ * ("CacheSource.name must not be empty", "CacheSource.name must be a plain path
+ * segment", "CacheSource.name must be a non-reserved plain path segment", ...).
+ * Thread-safe. */
+int32_t drt_source_name_check(const char *name, uint64_t name_len);
+
+enum {
+    DRT_MIGRATE_UNCHANGED = 0,          /* already format 3 with this cache_id */
+    DRT_MIGRATE_UPDATED = 1,            /* rewritten as format 3, durably */
+    DRT_MIGRATE_DURABILITY_UNKNOWN = 2  /* rewritten, but the directory fsync failed */
+};
+
+/* Migrates the manifest file `manifest_path` (the resolved file: a symlink's target is
+ * replaced and the symlink kept by passing the target) to format 3 with `cache_id`
+ * (CachedDataset.update_manifests): a format-2 manifest is rewritten atomically (temporary
+ * file in the same directory, fsync, rename, directory fsync) as `format_version`,
+ * `cache_id`, the known fields in order, then unknown keys sorted, in the layout the
+ * writer uses; a format-3 manifest is left byte-identical. *out = DRT_MIGRATE_*.
+ * Returns DRT_E_IO ("I/O error: No such file or directory (os error 2)", ...),
+ * DRT_E_JSON ("JSON error: ..."; "JSON error: unsupported format version 4"),
+ * DRT_E_INVALID_CACHE ("manifest cache_id changed since dataset construction"),
+ * DRT_E_INVALID_ARGUMENT. Thread-safe (callers serialize migrations of one file). */
+int32_t drt_manifest_migrate(const char *manifest_path, uint64_t manifest_path_len,
+                             uint64_t cache_id, int32_t *out);
+
+enum {
+    DRT_PUBLISH_REPLACE = 1 /* replace an existing file instead of failing with DRT_E_EXISTS */
+};
+
+/* Publishes `data` as the file `<dir>/<name>` atomically (dump_config): written to a
+ * temporary file in `dir`, fsynced, renamed to `name` (never replacing an existing file
+ * unless DRT_PUBLISH_REPLACE), then `dir` fsynced. *out_durable = 1, or 0 when only that
+ * last fsync failed (the file is in place but might not survive a crash). `data` is read
+ * during the call only. Returns DRT_E_INVALID_ARGUMENT (`name` not a plain path segment;
+ * unknown flags), DRT_E_EXISTS, DRT_E_IO, DRT_E_OUT_OF_MEMORY. Thread-safe. */
+int32_t drt_file_publish(const char *dir, uint64_t dir_len, const char *name, uint64_t name_len,
+                         const uint8_t *data, uint64_t data_len, uint32_t flags,
+                         int32_t *out_durable);
 
 /* DRT_CDEF_END */
 

@@ -30,6 +30,8 @@ test {
     _ = @import("format/metadata_json.zig");
     _ = @import("format/arrow.zig");
     _ = @import("store/cache.zig");
+    _ = @import("store/publish.zig");
+    _ = @import("store/migrate.zig");
     _ = @import("io/backend.zig");
     _ = @import("io/uring.zig");
     _ = @import("io/threads.zig");

@@ -20,6 +20,8 @@ const table = @import("../read/table.zig");
 const io = @import("../io/backend.zig");
 const uring = @import("../io/uring.zig");
 const sha256 = @import("../codec/sha256.zig");
+const publish = @import("../store/publish.zig");
+const migrate = @import("../store/migrate.zig");
 
 const gpa = std.heap.c_allocator;
 
@@ -179,7 +181,7 @@ export fn drt_staging_sweep(base_dir: ?[*]const u8, base_dir_len: u64) Rc {
     status.clear();
     const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
     if (base.len == 0) return fromError(status.fail(error.InvalidArgument, "base_dir must not be empty", .{}));
-    return call(Writer.sweepBase, .{base.slice()});
+    return call(publish.sweepBase, .{base.slice()});
 }
 
 export fn drt_writer_close(w: ?*Writer) void {
@@ -540,3 +542,38 @@ export fn drt_commit_close(c: ?*Commit) void {
     if (c) |commit| commit.close();
 }
 
+
+// ----------------------------------------------------------- files on disk
+
+export fn drt_source_name_check(name: ?[*]const u8, name_len: u64) Rc {
+    const n = abi.Str{ .ptr = name, .len = name_len };
+    return call(publish.checkName, .{n.slice()});
+}
+
+export fn drt_manifest_migrate(manifest_path: ?[*]const u8, manifest_path_len: u64, cache_id: u64, out: ?*i32) Rc {
+    const o = out orelse return nullArgument("out");
+    const path = (abi.Str{ .ptr = manifest_path, .len = manifest_path_len }).slice();
+    status.clear();
+    if (path.len == 0 or std.mem.indexOfScalar(u8, path, 0) != null) return fromError(status.fail(error.InvalidArgument, "invalid manifest path", .{}));
+    const outcome = migrate.migrateManifest(gpa, path, cache_id) catch |err| return fromError(err);
+    o.* = switch (outcome) {
+        .unchanged => abi.migrate_unchanged,
+        .updated => abi.migrate_updated,
+        .durability_unknown => abi.migrate_durability_unknown,
+    };
+    return ok();
+}
+
+export fn drt_file_publish(dir: ?[*]const u8, dir_len: u64, name: ?[*]const u8, name_len: u64, data: ?[*]const u8, data_len: u64, flags: u32, out_durable: ?*i32) Rc {
+    const o = out_durable orelse return nullArgument("out_durable");
+    if (data_len > 0 and data == null) return nullArgument("data");
+    const d = (abi.Str{ .ptr = dir, .len = dir_len }).slice();
+    const n = (abi.Str{ .ptr = name, .len = name_len }).slice();
+    status.clear();
+    if (flags & ~abi.publish_replace != 0) return fromError(status.fail(error.InvalidArgument, "unknown publish flags 0x{x}", .{flags}));
+    if (d.len == 0 or std.mem.indexOfScalar(u8, d, 0) != null) return fromError(status.fail(error.InvalidArgument, "invalid directory path", .{}));
+    const bytes = if (data_len > 0) data.?[0..@intCast(data_len)] else &[_]u8{};
+    const durability = publish.publishFile(gpa, d, n, bytes, flags & abi.publish_replace != 0) catch |err| return fromError(err);
+    o.* = @intFromBool(durability == .durable);
+    return ok();
+}

@@ -121,7 +121,12 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 2;
+pub const abi_version_minor = 3;
+
+pub const migrate_unchanged = 0;
+pub const migrate_updated = 1;
+pub const migrate_durability_unknown = 2;
+pub const publish_replace: u32 = 1;
 
 /// drt_iter_next_batch / drt_lookup_get flag.
 pub const batch_contiguous: u32 = 1;
@@ -174,6 +179,10 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, io_auto), c.DRT_IO_AUTO);
     try std.testing.expectEqual(@as(i64, io_uring), c.DRT_IO_URING);
     try std.testing.expectEqual(@as(i64, batch_contiguous), c.DRT_BATCH_CONTIGUOUS);
+    try std.testing.expectEqual(@as(i64, migrate_unchanged), c.DRT_MIGRATE_UNCHANGED);
+    try std.testing.expectEqual(@as(i64, migrate_updated), c.DRT_MIGRATE_UPDATED);
+    try std.testing.expectEqual(@as(i64, migrate_durability_unknown), c.DRT_MIGRATE_DURABILITY_UNKNOWN);
+    try std.testing.expectEqual(@as(i64, publish_replace), c.DRT_PUBLISH_REPLACE);
     try std.testing.expectEqual(@as(i64, io_threads), c.DRT_IO_THREADS);
     try std.testing.expectEqual(@as(i64, 1), c.DRT_COMPRESSION_LZ4);
     try std.testing.expectEqual(@as(i64, type_u64), c.DRT_TYPE_U64);

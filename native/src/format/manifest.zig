@@ -296,6 +296,125 @@ pub fn write(gpa: std.mem.Allocator, out: *std.ArrayList(u8), info: WriteInfo) e
     try out.appendSlice(gpa, "\n}");
 }
 
+/// Keys of a format-3 manifest in the order they are written; unknown keys follow, sorted.
+const field_order = [_][]const u8{ "format_version", "cache_id", "source_name", "sample_count", "metadata_schema", "metadata_sha256", "index_sha256", "shards" };
+
+pub const Migration = union(enum) {
+    /// Already format 3 with the expected cache id: leave the file as it is.
+    unchanged,
+    /// The new text (owned by the caller's allocator).
+    text: []u8,
+};
+
+/// Migrates a manifest to format 3 (update_manifests): a format-2 manifest becomes
+/// `format_version: 3, cache_id, <known fields in order>, <unknown keys sorted>` in
+/// serde_json's pretty layout (what dataset-rt 0.4.8 writes); a format-3 one must already
+/// carry `cache_id`.
+/// Errors: error.Json ("JSON error: ...") for syntax, duplicate keys and versions other
+/// than 2 and 3; error.InvalidCache when a format-3 manifest's cache_id differs.
+pub fn migrate(gpa: std.mem.Allocator, bytes: []const u8, cache_id: u64) status.Error!Migration {
+    var arena = std.heap.ArenaAllocator.init(gpa);
+    defer arena.deinit();
+    const a = arena.allocator();
+    var scanner = std.json.Scanner.initCompleteInput(a, bytes);
+    var diagnostics: std.json.Diagnostics = .{};
+    scanner.enableDiagnostics(&diagnostics);
+    const root = std.json.parseFromTokenSourceLeaky(std.json.Value, a, &scanner, .{
+        .duplicate_field_behavior = .@"error",
+        .parse_numbers = false,
+    }) catch |err| switch (err) {
+        error.OutOfMemory => return error.OutOfMemory,
+        error.DuplicateField => return status.fail(error.Json, "JSON error: duplicate manifest field at line {d} column {d}", .{ diagnostics.getLine(), diagnostics.getColumn() }),
+        else => return status.fail(error.Json, "JSON error: invalid JSON at line {d} column {d}", .{ diagnostics.getLine(), diagnostics.getColumn() }),
+    };
+    const object = switch (root) {
+        .object => |o| o,
+        else => return status.fail(error.Json, "JSON error: unsupported format version None", .{}),
+    };
+    const version: []const u8 = if (object.get("format_version")) |v| switch (v) {
+        .number_string => |n| n,
+        .string => |t| t,
+        .bool => |b| if (b) "True" else "False",
+        else => "None",
+    } else "None";
+    if (std.mem.eql(u8, version, "3")) {
+        const stored = object.get("cache_id") orelse return status.fail(error.InvalidCache, "manifest cache_id changed since dataset construction", .{});
+        const same = stored == .number_string and if (std.fmt.parseInt(u64, stored.number_string, 10)) |id| id == cache_id else |_| false;
+        if (!same) return status.fail(error.InvalidCache, "manifest cache_id changed since dataset construction", .{});
+        return .unchanged;
+    }
+    if (!std.mem.eql(u8, version, "2")) return status.fail(error.Json, "JSON error: unsupported format version {s}", .{version});
+
+    var out: std.ArrayList(u8) = .empty;
+    errdefer out.deinit(gpa);
+    try out.print(gpa, "{{\n  \"format_version\": 3,\n  \"cache_id\": {d}", .{cache_id});
+    for (field_order[2..]) |key| {
+        if (object.get(key)) |v| try writeMember(gpa, &out, key, v);
+    }
+    var extra: std.ArrayList([]const u8) = .empty;
+    for (object.keys()) |key| {
+        for (field_order) |known| {
+            if (std.mem.eql(u8, key, known)) break;
+        } else try extra.append(a, key);
+    }
+    std.mem.sort([]const u8, extra.items, {}, struct {
+        fn less(_: void, x: []const u8, y: []const u8) bool {
+            return std.mem.order(u8, x, y) == .lt;
+        }
+    }.less);
+    for (extra.items) |key| try writeMember(gpa, &out, key, object.get(key).?);
+    try out.appendSlice(gpa, "\n}");
+    return .{ .text = try out.toOwnedSlice(gpa) };
+}
+
+fn writeMember(gpa: std.mem.Allocator, out: *std.ArrayList(u8), key: []const u8, value: std.json.Value) error{OutOfMemory}!void {
+    try out.appendSlice(gpa, ",\n  ");
+    try metadata_json.appendString(gpa, out, key);
+    try out.appendSlice(gpa, ": ");
+    try writeValue(gpa, out, value, 1);
+}
+
+/// Appends `value` as serde_json's pretty printer does: two spaces per level, `[]`/`{}`
+/// for empty containers, floats in serde's shortest form, integers as written.
+fn writeValue(gpa: std.mem.Allocator, out: *std.ArrayList(u8), value: std.json.Value, depth: usize) error{OutOfMemory}!void {
+    switch (value) {
+        .null => try out.appendSlice(gpa, "null"),
+        .bool => |b| try out.appendSlice(gpa, if (b) "true" else "false"),
+        .integer => |i| try out.print(gpa, "{d}", .{i}),
+        .float => |f| try metadata_json.appendFloat(gpa, out, f),
+        .number_string => |n| {
+            const is_float = std.mem.indexOfAny(u8, n, ".eE") != null;
+            const f = if (is_float) std.fmt.parseFloat(f64, n) catch null else null;
+            if (f) |x| try metadata_json.appendFloat(gpa, out, x) else try out.appendSlice(gpa, n);
+        },
+        .string => |t| try metadata_json.appendString(gpa, out, t),
+        .array => |items| {
+            if (items.items.len == 0) return out.appendSlice(gpa, "[]");
+            try out.appendSlice(gpa, "[\n");
+            for (items.items, 0..) |item, i| {
+                try out.appendNTimes(gpa, ' ', 2 * (depth + 1));
+                try writeValue(gpa, out, item, depth + 1);
+                try out.appendSlice(gpa, if (i + 1 < items.items.len) ",\n" else "\n");
+            }
+            try out.appendNTimes(gpa, ' ', 2 * depth);
+            try out.append(gpa, ']');
+        },
+        .object => |o| {
+            if (o.count() == 0) return out.appendSlice(gpa, "{}");
+            try out.appendSlice(gpa, "{\n");
+            for (o.keys(), o.values(), 0..) |k, v, i| {
+                try out.appendNTimes(gpa, ' ', 2 * (depth + 1));
+                try metadata_json.appendString(gpa, out, k);
+                try out.appendSlice(gpa, ": ");
+                try writeValue(gpa, out, v, depth + 1);
+                try out.appendSlice(gpa, if (i + 1 < o.count()) ",\n" else "\n");
+            }
+            try out.appendNTimes(gpa, ' ', 2 * depth);
+            try out.append(gpa, '}');
+        },
+    }
+}
+
 const testing = std.testing;
 
 test "cache id of src_a matches the reference" {
@@ -460,4 +579,34 @@ test "fuzz: mutated manifests parse or fail cleanly" {
             else => return err,
         }
     }
+}
+
+test "migrate rewrites format 2 in the reference's layout and leaves format 3 alone" {
+    const gpa = testing.allocator;
+    // The fixture is format 3: as format 2 (no cache_id, an unknown key) it migrates to
+    // the same text plus the unknown key, with the given id.
+    var v2: std.ArrayList(u8) = .empty;
+    defer v2.deinit(gpa);
+    const body_start = std.mem.indexOf(u8, fixture_manifest, "\"source_name\"").?;
+    try v2.appendSlice(gpa, "{\"zz\": [1, {\"b\": 2.50, \"a\": {}}], \"format_version\": 2, \"cache_id\": 9,\n  ");
+    try v2.appendSlice(gpa, fixture_manifest[body_start..]);
+    const migrated = try migrate(gpa, v2.items, 7);
+    defer gpa.free(migrated.text);
+    const tail_at = std.mem.lastIndexOfScalar(u8, fixture_manifest, '}').?;
+    const want = try std.mem.concat(gpa, u8, &.{
+        "{\n  \"format_version\": 3,\n  \"cache_id\": 7,\n  ",
+        fixture_manifest[body_start .. tail_at - 1],
+        ",\n  \"zz\": [\n    1,\n    {\n      \"b\": 2.5,\n      \"a\": {}\n    }\n  ]\n}",
+    });
+    defer gpa.free(want);
+    try testing.expectEqualStrings(want, migrated.text);
+    // Format 3 with its id: unchanged; with another id: refused.
+    try testing.expectEqual(Migration.unchanged, try migrate(gpa, fixture_manifest, 4233350989699285984));
+    try testing.expectError(error.InvalidCache, migrate(gpa, fixture_manifest, 1));
+    try testing.expectEqualStrings("manifest cache_id changed since dataset construction", status.lastMessage());
+    try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 4}", 1));
+    try testing.expectEqualStrings("JSON error: unsupported format version 4", status.lastMessage());
+    try testing.expectError(error.Json, migrate(gpa, "[]", 1));
+    try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 2, \"format_version\": 2}", 1));
+    try testing.expectError(error.Json, migrate(gpa, "{", 1));
 }

@@ -14,7 +14,7 @@ const status = @import("../base/status.zig");
 const manifest = @import("../format/manifest.zig");
 const index = @import("../format/index.zig");
 const arrow = @import("../format/arrow.zig");
-const Sha256 = @import("../codec/sha256.zig").Sha256;
+const publish = @import("publish.zig");
 
 /// A cache's `metadata.arrow`, mapped and parsed (columns point into the mapping).
 pub const Metadata = struct {
@@ -244,22 +244,6 @@ fn verifyFile(gpa: std.mem.Allocator, dir: std.fs.Dir, name: []const u8, cache_p
 }
 
 /// Fails with "checksum mismatch for <path>" unless the file's SHA-256 is `expected_hex`.
-pub fn verifySha(path: [:0]const u8, expected_hex: []const u8) status.Error!void {
-    const digest = try sha256File(path);
-    const actual = std.fmt.bytesToHex(digest, .lower);
-    // Exact: the manifest holds lowercase hex, and any other spelling is a changed file.
-    if (!std.mem.eql(u8, &actual, expected_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}", .{path});
-}
-
-pub fn sha256File(path: [:0]const u8) status.Error![32]u8 {
-    const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
-    defer file.close();
-    var hasher: Sha256 = .init();
-    var buf: [1 << 17]u8 = undefined;
-    while (true) {
-        const n = file.read(&buf) catch |err| return status.failIo(err, path);
-        if (n == 0) break;
-        hasher.update(buf[0..n]);
-    }
-    return hasher.finalResult();
+fn verifySha(path: [:0]const u8, expected_hex: []const u8) status.Error!void {
+    try publish.verifyDigest((try publish.hashPath(path)).sha256, expected_hex, path);
 }

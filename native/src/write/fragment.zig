@@ -16,9 +16,9 @@
 //!   layer concatenates the fragments' files with pyarrow) after each fragment's file was
 //!   verified here; `finish` checks its row count, field names and types (the exact
 //!   Arrow types a reader accepts, no nulls) before it is hashed.
-//! - Publication is the writer's: staging under `<base>/tmp/` held under an exclusive
-//!   flock, fsync of every file and directory, manifest last, renameat2(RENAME_NOREPLACE)
-//!   (or RENAME_EXCHANGE with `replace`), fsync of `<base>`.
+//! - Publication is the writer's (store/publish.zig): staging under `<base>/tmp/` held
+//!   under an exclusive flock, fsync of every file and directory, manifest last,
+//!   renameat2(RENAME_NOREPLACE) (or RENAME_EXCHANGE with `replace`), fsync of `<base>`.
 //!
 //! Invariants: nothing appears at `<base>/<name>` unless `finish` succeeds; a commit
 //! closed without finishing removes its staging directory; fragments are only read,
@@ -32,9 +32,9 @@ const index = @import("../format/index.zig");
 const schema = @import("../format/schema.zig");
 const arrow = @import("../format/arrow.zig");
 const shard = @import("../format/shard.zig");
-const writer = @import("writer.zig");
-const runtime = @import("../base/runtime.zig");
+const publish = @import("../store/publish.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
+const runtime = @import("../base/runtime.zig");
 
 pub const Options = struct {
     /// Publish by atomically exchanging with an existing cache at the destination (the
@@ -52,8 +52,8 @@ pub const Commit = struct {
     pid: posix.pid_t,
     options: Options,
     name: []u8,
-    staging: writer.Staging,
-    index_file: writer.HashedFile,
+    staging: publish.Staging,
+    index_file: publish.HashedFile,
     index_open: bool = true,
     /// The schema, compression and path of the first fragment (in `arena`): every other
     /// fragment must agree with it.
@@ -66,14 +66,13 @@ pub const Commit = struct {
     sample_count: u64 = 0,
     fragment_count: u64 = 0,
     failed: bool = false,
-    published: bool = false,
 
     /// Verifies `fragments` (paths of fragment directories, in sample order), creates the
     /// staging directory for `<base>/<name>`, links their shards into it and writes the
     /// merged `index.bin`. On error nothing is left on disk.
     pub fn open(gpa: std.mem.Allocator, base: []const u8, name: []const u8, fragments: []const []const u8, options: Options) status.Error!*Commit {
-        try writer.checkName(name);
-        try writer.checkBase(base);
+        try publish.checkName(name);
+        try publish.checkBase(base);
         if (fragments.len == 0) return status.fail(error.InvalidArgument, "no fragments to commit", .{});
         for (fragments) |path| {
             if (path.len == 0 or std.mem.indexOfScalar(u8, path, 0) != null) return status.fail(error.InvalidArgument, "invalid fragment path", .{});
@@ -89,7 +88,7 @@ pub const Commit = struct {
     fn create(gpa: std.mem.Allocator, base: []const u8, name: []const u8, options: Options) status.Error!*Commit {
         const name_copy = try gpa.dupe(u8, name);
         errdefer gpa.free(name_copy);
-        var staging = try writer.Staging.create(gpa, base, name, options.replace);
+        var staging = try publish.Staging.create(gpa, base, name, options.replace);
         errdefer staging.discard(gpa);
         const index_file = staging.dir.createFile("index.bin", .{ .exclusive = true }) catch |err| return status.failIo(err, staging.staging_path);
         errdefer index_file.close();
@@ -142,7 +141,7 @@ pub const Commit = struct {
 
         const metadata_path = try std.fmt.allocPrintSentinel(gpa, "{s}/metadata.arrow", .{path}, 0);
         defer gpa.free(metadata_path);
-        try verifyHex(try hashPath(metadata_path), m.metadata_sha256, metadata_path);
+        try publish.verifyDigest((try publish.hashPath(metadata_path)).sha256, m.metadata_sha256, metadata_path);
 
         // Shards first: the index rows are checked against their verified sizes.
         const shard_base: u64 = c.shards.items.len;
@@ -155,7 +154,7 @@ pub const Commit = struct {
             const dst = manifest.shardName(&name_buf, c.shards.items.len);
             const placed = try placeShard(src, shards_dir, dst);
             if (placed.byte_len != s.byte_len) return status.fail(error.InvalidCache, "shard length mismatch for {s}", .{src});
-            try verifyHex(placed.sha256, s.sha256, src);
+            try publish.verifyDigest(placed.sha256, s.sha256, src);
             try c.shards.append(gpa, .{ .uncompressed_byte_len = s.uncompressed_byte_len, .byte_len = s.byte_len, .sha256 = placed.sha256 });
         }
         try c.copyIndex(path, &m, shard_base);
@@ -201,7 +200,7 @@ pub const Commit = struct {
                 try c.index_file.append(gpa, &moved, c.staging.staging_path);
             }
         }
-        try verifyHex(hasher.finalResult(), m.index_sha256, index_path);
+        try publish.verifyDigest(hasher.finalResult(), m.index_sha256, index_path);
         if (bad_row) |row| return status.fail(error.InvalidCache, "index row {d} lies outside its shards: {s}", .{ row, index_path });
     }
 
@@ -209,7 +208,7 @@ pub const Commit = struct {
     /// drt_commit_finish).
     pub fn finish(c: *Commit) status.Error!void {
         if (c.pid != runtime.currentPid()) return runtime.forkedError();
-        if (c.failed or c.published) return status.fail(error.InvalidArgument, "the commit cannot finish after a failure or finish", .{});
+        if (c.failed or c.staging.published) return status.fail(error.InvalidArgument, "the commit cannot finish after a failure or finish", .{});
         errdefer c.failed = true;
         const staging_path = c.staging.staging_path;
         const index_sha = try c.index_file.finish(staging_path);
@@ -228,19 +227,9 @@ pub const Commit = struct {
             .compression = c.compression,
             .ratio = c.ratio,
         });
-        {
-            const file = c.staging.dir.createFile("manifest.json", .{ .exclusive = true }) catch |err| return status.failIo(err, staging_path);
-            defer file.close();
-            file.writeAll(text.items) catch |err| return status.failIo(err, staging_path);
-            file.sync() catch |err| return status.failIo(err, staging_path);
-        }
         // Linked shards were fsynced by their fragment's writer (copies by placeShard);
-        // their new names live in shards/.
-        try writer.Writer.syncDir(c.staging.dir, "shards", staging_path);
-        posix.fsync(c.staging.dir.fd) catch |err| return status.failIo(err, staging_path);
-        try writer.renameIntoPlace(staging_path, c.staging.dest_path, c.options.replace);
-        c.published = true;
-        try writer.syncPath(c.staging.base_path);
+        // their new names live in shards/, which publishing fsyncs.
+        try c.staging.publish(text.items, c.options.replace);
     }
 
     /// Maps the staging metadata.arrow, checks it against the fragments (row count, then
@@ -282,9 +271,7 @@ pub const Commit = struct {
         const gpa = c.gpa;
         const forked = c.pid != runtime.currentPid();
         c.index_file.deinit(gpa, c.index_open);
-        c.staging.dir.close();
-        if (!c.published and !forked) std.fs.cwd().deleteTree(c.staging.staging_path) catch {};
-        c.staging.free(gpa);
+        c.staging.close(gpa, forked);
         c.shards.deinit(gpa);
         c.arena.deinit();
         gpa.free(c.name);
@@ -304,16 +291,9 @@ fn sameFields(a: []const schema.Field, b: []const schema.Field) bool {
     return true;
 }
 
-fn verifyHex(digest: [32]u8, expected_hex: []const u8, path: []const u8) status.Error!void {
-    const actual = std.fmt.bytesToHex(digest, .lower);
-    if (!std.mem.eql(u8, &actual, expected_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}", .{path});
-}
-
-const Placed = struct { byte_len: u64, sha256: [32]u8 };
-
 /// Makes `src` the file `dst_name` in `dir`: a hard link, or a copy (fsynced) where the
 /// file system refuses links. Returns the size and SHA-256 of what was placed.
-fn placeShard(src: [:0]const u8, dir: std.fs.Dir, dst_name: []const u8) status.Error!Placed {
+fn placeShard(src: [:0]const u8, dir: std.fs.Dir, dst_name: []const u8) status.Error!publish.Digest {
     var name_z: [32:0]u8 = undefined;
     @memcpy(name_z[0..dst_name.len], dst_name);
     name_z[dst_name.len] = 0;
@@ -321,50 +301,12 @@ fn placeShard(src: [:0]const u8, dir: std.fs.Dir, dst_name: []const u8) status.E
     posix.linkatZ(posix.AT.FDCWD, src, dir.fd, dst, 0) catch |err| switch (err) {
         // Another device (fragments on a different mount), or a file system without
         // hard links: copy instead.
-        error.NotSameFileSystem, error.PermissionDenied, error.LinkQuotaExceeded => return copyShard(src, dir, dst),
+        error.NotSameFileSystem, error.PermissionDenied, error.LinkQuotaExceeded => return publish.copyFile(src, dir, dst),
         else => return status.failIo(err, src),
     };
     const file = dir.openFileZ(dst, .{}) catch |err| return status.failIo(err, src);
     defer file.close();
-    return hashOpen(file, src);
-}
-
-fn copyShard(src: [:0]const u8, dir: std.fs.Dir, dst: [:0]const u8) status.Error!Placed {
-    const in = std.fs.cwd().openFileZ(src, .{}) catch |err| return status.failIo(err, src);
-    defer in.close();
-    const out = dir.createFileZ(dst, .{ .exclusive = true }) catch |err| return status.failIo(err, src);
-    defer out.close();
-    var hasher: Sha256 = .init();
-    var buf: [1 << 17]u8 = undefined;
-    var total: u64 = 0;
-    while (true) {
-        const n = in.read(&buf) catch |err| return status.failIo(err, src);
-        if (n == 0) break;
-        hasher.update(buf[0..n]);
-        out.writeAll(buf[0..n]) catch |err| return status.failIo(err, src);
-        total += n;
-    }
-    out.sync() catch |err| return status.failIo(err, src);
-    return .{ .byte_len = total, .sha256 = hasher.finalResult() };
-}
-
-fn hashOpen(file: std.fs.File, path: []const u8) status.Error!Placed {
-    var hasher: Sha256 = .init();
-    var buf: [1 << 17]u8 = undefined;
-    var total: u64 = 0;
-    while (true) {
-        const n = file.read(&buf) catch |err| return status.failIo(err, path);
-        if (n == 0) break;
-        hasher.update(buf[0..n]);
-        total += n;
-    }
-    return .{ .byte_len = total, .sha256 = hasher.finalResult() };
-}
-
-fn hashPath(path: [:0]const u8) status.Error![32]u8 {
-    const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
-    defer file.close();
-    return (try hashOpen(file, path)).sha256;
+    return publish.hashFile(file, src);
 }
 
 // ---------------------------------------------------------------------------- tests

@@ -1,23 +1,14 @@
-//! Cache writer: stages one cache under `<base>/tmp/<name prefix>.<random>.drt`, appends records
-//! to shards (rotating at `max_shard_bytes` like the reference), streams `index.bin`,
-//! hashes every file with SHA-256, writes `manifest.json` last, fsyncs, and publishes with
-//! `renameat2(RENAME_NOREPLACE)` so an existing cache is never replaced.
+//! Cache writer: fills a staging directory (store/publish.zig) with shards (records
+//! appended, rotating at `max_shard_bytes` like the reference) and `index.bin`, hashing
+//! every file with SHA-256 as it is written, then writes `manifest.json` last and
+//! publishes the directory atomically (never replacing an existing cache unless asked).
 //!
 //! Invariants:
 //! - Nothing appears at `<base>/<name>` until `finish` succeeds; a writer closed without
-//!   finishing removes its staging directory.
-//! - The staging directory is held under an exclusive `flock` for the writer's lifetime.
-//!   A writer opening under the same base removes staging directories whose lock it can
-//!   take (their writer died). Creating a staging directory and locking it happens under
-//!   a shared lock on `<base>/tmp`, and the sweep takes that lock exclusively, so the
-//!   sweep never sees a fresh directory before its owner has locked it.
+//!   finishing removes its staging directory (held under its lock until then).
 //! - The bytes written depend only on the input samples and options.
-//! - Directories that are locked or fsynced are opened without O_PATH (`.iterate = true`):
-//!   flock and fsync reject O_PATH descriptors.
 
 const std = @import("std");
-const linux = std.os.linux;
-const posix = std.posix;
 const schema = @import("../format/schema.zig");
 const status = @import("../base/status.zig");
 const manifest = @import("../format/manifest.zig");
@@ -26,11 +17,9 @@ const lz4 = @import("../codec/lz4.zig");
 const metadata_json = @import("../format/metadata_json.zig");
 const runtime_mod = @import("../base/runtime.zig");
 const Runtime = runtime_mod.Runtime;
-const Sha256 = @import("../codec/sha256.zig").Sha256;
+const publish = @import("../store/publish.zig");
 
 /// renameat2 flags: fail with EEXIST instead of replacing the destination; swap the two.
-const rename_noreplace: u32 = 1;
-const rename_exchange: u32 = 2;
 
 pub const Options = struct {
     max_shard_bytes: u64,
@@ -87,49 +76,6 @@ pub const Column = struct {
     kind: schema.Kind,
     values: ?*const anyopaque,
     offsets: ?[*]const u64,
-};
-
-/// Buffered file output that hashes everything it writes.
-pub const HashedFile = struct {
-    file: std.fs.File,
-    hasher: Sha256,
-    buffer: std.ArrayList(u8) = .empty,
-    written: u64 = 0,
-
-    const flush_bytes = 1 << 20;
-
-    pub fn append(self: *HashedFile, gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!void {
-        self.hasher.update(bytes);
-        self.written += bytes.len;
-        if (self.buffer.items.len + bytes.len > flush_bytes) {
-            try self.flush(path);
-            if (bytes.len >= flush_bytes) {
-                self.file.writeAll(bytes) catch |err| return status.failIo(err, path);
-                return;
-            }
-        }
-        try self.buffer.appendSlice(gpa, bytes);
-    }
-
-    fn flush(self: *HashedFile, path: []const u8) status.Error!void {
-        if (self.buffer.items.len == 0) return;
-        self.file.writeAll(self.buffer.items) catch |err| return status.failIo(err, path);
-        self.buffer.clearRetainingCapacity();
-    }
-
-    /// Flushes, fsyncs and closes; returns the digest.
-    pub fn finish(self: *HashedFile, path: []const u8) status.Error![32]u8 {
-        try self.flush(path);
-        self.file.sync() catch |err| return status.failIo(err, path);
-        self.file.close();
-        self.file = undefined;
-        return self.hasher.finalResult();
-    }
-
-    pub fn deinit(self: *HashedFile, gpa: std.mem.Allocator, open: bool) void {
-        if (open) self.file.close();
-        self.buffer.deinit(gpa);
-    }
 };
 
 /// Samples handed to one encode job at least (smaller batches are not split).
@@ -211,20 +157,17 @@ pub const Writer = struct {
     gpa: std.mem.Allocator,
     runtime: *Runtime,
     options: Options,
-    /// `<base>` as given, `<base>/<name>`, and the staging directory path.
-    base_path: []u8,
-    dest_path: [:0]u8,
-    staging_path: [:0]u8,
+    /// The staging directory this writer fills and publishes.
+    staging: publish.Staging,
     name: []u8,
-    staging_dir: std.fs.Dir,
     fields: []schema.Field = &.{},
     schema_set: bool = false,
     field_names: std.ArrayList(u8) = .empty,
 
-    shard: ?HashedFile = null,
+    shard: ?publish.HashedFile = null,
     shard_uncompressed: u64 = 0,
     shards: std.ArrayList(manifest.WriteShard) = .empty,
-    index_file: HashedFile,
+    index_file: publish.HashedFile,
     index_open: bool = true,
     sample_count: u64 = 0,
 
@@ -245,16 +188,15 @@ pub const Writer = struct {
     async_message_len: usize = 0,
     shard_path: std.ArrayList(u8) = .empty,
     failed: bool = false,
-    published: bool = false,
     profile: Profile,
 
     pub fn open(gpa: std.mem.Allocator, rt: *Runtime, base: []const u8, name: []const u8, options: Options) status.Error!*Writer {
         try rt.checkPid();
-        try checkName(name);
+        try publish.checkName(name);
         if (options.fingerprint) |fp| {
             if (!std.unicode.utf8ValidateSlice(fp)) return status.fail(error.InvalidArgument, "CacheSource.fingerprint must be valid UTF-8", .{});
         }
-        try checkBase(base);
+        try publish.checkBase(base);
         if (options.max_shard_bytes == 0) return status.fail(error.InvalidArgument, "max_shard_bytes must be greater than zero", .{});
         if (options.prefetch_size == 0) return status.fail(error.InvalidArgument, "prefetch_size must be greater than zero", .{});
         if (!(std.math.isFinite(options.ratio) and options.ratio > 0)) return status.fail(error.InvalidArgument, "shard_compression.ratio must be positive and finite", .{});
@@ -262,7 +204,7 @@ pub const Writer = struct {
 
         const name_copy = try gpa.dupe(u8, name);
         errdefer gpa.free(name_copy);
-        var staging = try Staging.create(gpa, base, name, options.replace);
+        var staging = try publish.Staging.create(gpa, base, name, options.replace);
         errdefer staging.discard(gpa);
         const index_file = staging.dir.createFile("index.bin", .{}) catch |err| return status.failIo(err, staging.staging_path);
         errdefer index_file.close();
@@ -285,46 +227,13 @@ pub const Writer = struct {
             .gpa = gpa,
             .runtime = rt.retain(),
             .options = options,
-            .base_path = staging.base_path,
-            .dest_path = staging.dest_path,
-            .staging_path = staging.staging_path,
+            .staging = staging,
             .name = name_copy,
-            .staging_dir = staging.dir,
             .index_file = .{ .file = index_file, .hasher = .init() },
             .profile = .{ .enabled = options.profile },
         };
         w.options.fingerprint = fingerprint;
         return w;
-    }
-
-    /// Removes the abandoned staging directories under `<base>/tmp` (see `sweep`);
-    /// nothing to do when there is no such directory.
-    pub fn sweepBase(base: []const u8) status.Error!void {
-        var base_dir = std.fs.cwd().openDir(base, .{}) catch |err| switch (err) {
-            error.FileNotFound => return,
-            else => return status.failIo(err, base),
-        };
-        defer base_dir.close();
-        var tmp_dir = base_dir.openDir("tmp", .{ .iterate = true }) catch |err| switch (err) {
-            error.FileNotFound => return,
-            else => return status.failIo(err, base),
-        };
-        defer tmp_dir.close();
-        sweep(tmp_dir);
-    }
-
-    /// Removes staging directories under `tmp/` whose writers are gone (their lock is free).
-    pub fn sweep(tmp_dir: std.fs.Dir) void {
-        posix.flock(tmp_dir.fd, posix.LOCK.EX) catch return;
-        defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
-        var it = tmp_dir.iterate();
-        while (it.next() catch null) |entry| {
-            if (entry.kind != .directory or !std.mem.endsWith(u8, entry.name, ".drt")) continue;
-            var dir = tmp_dir.openDir(entry.name, .{ .iterate = true }) catch continue;
-            defer dir.close();
-            posix.flock(dir.fd, posix.LOCK.EX | posix.LOCK.NB) catch continue;
-            tmp_dir.deleteTree(entry.name) catch {};
-        }
     }
 
     pub fn setSchema(w: *Writer, fields: []const schema.Field) status.Error!void {
@@ -355,7 +264,7 @@ pub const Writer = struct {
     /// writer is poisoned: only close is allowed.
     pub fn append(w: *Writer, count: u64, payloads: [*]const u8, offsets: [*]const u64, columns: [*]const Column) status.Error!void {
         try w.runtime.checkPid();
-        if (w.failed or w.published) return status.fail(error.InvalidArgument, "the writer cannot accept samples after a failure or finish", .{});
+        if (w.failed or w.staging.published) return status.fail(error.InvalidArgument, "the writer cannot accept samples after a failure or finish", .{});
         if (!w.schema_set) return status.fail(error.InvalidArgument, "drt_writer_set_schema must be called before appending", .{});
         errdefer w.failed = true;
         try w.checkAsync();
@@ -539,7 +448,7 @@ pub const Writer = struct {
             try shard.append(gpa, record, w.shard_path.items);
             w.shard_uncompressed += raw_len;
             const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
-            try w.index_file.append(gpa, &row, w.staging_path);
+            try w.index_file.append(gpa, &row, w.staging.staging_path);
             w.sample_count += 1;
             w.profile.stop(.disk_write, t, record_len + index.row_bytes);
         }
@@ -564,8 +473,8 @@ pub const Writer = struct {
         const name = manifest.shardName(&name_buf, w.shards.items.len);
         // The shard's path, kept for error messages while it is being written.
         w.shard_path.clearRetainingCapacity();
-        try w.shard_path.print(w.gpa, "{s}/shards/{s}", .{ w.staging_path, name });
-        var shards_dir = w.staging_dir.openDir("shards", .{}) catch |err| return status.failIo(err, w.staging_path);
+        try w.shard_path.print(w.gpa, "{s}/shards/{s}", .{ w.staging.staging_path, name });
+        var shards_dir = w.staging.dir.openDir("shards", .{}) catch |err| return status.failIo(err, w.staging.staging_path);
         defer shards_dir.close();
         const file = shards_dir.createFile(name, .{ .exclusive = true }) catch |err| return status.failIo(err, w.shard_path.items);
         w.shard = .{ .file = file, .hasher = .init() };
@@ -586,19 +495,24 @@ pub const Writer = struct {
     /// See drt_writer_finish.
     pub fn finish(w: *Writer) status.Error!void {
         try w.runtime.checkPid();
-        if (w.failed or w.published) return status.fail(error.InvalidArgument, "the writer cannot finish after a failure or finish", .{});
+        if (w.failed or w.staging.published) return status.fail(error.InvalidArgument, "the writer cannot finish after a failure or finish", .{});
         errdefer w.failed = true;
         w.drain();
         try w.checkAsync();
         if (w.sample_count == 0) return status.fail(error.InvalidArgument, "cache source yielded no samples", .{});
         try w.closeShard();
         var t = w.profile.start();
-        const index_sha = try w.index_file.finish(w.staging_path);
+        const index_sha = try w.index_file.finish(w.staging.staging_path);
         w.index_open = false;
         w.profile.stop(.finish_index, t, w.index_file.written);
 
         t = w.profile.start();
-        const metadata_sha = try hashFile(w.staging_dir, "metadata.arrow", w.staging_path);
+        const metadata_sha = blk: {
+            const file = w.staging.dir.openFile("metadata.arrow", .{}) catch |err| return status.failIo(err, w.staging.staging_path);
+            defer file.close();
+            file.sync() catch |err| return status.failIo(err, w.staging.staging_path);
+            break :blk (try publish.hashFile(file, w.staging.staging_path)).sha256;
+        };
         w.profile.stop(.finish_metadata, t, 0);
         t = w.profile.start();
 
@@ -615,41 +529,11 @@ pub const Writer = struct {
             .ratio = w.options.ratio,
             .fingerprint = w.options.fingerprint,
         });
-        {
-            const file = w.staging_dir.createFile("manifest.json", .{ .exclusive = true }) catch |err| return status.failIo(err, w.staging_path);
-            defer file.close();
-            file.writeAll(text.items) catch |err| return status.failIo(err, w.staging_path);
-            file.sync() catch |err| return status.failIo(err, w.staging_path);
-        }
+        try w.staging.writeManifest(text.items);
         w.profile.stop(.finish_manifest, t, text.items.len);
         t = w.profile.start();
         defer w.profile.stop(.publish, t, 0);
-        try syncDir(w.staging_dir, "shards", w.staging_path);
-        posix.fsync(w.staging_dir.fd) catch |err| return status.failIo(err, w.staging_path);
-
-        try renameIntoPlace(w.staging_path, w.dest_path, w.options.replace);
-        w.published = true;
-        try syncPath(w.base_path);
-    }
-
-    pub fn hashFile(dir: std.fs.Dir, name: []const u8, where: []const u8) status.Error![32]u8 {
-        const file = dir.openFile(name, .{}) catch |err| return status.failIo(err, where);
-        defer file.close();
-        file.sync() catch |err| return status.failIo(err, where);
-        var hasher: Sha256 = .init();
-        var buf: [1 << 16]u8 = undefined;
-        while (true) {
-            const n = file.read(&buf) catch |err| return status.failIo(err, where);
-            if (n == 0) break;
-            hasher.update(buf[0..n]);
-        }
-        return hasher.finalResult();
-    }
-
-    pub fn syncDir(parent: std.fs.Dir, name: []const u8, where: []const u8) status.Error!void {
-        var dir = parent.openDir(name, .{ .iterate = true }) catch |err| return status.failIo(err, where);
-        defer dir.close();
-        posix.fsync(dir.fd) catch |err| return status.failIo(err, where);
+        try w.staging.rename(w.options.replace);
     }
 
     /// Releases everything; removes the staging directory unless the cache was published.
@@ -661,145 +545,19 @@ pub const Writer = struct {
         gpa.free(w.chunks);
         if (w.shard) |*shard| shard.deinit(gpa, true);
         w.index_file.deinit(gpa, w.index_open);
-        w.staging_dir.close();
-        if (!w.published and !forked) std.fs.cwd().deleteTree(w.staging_path) catch {};
+        w.staging.close(gpa, forked);
         w.runtime.release();
         w.shards.deinit(gpa);
         w.shard_path.deinit(gpa);
         w.field_names.deinit(gpa);
         gpa.free(w.fields);
-        gpa.free(w.base_path);
-        gpa.free(w.dest_path);
-        gpa.free(w.staging_path);
         gpa.free(w.name);
         if (w.options.fingerprint) |fp| gpa.free(fp);
         gpa.destroy(w);
     }
 
     pub fn stagingPath(w: *const Writer) []const u8 {
-        return w.staging_path;
+        return w.staging.staging_path;
     }
 };
 
-/// Checks a cache name: not empty, a plain path segment other than "tmp", valid UTF-8.
-pub fn checkName(name: []const u8) status.Error!void {
-    if (name.len == 0) return status.fail(error.InvalidArgument, "CacheSource.name must not be empty", .{});
-    if (!manifest.isPlainSegment(name) or std.mem.eql(u8, name, "tmp")) {
-        return status.fail(error.InvalidArgument, "CacheSource.name must be a non-reserved plain path segment", .{});
-    }
-    if (!std.unicode.utf8ValidateSlice(name)) return status.fail(error.InvalidArgument, "CacheSource.name must be valid UTF-8", .{});
-}
-
-pub fn checkBase(base: []const u8) status.Error!void {
-    if (base.len == 0 or std.mem.indexOfScalar(u8, base, 0) != null) return status.fail(error.InvalidArgument, "invalid cache base directory", .{});
-}
-
-/// A staging directory `<base>/tmp/<name prefix>.<random>.drt` for the cache `<base>/<name>`,
-/// created with a `shards/` directory and held under an exclusive flock until `dir` is
-/// closed. Used by the writer and by the fragment commit (fragment.zig).
-pub const Staging = struct {
-    /// `<base>` as given, `<base>/<name>`, and the staging directory path.
-    base_path: []u8,
-    dest_path: [:0]u8,
-    staging_path: [:0]u8,
-    dir: std.fs.Dir,
-
-    /// Creates `<base>` (with parents) and `<base>/tmp`, sweeps abandoned staging
-    /// directories, and creates and locks a fresh one. Fails with error.Exists ("cache
-    /// path already exists") when anything is at `<base>/<name>`, unless `replace`.
-    /// The caller checked `name` (checkName) and `base` (checkBase).
-    pub fn create(gpa: std.mem.Allocator, base: []const u8, name: []const u8, replace: bool) status.Error!Staging {
-        const base_path = try gpa.dupe(u8, base);
-        errdefer gpa.free(base_path);
-        const dest_path = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ base, name }, 0);
-        errdefer gpa.free(dest_path);
-
-        std.fs.cwd().makePath(base) catch |err| return status.failIo(err, base);
-        var base_dir = std.fs.cwd().openDir(base, .{}) catch |err| return status.failIo(err, base);
-        defer base_dir.close();
-        // Anything at the destination counts, a dangling symlink included (no follow).
-        if (posix.fstatat(base_dir.fd, name, posix.AT.SYMLINK_NOFOLLOW)) |_| {
-            if (!replace) return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path});
-        } else |err| switch (err) {
-            error.FileNotFound => {},
-            else => return status.failIo(err, dest_path),
-        }
-        base_dir.makeDir("tmp") catch |err| switch (err) {
-            error.PathAlreadyExists => {},
-            else => return status.failIo(err, base),
-        };
-        var tmp_dir = base_dir.openDir("tmp", .{ .iterate = true }) catch |err| return status.failIo(err, base);
-        defer tmp_dir.close();
-        Writer.sweep(tmp_dir);
-
-        // Create and lock the staging directory under a shared lock on tmp/ (see //!).
-        posix.flock(tmp_dir.fd, posix.LOCK.SH) catch |err| return status.failIo(err, base);
-        defer posix.flock(tmp_dir.fd, posix.LOCK.UN) catch {};
-        var random_bytes: [8]u8 = undefined;
-        std.crypto.random.bytes(&random_bytes);
-        // At most 64 bytes of the name (cut on a UTF-8 boundary) keep staging names
-        // readable and within NAME_MAX for every valid cache name.
-        var prefix_len = @min(name.len, 64);
-        while (prefix_len < name.len and prefix_len > 0 and (name[prefix_len] & 0xC0) == 0x80) prefix_len -= 1;
-        const staging_name = try std.fmt.allocPrint(gpa, "{s}.{s}.drt", .{ name[0..prefix_len], std.fmt.bytesToHex(random_bytes, .lower) });
-        defer gpa.free(staging_name);
-        const staging_path = try std.fmt.allocPrintSentinel(gpa, "{s}/tmp/{s}", .{ base, staging_name }, 0);
-        errdefer gpa.free(staging_path);
-        tmp_dir.makeDir(staging_name) catch |err| return status.failIo(err, staging_path);
-        errdefer tmp_dir.deleteTree(staging_name) catch {};
-        var staging_dir = tmp_dir.openDir(staging_name, .{ .iterate = true }) catch |err| return status.failIo(err, staging_path);
-        errdefer staging_dir.close();
-        posix.flock(staging_dir.fd, posix.LOCK.EX | posix.LOCK.NB) catch |err| return status.failIo(err, staging_path);
-        staging_dir.makeDir("shards") catch |err| return status.failIo(err, staging_path);
-        return .{ .base_path = base_path, .dest_path = dest_path, .staging_path = staging_path, .dir = staging_dir };
-    }
-
-    /// Closes (unlocks) and removes the staging directory, and frees the paths.
-    pub fn discard(s: *Staging, gpa: std.mem.Allocator) void {
-        s.dir.close();
-        std.fs.cwd().deleteTree(s.staging_path) catch {};
-        s.free(gpa);
-    }
-
-    /// Frees the paths (the directory must be closed already).
-    pub fn free(s: *Staging, gpa: std.mem.Allocator) void {
-        gpa.free(s.base_path);
-        gpa.free(s.dest_path);
-        gpa.free(s.staging_path);
-        s.* = undefined;
-    }
-};
-
-/// Renames a complete, fsynced staging directory to `dest_path`. Without `replace` this
-/// never replaces anything (renameat2 RENAME_NOREPLACE; "cache path already exists"
-/// otherwise). With `replace` an existing destination is exchanged atomically and the old
-/// cache, now at `staging_path`, is removed. The caller fsyncs `<base>` next (syncPath).
-pub fn renameIntoPlace(staging_path: [:0]const u8, dest_path: [:0]const u8, replace: bool) status.Error!void {
-    if (replace) {
-        // Swap the new cache in atomically; the old one lands at the staging path.
-        const rc = linux.renameat2(posix.AT.FDCWD, staging_path.ptr, posix.AT.FDCWD, dest_path.ptr, rename_exchange);
-        switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
-            .SUCCESS => {
-                // The replaced cache: datasets that still have it open keep reading its open
-                // files or get "replaced" errors (cache.zig checks the directory's identity).
-                std.fs.cwd().deleteTree(staging_path) catch {};
-                return;
-            },
-            .NOENT => {}, // nothing to replace any more: publish normally
-            else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), dest_path }),
-        }
-    }
-    const rc = linux.renameat2(posix.AT.FDCWD, staging_path.ptr, posix.AT.FDCWD, dest_path.ptr, rename_noreplace);
-    switch (linux.E.init(rc)) { // a raw syscall result: not libc-style
-        .SUCCESS => {},
-        .EXIST, .NOTEMPTY => return status.fail(error.Exists, "cache path already exists: {s}", .{dest_path}),
-        else => |e| return status.fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ @tagName(e), @intFromEnum(e), dest_path }),
-    }
-}
-
-/// fsyncs the directory at `path` (after a rename into it).
-pub fn syncPath(path: []const u8) status.Error!void {
-    var dir = std.fs.cwd().openDir(path, .{ .iterate = true }) catch |err| return status.failIo(err, path);
-    defer dir.close();
-    posix.fsync(dir.fd) catch |err| return status.failIo(err, path);
-}
