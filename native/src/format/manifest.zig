@@ -69,18 +69,13 @@ pub fn isPlainSegment(name: []const u8) bool {
     return std.mem.indexOfAny(u8, name, "/\\\x00") == null;
 }
 
-/// Parses manifest bytes. `path` names the file in error messages.
-/// Errors: error.Json ("JSON error: ...") for syntax, types and unknown versions;
-/// error.InvalidCache for values that are well-typed but unusable.
-pub fn parse(gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!Manifest {
-    var arena = std.heap.ArenaAllocator.init(gpa);
-    errdefer arena.deinit();
-    const a = arena.allocator();
-
-    var scanner = std.json.Scanner.initCompleteInput(a, bytes);
+/// The manifest's JSON (duplicate keys refused, numbers kept as written), allocated in
+/// `arena`. `path` names the file in error messages.
+fn parseJson(arena: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!std.json.Value {
+    var scanner = std.json.Scanner.initCompleteInput(arena, bytes);
     var diagnostics: std.json.Diagnostics = .{};
     scanner.enableDiagnostics(&diagnostics);
-    const root = std.json.parseFromTokenSourceLeaky(std.json.Value, a, &scanner, .{
+    return std.json.parseFromTokenSourceLeaky(std.json.Value, arena, &scanner, .{
         .duplicate_field_behavior = .@"error",
         .parse_numbers = false,
     }) catch |err| {
@@ -94,6 +89,17 @@ pub fn parse(gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status
             what, diagnostics.getLine(), diagnostics.getColumn(), path,
         });
     };
+}
+
+/// Parses manifest bytes. `path` names the file in error messages.
+/// Errors: error.Json ("JSON error: ...") for syntax, types and unknown versions;
+/// error.InvalidCache for values that are well-typed but unusable.
+pub fn parse(gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!Manifest {
+    var arena = std.heap.ArenaAllocator.init(gpa);
+    errdefer arena.deinit();
+    const a = arena.allocator();
+
+    const root = try parseJson(a, bytes, path);
     const object = switch (root) {
         .object => |o| o,
         else => |v| return status.fail(error.Json, "JSON error: invalid type: {s}, expected a manifest object with unique field names at line 1 column 1 in {s}", .{ typeName(v), path }),
@@ -312,21 +318,11 @@ pub const Migration = union(enum) {
 /// carry `cache_id`.
 /// Errors: error.Json ("JSON error: ...") for syntax, duplicate keys and versions other
 /// than 2 and 3; error.InvalidCache when a format-3 manifest's cache_id differs.
-pub fn migrate(gpa: std.mem.Allocator, bytes: []const u8, cache_id: u64) status.Error!Migration {
+pub fn migrate(gpa: std.mem.Allocator, bytes: []const u8, cache_id: u64, path: []const u8) status.Error!Migration {
     var arena = std.heap.ArenaAllocator.init(gpa);
     defer arena.deinit();
     const a = arena.allocator();
-    var scanner = std.json.Scanner.initCompleteInput(a, bytes);
-    var diagnostics: std.json.Diagnostics = .{};
-    scanner.enableDiagnostics(&diagnostics);
-    const root = std.json.parseFromTokenSourceLeaky(std.json.Value, a, &scanner, .{
-        .duplicate_field_behavior = .@"error",
-        .parse_numbers = false,
-    }) catch |err| switch (err) {
-        error.OutOfMemory => return error.OutOfMemory,
-        error.DuplicateField => return status.fail(error.Json, "JSON error: duplicate manifest field at line {d} column {d}", .{ diagnostics.getLine(), diagnostics.getColumn() }),
-        else => return status.fail(error.Json, "JSON error: invalid JSON at line {d} column {d}", .{ diagnostics.getLine(), diagnostics.getColumn() }),
-    };
+    const root = try parseJson(a, bytes, path);
     const object = switch (root) {
         .object => |o| o,
         else => return status.fail(error.Json, "JSON error: unsupported format version None", .{}),
@@ -590,7 +586,7 @@ test "migrate rewrites format 2 in the reference's layout and leaves format 3 al
     const body_start = std.mem.indexOf(u8, fixture_manifest, "\"source_name\"").?;
     try v2.appendSlice(gpa, "{\"zz\": [1, {\"b\": 2.50, \"a\": {}}], \"format_version\": 2, \"cache_id\": 9,\n  ");
     try v2.appendSlice(gpa, fixture_manifest[body_start..]);
-    const migrated = try migrate(gpa, v2.items, 7);
+    const migrated = try migrate(gpa, v2.items, 7, "m");
     defer gpa.free(migrated.text);
     const tail_at = std.mem.lastIndexOfScalar(u8, fixture_manifest, '}').?;
     const want = try std.mem.concat(gpa, u8, &.{
@@ -601,12 +597,12 @@ test "migrate rewrites format 2 in the reference's layout and leaves format 3 al
     defer gpa.free(want);
     try testing.expectEqualStrings(want, migrated.text);
     // Format 3 with its id: unchanged; with another id: refused.
-    try testing.expectEqual(Migration.unchanged, try migrate(gpa, fixture_manifest, 4233350989699285984));
-    try testing.expectError(error.InvalidCache, migrate(gpa, fixture_manifest, 1));
+    try testing.expectEqual(Migration.unchanged, try migrate(gpa, fixture_manifest, 4233350989699285984, "m"));
+    try testing.expectError(error.InvalidCache, migrate(gpa, fixture_manifest, 1, "m"));
     try testing.expectEqualStrings("manifest cache_id changed since dataset construction", status.lastMessage());
-    try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 4}", 1));
+    try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 4}", 1, "m"));
     try testing.expectEqualStrings("JSON error: unsupported format version 4", status.lastMessage());
-    try testing.expectError(error.Json, migrate(gpa, "[]", 1));
-    try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 2, \"format_version\": 2}", 1));
-    try testing.expectError(error.Json, migrate(gpa, "{", 1));
+    try testing.expectError(error.Json, migrate(gpa, "[]", 1, "m"));
+    try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 2, \"format_version\": 2}", 1, "m"));
+    try testing.expectError(error.Json, migrate(gpa, "{", 1, "m"));
 }

@@ -19,6 +19,7 @@ const sampler = @import("sampler.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
 const Cache = @import("../store/cache.zig").Cache;
 const io = @import("../io/backend.zig");
+const files = @import("../io/files.zig");
 const runtime_mod = @import("../base/runtime.zig");
 const Runtime = runtime_mod.Runtime;
 
@@ -172,6 +173,15 @@ pub const Dataset = struct {
         ds.runtime.release();
         gpa.destroy(ds);
     }
+
+    /// Opens shard files for an I/O descriptor cache (io/files.zig).
+    pub const ShardOpener = struct {
+        ds: *const Dataset,
+
+        pub fn open(o: ShardOpener, key: files.Key) status.Error!std.posix.fd_t {
+            return o.ds.caches[key.cache].openShard(key.shard_id);
+        }
+    };
 
     /// Counts one read by an iterator backend (`kind`) or by a lookup (null).
     pub fn countRead(ds: *Dataset, kind: ?io.Kind, bytes: u64) void {

@@ -128,15 +128,6 @@ const Slot = struct {
     }
 };
 
-/// Opens shard files for the descriptor cache.
-const ShardOpener = struct {
-    ds: *const Dataset,
-
-    pub fn open(o: ShardOpener, key: files_mod.Key) status.Error!std.posix.fd_t {
-        return o.ds.caches[key.cache].openShard(key.shard_id);
-    }
-};
-
 pub const Iter = struct {
     ds: *Dataset,
     table: *Table,
@@ -263,7 +254,7 @@ pub const Iter = struct {
         if (span.offset > shard_len or span.len > shard_len - span.offset) {
             return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(ds)});
         }
-        const handle = try it.files.acquire(.{ .cache = span.cache, .shard_id = span.shard_id }, ShardOpener{ .ds = ds });
+        const handle = try it.files.acquire(.{ .cache = span.cache, .shard_id = span.shard_id }, Dataset.ShardOpener{ .ds = ds });
         slot.file = handle;
         try record.growUninit(&slot.buf, ds.gpa, @intCast(span.len));
         if (span.len == 0) {

@@ -14,15 +14,6 @@ const batch_mod = @import("batch.zig");
 const record = @import("record.zig");
 const Dataset = dataset_mod.Dataset;
 
-/// Opens shard files for the descriptor cache.
-const ShardOpener = struct {
-    ds: *const Dataset,
-
-    pub fn open(o: ShardOpener, key: files_mod.Key) status.Error!std.posix.fd_t {
-        return o.ds.caches[key.cache].openShard(key.shard_id);
-    }
-};
-
 pub const Lookup = struct {
     ds: *Dataset,
     files: files_mod.Files = .{},
@@ -64,7 +55,7 @@ pub const Lookup = struct {
                 return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path});
             }
             try record.growUninit(&lk.record, gpa, @intCast(row.byte_len));
-            const handle = try lk.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, ShardOpener{ .ds = ds });
+            const handle = try lk.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds });
             defer lk.files.release(handle);
             switch (io.readAll(handle.fd, lk.record.items, row.offset)) {
                 .ok => {},

@@ -23,7 +23,7 @@ pub fn migrateManifest(gpa: std.mem.Allocator, path: []const u8, cache_id: u64) 
         else => return status.fail(error.Io, "I/O error: {s}", .{status.describeOsError(err)}),
     };
     defer gpa.free(text);
-    const migrated = switch (try manifest.migrate(gpa, text, cache_id)) {
+    const migrated = switch (try manifest.migrate(gpa, text, cache_id, path)) {
         .unchanged => return .unchanged,
         .text => |t| t,
     };
