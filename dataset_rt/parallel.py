@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from dataset_rt import _native
-from dataset_rt._native import lib
 from dataset_rt.records import CacheWriteError, CacheWriteResult
 
 TIMEOUT_MESSAGE = "writer process timeout exceeded"
@@ -73,8 +72,7 @@ def _stop(running: list[_Running]) -> None:
 
 
 def _sweep(base: Path) -> None:
-    raw = _native.encode_path(base)
-    lib.drt_staging_sweep(raw, len(raw))
+    _native.staging_sweep(base)  # best effort: a failed sweep is retried by the next writer
 
 
 def write_in_processes(
