@@ -21,20 +21,19 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from dataset_rt import _native
+from dataset_rt.api import CachedDataset, DatasetRuntime, ReaderConfig
+
 VERIFY_BATCH = 4096
 
 
-def _runtime() -> Any:
-    import dataset_rt as drt
-
-    return drt.DatasetRuntime(num_workers=2)
+def _runtime() -> DatasetRuntime:
+    return DatasetRuntime(num_workers=2)
 
 
-def _open(runtime: Any, path: Path, *, validate: bool = False) -> Any:
-    import dataset_rt as drt
-
+def _open(runtime: DatasetRuntime, path: Path, *, validate: bool = False) -> CachedDataset:
     return runtime.cached_dataset(
-        [path], reader_config=drt.ReaderConfig(seed=0, shuffle=False, validate_cache=validate)
+        [path], reader_config=ReaderConfig(seed=0, shuffle=False, validate_cache=validate)
     )
 
 
@@ -75,9 +74,7 @@ def cache_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
-def _schema(dataset: Any) -> list[tuple[str, str]]:
-    from dataset_rt import _native
-
+def _schema(dataset: CachedDataset) -> list[tuple[str, str]]:
     return [(name, _native.KIND_NAMES[kind]) for name, kind in dataset._handle.fields()]
 
 

@@ -16,7 +16,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from dataset_rt import _native
+from dataset_rt import _native, manifests, metadata, snapshot
 from dataset_rt.config import ReaderConfig
 from dataset_rt.records import CachedSample
 
@@ -353,13 +353,11 @@ class CachedDataset:
             if self._active is None:
                 import polars as pl
 
-                from dataset_rt.metadata import default_table
-
                 _native.check_owner(self._runtime.pid)  # Polars would hang in a fork
                 if self._active_arrow is not None:
                     self._active = pl.from_arrow(self._active_arrow)
                 else:
-                    self._active = default_table(self)
+                    self._active = metadata.default_table(self)
             return self._active
 
     def samples_metadata(self) -> Any:
@@ -377,19 +375,15 @@ class CachedDataset:
         draw stream restart at 0, shuffled reading switches to weighted draws, and the
         epoch length becomes the row count. Cache files are never rewritten.
         """
-        from dataset_rt.metadata import validate_and_set
-
         _native.check_owner(self._runtime.pid)
         with self._state_lock:
-            validate_and_set(self, df)
+            metadata.validate_and_set(self, df)
             self._table_replaced(df, None, df.height)
 
     def _set_arrow_table(self, table: Any) -> None:
         """``update_metadata`` for a pyarrow table from a snapshot, without Polars."""
-        from dataset_rt.metadata import set_arrow_table
-
         with self._state_lock:
-            set_arrow_table(self, table)
+            metadata.set_arrow_table(self, table)
             self._table_replaced(None, table, table.num_rows)
 
     def _table_replaced(self, frame: Any, arrow: Any, rows: int) -> None:
@@ -410,26 +404,25 @@ class CachedDataset:
         Returns ``Ok(ManifestUpdateReport)`` or ``Err(ManifestUpdateError)``; see the
         storage-format docs. Sample files, the active table and cursors are unchanged.
         """
-        from dataset_rt.manifests import update_manifests
-
         _native.check_owner(self._runtime.pid)
-        return update_manifests(self, version)
+        return manifests.update_manifests(self, version)
 
     def dump_config(self, path: str | os.PathLike[str]) -> Path:
         """Write ``dataset.json`` and the active table (``metadata.arrow``) into the
         existing directory ``path``; returns the ``dataset.json`` path."""
-        from dataset_rt.snapshot import dump_config
-
         _native.check_owner(self._runtime.pid)
-        return dump_config(self, path)
+        return snapshot.dump_config(self, path)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str]) -> CachedDataset:
         """Rebuild a dataset (new runtime, same caches, active table and epoch length)
         from a ``dataset.json`` written by :meth:`dump_config`. The stream starts at 0."""
-        from dataset_rt.snapshot import load_config
-
-        return load_config(path)
+        config, table = snapshot.load_config(path)
+        runtime = _native.Runtime.open(config.num_workers)
+        dataset = cls._open(runtime, [Path(p) for p in config.cache_paths], config.reader_config)
+        dataset.update_metadata(table)
+        dataset.set_epoch_len(config.epoch_len)
+        return dataset
 
     def to_torch_iterable_dataset(self) -> Any:
         """A sized ``torch.utils.data.IterableDataset`` over this dataset's stream.
@@ -514,7 +507,10 @@ class CachedDataset:
 
 def _torch_adapters(method: str) -> Any:
     """``dataset_rt.integrations.torch``, or dataset-rt 0.4.8's ImportError for ``method``
-    when PyTorch itself cannot be imported (other import errors propagate)."""
+    when PyTorch itself cannot be imported (other import errors propagate).
+
+    The one import of a higher layer (the integrations): lazy, so that ``import
+    dataset_rt`` never imports torch (tests/test_structure.py allows exactly this edge)."""
     try:
         from dataset_rt.integrations import torch as adapters
     except ImportError as error:

@@ -40,6 +40,7 @@ from dataset_rt import _native
 from dataset_rt._native import Kind
 from dataset_rt.config import WriterConfig
 from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
+from dataset_rt.runtime import DatasetRuntime
 from dataset_rt.writer import (
     SourceFailure,
     _Ingest,
@@ -51,8 +52,6 @@ from dataset_rt.writer import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from dataset_rt.runtime import DatasetRuntime
 
 __all__ = [
     "Fragment",

@@ -1,4 +1,9 @@
-"""`DatasetRuntime`: the native worker pool and the entry points that write and load caches."""
+"""`DatasetRuntime`: the native worker pool and the entry points that write and load caches.
+
+The layer above the dataset and the writers: it decides where sources are written (this
+process, or spawned writer processes with ``num_processes > 0``) and which existing caches
+are reused.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,8 @@ from typing import Any
 
 from dataset_rt import _native
 from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
+from dataset_rt.dataset import CachedDataset, probe_cache
+from dataset_rt.parallel import write_in_processes
 from dataset_rt.records import (
     CacheSourcesDatasetError,
     CacheSourcesDatasetResult,
@@ -19,6 +26,7 @@ from dataset_rt.records import (
     CacheWriteResult,
     CacheWriteSuccess,
 )
+from dataset_rt.writer import _Plan, is_parallel, plan_sources, write_planned
 
 
 class DatasetRuntime:
@@ -64,17 +72,25 @@ class DatasetRuntime:
         configs and duplicate names (before anything is written); ``KeyboardInterrupt`` and
         ``SystemExit`` propagate unchanged after cleanup.
         """
-        from dataset_rt.writer import write_sources
-
         _native.check_owner(self._runtime.pid)
-        return write_sources(self._runtime, sources, path, writer_config)
+        items = sources if isinstance(sources, list) else [sources]
+        base = Path(path)
+        plans, results = plan_sources(items, base, writer_config)
+        results.update(self._write_planned(plans, base, writer_config))
+        return [results[i] for i in range(len(items))]
+
+    def _write_planned(
+        self, plans: list[_Plan], base: Path, config: WriterConfig
+    ) -> dict[int, CacheWriteResult]:
+        """Write planned sources here or in spawned processes; results by position."""
+        if is_parallel(config):
+            return write_in_processes(plans, base, config, self._runtime.num_workers)
+        return write_planned(self._runtime, plans, base, config)
 
     def cached_dataset(
         self, paths: Sequence[str | os.PathLike[str]], *, reader_config: ReaderConfig
     ) -> Any:
         """Load caches (in ``paths`` order) as one ``CachedDataset``; raises load errors."""
-        from dataset_rt.dataset import CachedDataset
-
         return CachedDataset._open(self._runtime, [Path(p) for p in paths], reader_config)
 
     def from_cache_sources(
@@ -93,9 +109,6 @@ class DatasetRuntime:
         ``CacheSourcesDatasetSuccess(dataset, results)`` when at least one cache is
         available, else ``CacheSourcesDatasetError(results, message)``.
         """
-        from dataset_rt.dataset import CachedDataset, probe_cache
-        from dataset_rt.writer import plan_sources, write_planned
-
         _native.check_owner(self._runtime.pid)
         items = sources if isinstance(sources, list) else [sources]
         if not items:
@@ -125,10 +138,10 @@ class DatasetRuntime:
                 if error is None
                 else CacheWriteError(plan.name, error)
             )
-        results.update(write_planned(self._runtime, to_write, base, writer_config))
+        results.update(self._write_planned(to_write, base, writer_config))
         if to_rebuild:  # swapped in by this process (the exchange is not done by children)
             serial = writer_config.model_copy(update={"num_processes": 0})
-            results.update(write_planned(self._runtime, to_rebuild, base, serial))
+            results.update(self._write_planned(to_rebuild, base, serial))
         final = [results[i] for i in range(len(items))]
         paths = [r.path for r in final if isinstance(r, CacheWriteSuccess)]
         if not paths:

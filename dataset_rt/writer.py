@@ -27,14 +27,12 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dataset_rt import _native
 from dataset_rt._native import KIND_NAMES, Kind
+from dataset_rt.config import WriterConfig
 from dataset_rt.records import CacheInput, CacheWriteError, CacheWriteResult, CacheWriteSuccess
-
-if TYPE_CHECKING:
-    from dataset_rt.config import WriterConfig
 
 _PLAIN_TYPES: dict[int, type] = {
     Kind.BOOL: bool,
@@ -225,11 +223,12 @@ def plan_sources(
     invalid configs and duplicate names before anything is written.
     """
     validate_writer_config(config)
-    return _plan_sources(sources, base, parallel=_parallel(config))
+    return _plan_sources(sources, base, parallel=is_parallel(config))
 
 
-def _parallel(config: WriterConfig) -> bool:
-    """Sources go to spawned processes (the reference ignores this with the profiler on)."""
+def is_parallel(config: WriterConfig) -> bool:
+    """Sources go to spawned processes (``dataset_rt.parallel``; the reference ignores
+    ``num_processes`` with the profiler on)."""
     profiling = bool(getattr(getattr(config, "profiler", None), "enabled", False))
     return int(getattr(config, "num_processes", 0) or 0) > 0 and not profiling
 
@@ -237,11 +236,9 @@ def _parallel(config: WriterConfig) -> bool:
 def write_planned(
     runtime: _native.Runtime, plans: list[_Plan], base: Path, config: WriterConfig
 ) -> dict[int, CacheWriteResult]:
-    """Write planned sources in order; returns their results by source position."""
-    if _parallel(config):
-        from dataset_rt.parallel import write_in_processes
-
-        return write_in_processes(plans, base, config, runtime.num_workers)
+    """Write planned sources in order, in this process (the caller sends them to
+    ``dataset_rt.parallel`` when :func:`is_parallel`); returns their results by source
+    position."""
     options = validate_writer_config(config)
     progress = _Progress.create(bool(config.show_progress), len(plans))
     profiler = getattr(config, "profiler", None)
@@ -268,7 +265,8 @@ def write_planned(
 def write_sources(
     runtime: _native.Runtime, sources: Any, path: str | os.PathLike[str], config: WriterConfig
 ) -> list[CacheWriteResult]:
-    """Write each source to ``<path>/<name>``; one result per source, in order."""
+    """Write each source to ``<path>/<name>`` in this process (``num_processes`` is not
+    looked at: a writer process uses this); one result per source, in order."""
     items = sources if isinstance(sources, list) else [sources]
     base = Path(path)
     plans, results = plan_sources(items, base, config)
