@@ -58,8 +58,6 @@ if (lib.drt_abi_version() >> 16) != ABI_MAJOR:
         f"this dataset_rt needs ABI {ABI_MAJOR}.x"
     )
 
-NULL = ffi.NULL
-
 
 # ------------------------------------------------------------------------ constants
 # Member names are the header's names without their prefix (DRT_KIND_BOOL: Kind.BOOL);
