@@ -5,6 +5,7 @@ or a deterministic weighted shuffle, steered by a Polars metadata table. Storage
 with dataset-rt 0.4.8. See ``docs/`` for guides and the storage format.
 """
 
+from dataset_rt import _native
 from dataset_rt.api import (
     AbsentManifestTarget,
     CachedDataset,
@@ -35,15 +36,13 @@ from dataset_rt.api import (
 def native_info() -> dict[str, object]:
     """Facts about the loaded native library: version, C ABI, path, whether io_uring is
     usable in this process (the "auto" backend's choice), and the SHA-256 implementation."""
-    from dataset_rt._native import ffi, lib, library_path
-
-    abi = lib.drt_abi_version()
+    major, minor = _native.abi_version()
     return {
-        "version": ffi.string(lib.drt_version()).decode(),
-        "abi": f"{abi >> 16}.{abi & 0xFFFF}",
-        "library": library_path(),
-        "io_uring_available": bool(lib.drt_io_uring_available()),
-        "sha256": ffi.string(lib.drt_sha256_implementation()).decode(),
+        "version": _native.version(),
+        "abi": f"{major}.{minor}",
+        "library": _native.library_path(),
+        "io_uring_available": _native.io_uring_available(),
+        "sha256": _native.sha256_implementation(),
     }
 
 

@@ -1,26 +1,56 @@
-"""The only module that touches the native library.
+"""The binding: the only module that touches the native library.
 
 Loads ``libdataset_rt.so`` from this package's directory (or from the path in the
 developer override ``DATASET_RT_LIBRARY``; there is no search), through the out-of-line
-cffi ABI module ``dataset_rt._ffi`` generated at build time from ``dataset_rt.h``. Status
-codes become exceptions in one place, :func:`check`.
+cffi ABI module ``dataset_rt._ffi`` generated at build time from ``dataset_rt.h``.
+
+What it offers the rest of the package (nothing else imports ``ffi`` or ``lib``):
+
+* the header's constants as enums whose values are read from the library (``Kind``,
+  ``IoBackend``, ``Stage``...), never retyped;
+* :func:`check` / :func:`raise_status`, the one place statuses become exceptions;
+* typed handles mirroring the C handles (``Runtime``, ``Dataset``, ``Iterator``,
+  ``Lookup``, ``Writer``, ``Commit``): methods named after the C functions
+  (``drt_iter_next_batch`` is ``Iterator.next_batch``), an idempotent ``close()``, and
+  ``with`` support. ``ffi.gc`` is only a safety net for handles nobody closed; its
+  destructor keeps the library's close function alive, so it still runs while the
+  interpreter shuts down;
+* the conversions at the boundary: native batches to Python values and numpy/pyarrow
+  arrays (:class:`Batch`), Arrow columns handed to ``drt_dataset_set_table`` and writer
+  columns handed to ``drt_writer_append`` by pointer.
+
+Fork: native handles refuse a forked child on their own (``DRT_E_FORKED``) and closing an
+inherited handle there is a native no-op. :func:`check_owner` raises the same error
+before a Python-side path could hang first; a :class:`Runtime` applies it whenever it
+is used to open a dataset or a writer.
 """
 
 from __future__ import annotations
 
+import enum
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import pairwise
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar
 
 from dataset_rt._ffi import ffi
 
 LIBRARY_ENV = "DATASET_RT_LIBRARY"
+# The C ABI major this module is written against. A header (``_ffi.py``) or a library
+# with another major is refused, so a breaking ABI change fails here until the binding
+# is updated, instead of misreading structs later.
 ABI_MAJOR = 1
 
 _library_path = os.environ.get(LIBRARY_ENV) or str(Path(__file__).with_name("libdataset_rt.so"))
 lib: Any = ffi.dlopen(_library_path)
 
+if lib.DRT_ABI_VERSION_MAJOR != ABI_MAJOR:
+    raise ImportError(
+        f"dataset_rt._ffi was generated from a header with C ABI "
+        f"{lib.DRT_ABI_VERSION_MAJOR}.{lib.DRT_ABI_VERSION_MINOR}; "
+        f"this dataset_rt needs ABI {ABI_MAJOR}.x"
+    )
 if (lib.drt_abi_version() >> 16) != ABI_MAJOR:
     raise ImportError(
         f"{_library_path} has C ABI "
@@ -28,11 +58,143 @@ if (lib.drt_abi_version() >> 16) != ABI_MAJOR:
         f"this dataset_rt needs ABI {ABI_MAJOR}.x"
     )
 
-NULL = ffi.NULL
+
+# ------------------------------------------------------------------------ constants
+# Member names are the header's names without their prefix (DRT_KIND_BOOL: Kind.BOOL);
+# tests/test_structure.py checks that every constant of the header is read here.
 
 
-class NativeError(Exception):
-    """Base of the errors carrying a native status (never raised bare)."""
+class Status(enum.IntEnum):
+    """Native status codes (``DRT_OK``, ``DRT_E_*``)."""
+
+    OK = lib.DRT_OK
+    E_INVALID_ARGUMENT = lib.DRT_E_INVALID_ARGUMENT
+    E_INVALID_CACHE = lib.DRT_E_INVALID_CACHE
+    E_IO = lib.DRT_E_IO
+    E_JSON = lib.DRT_E_JSON
+    E_ARROW = lib.DRT_E_ARROW
+    E_INDEX = lib.DRT_E_INDEX
+    E_OUT_OF_MEMORY = lib.DRT_E_OUT_OF_MEMORY
+    E_FORKED = lib.DRT_E_FORKED
+    E_EXISTS = lib.DRT_E_EXISTS
+    E_OVERFLOW = lib.DRT_E_OVERFLOW
+    E_INTERNAL = lib.DRT_E_INTERNAL
+
+
+class Kind(enum.IntEnum):
+    """Metadata value kinds (``DRT_KIND_*``); ``KIND_NAMES`` gives the manifest names."""
+
+    BOOL = lib.DRT_KIND_BOOL
+    INT = lib.DRT_KIND_INT
+    FLOAT = lib.DRT_KIND_FLOAT
+    STRING = lib.DRT_KIND_STRING
+
+
+#: The manifest's name of each kind ("bool", "int", "float", "string").
+KIND_NAMES: dict[int, str] = {kind: kind.name.lower() for kind in Kind}
+
+
+class Compression(enum.IntEnum):
+    """Shard payload compression (``DRT_COMPRESSION_*``)."""
+
+    NONE = lib.DRT_COMPRESSION_NONE
+    LZ4 = lib.DRT_COMPRESSION_LZ4
+
+
+class IoBackend(enum.IntEnum):
+    """Read I/O backends (``DRT_IO_*``); ``IO_BACKENDS`` maps ``ReaderConfig`` names."""
+
+    AUTO = lib.DRT_IO_AUTO
+    URING = lib.DRT_IO_URING
+    THREADS = lib.DRT_IO_THREADS
+
+
+#: ``ReaderConfig.io_backend`` values and the backend each selects.
+IO_BACKENDS: dict[str, IoBackend] = {
+    "auto": IoBackend.AUTO,
+    "io_uring": IoBackend.URING,
+    "threads": IoBackend.THREADS,
+}
+#: The name of a backend in use (``Dataset.io_backend()`` never returns AUTO).
+IO_BACKEND_NAMES: dict[int, str] = {IoBackend.URING: "io_uring", IoBackend.THREADS: "threads"}
+
+
+class Sampling(enum.IntEnum):
+    """Shuffled sampling modes (``DRT_SAMPLING_*``)."""
+
+    WITH_REPLACEMENT = lib.DRT_SAMPLING_WITH_REPLACEMENT
+    PERMUTATION = lib.DRT_SAMPLING_PERMUTATION
+
+
+class Stage(enum.IntEnum):
+    """Writer stages timed with ``WriterFlag.PROFILE`` (``DRT_STAGE_*``); a stage's
+    profile name is its member name in lower case (``"record_encode"``)."""
+
+    RECORD_ENCODE = lib.DRT_STAGE_RECORD_ENCODE
+    COMPRESSION = lib.DRT_STAGE_COMPRESSION
+    DISK_WRITE = lib.DRT_STAGE_DISK_WRITE
+    SHARD_FLUSH = lib.DRT_STAGE_SHARD_FLUSH
+    FINISH_INDEX = lib.DRT_STAGE_FINISH_INDEX
+    FINISH_METADATA = lib.DRT_STAGE_FINISH_METADATA
+    FINISH_MANIFEST = lib.DRT_STAGE_FINISH_MANIFEST
+    PUBLISH = lib.DRT_STAGE_PUBLISH
+
+
+STAGE_COUNT: int = lib.DRT_STAGE_COUNT
+assert sorted(Stage) == list(range(STAGE_COUNT)), "Stage must list every DRT_STAGE_* index"
+
+
+class TableType(enum.IntEnum):
+    """Value types of an active-table column (``DRT_TYPE_*``)."""
+
+    OTHER = lib.DRT_TYPE_OTHER
+    U64 = lib.DRT_TYPE_U64
+    U32 = lib.DRT_TYPE_U32
+    I64 = lib.DRT_TYPE_I64
+    I32 = lib.DRT_TYPE_I32
+    F64 = lib.DRT_TYPE_F64
+    F32 = lib.DRT_TYPE_F32
+
+
+class WriterFlag(enum.IntFlag):
+    """``drt_writer_options.flags`` bits (``DRT_WRITER_*``)."""
+
+    PROFILE = lib.DRT_WRITER_PROFILE
+    REPLACE = lib.DRT_WRITER_REPLACE
+
+
+class CommitFlag(enum.IntFlag):
+    """``drt_commit_options.flags`` bits (``DRT_COMMIT_*``)."""
+
+    REPLACE = lib.DRT_COMMIT_REPLACE
+
+
+class BatchFlag(enum.IntFlag):
+    """``drt_iter_next_batch`` / ``drt_lookup_get`` flags (``DRT_BATCH_*``)."""
+
+    CONTIGUOUS = lib.DRT_BATCH_CONTIGUOUS
+
+
+# ------------------------------------------------------------------------ statuses
+
+# Every failing status and the Python exception it becomes (the header's comments).
+_EXCEPTIONS: dict[int, type[Exception]] = {
+    Status.E_INVALID_ARGUMENT: ValueError,
+    Status.E_INVALID_CACHE: ValueError,
+    Status.E_EXISTS: ValueError,
+    Status.E_INDEX: IndexError,
+    Status.E_OUT_OF_MEMORY: MemoryError,
+    Status.E_OVERFLOW: OverflowError,
+    Status.E_IO: RuntimeError,
+    Status.E_JSON: RuntimeError,
+    Status.E_ARROW: RuntimeError,
+    Status.E_FORKED: RuntimeError,
+    Status.E_INTERNAL: RuntimeError,
+}
+assert set(_EXCEPTIONS) == set(Status) - {Status.OK}, "a status without an exception"
+
+#: Builds the exception for a failing status from its message (an exception class).
+ErrorFactory = Callable[[str], Exception]
 
 
 def last_error() -> str:
@@ -40,25 +202,20 @@ def last_error() -> str:
     return ffi.string(lib.drt_last_error()).decode("utf-8", "replace")
 
 
-def raise_status(status: int) -> NoReturn:
-    """Raise the documented Python exception for a failing native status."""
+def raise_status(status: int, error: ErrorFactory | None = None) -> NoReturn:
+    """Raise the documented Python exception for a failing native status, with this
+    thread's message; with ``error``, raise ``error(message)`` instead (callers that
+    report failures as values, like the writer, pass their own exception type)."""
     message = last_error()
-    if status in (lib.DRT_E_INVALID_ARGUMENT, lib.DRT_E_INVALID_CACHE, lib.DRT_E_EXISTS):
-        raise ValueError(message)
-    if status == lib.DRT_E_INDEX:
-        raise IndexError(message)
-    if status == lib.DRT_E_OUT_OF_MEMORY:
-        raise MemoryError(message)
-    if status == lib.DRT_E_OVERFLOW:
-        raise OverflowError(message)
-    # DRT_E_IO, DRT_E_JSON, DRT_E_ARROW, DRT_E_FORKED, DRT_E_INTERNAL
-    raise RuntimeError(message)
+    if error is not None:
+        raise error(message)
+    raise _EXCEPTIONS.get(status, RuntimeError)(message)
 
 
-def check(status: int) -> None:
-    """Raise for a non-zero native status; return None for DRT_OK."""
+def check(status: int, error: ErrorFactory | None = None) -> None:
+    """Raise for a non-zero native status (see :func:`raise_status`); None for DRT_OK."""
     if status != 0:
-        raise_status(status)
+        raise_status(status, error)
 
 
 FORK_MESSAGE = (
@@ -75,6 +232,45 @@ def check_owner(pid: int) -> None:
     parent, deadlocks in a forked child) or report the error as a per-source result."""
     if os.getpid() != pid:
         raise RuntimeError(FORK_MESSAGE)
+
+
+# ------------------------------------------------------------------------ library facts
+
+
+def library_path() -> str:
+    """Where the loaded library came from."""
+    return _library_path
+
+
+def version() -> str:
+    """``drt_version``: the library's version, e.g. ``"0.1.0"``."""
+    return ffi.string(lib.drt_version()).decode()
+
+
+def abi_version() -> tuple[int, int]:
+    """``drt_abi_version``: the loaded library's C ABI as (major, minor)."""
+    abi = lib.drt_abi_version()
+    return abi >> 16, abi & 0xFFFF
+
+
+def io_uring_available() -> bool:
+    """``drt_io_uring_available``: whether this process may use io_uring."""
+    return bool(lib.drt_io_uring_available())
+
+
+def sha256_implementation() -> str:
+    """``drt_sha256_implementation``: ``"sha-ni"`` or ``"portable"``."""
+    return ffi.string(lib.drt_sha256_implementation()).decode()
+
+
+def staging_sweep(base_dir: str | os.PathLike[str]) -> int:
+    """``drt_staging_sweep``: remove abandoned staging directories under
+    ``<base_dir>/tmp/``. Returns the status (callers sweep on a best-effort basis)."""
+    raw = encode_path(base_dir)
+    return int(lib.drt_staging_sweep(raw, len(raw)))
+
+
+# ------------------------------------------------------------------------ arguments
 
 
 def encode_path(path: str | os.PathLike[str]) -> bytes:
@@ -95,6 +291,690 @@ class PathArray:
             entry.len = len(raw)
 
 
-def library_path() -> str:
-    """Where the loaded library came from."""
-    return _library_path
+def _text(value: Any) -> bytes:
+    """The bytes of a ``drt_str`` (empty for ``{NULL, 0}``)."""
+    if value.ptr == ffi.NULL:
+        return b""
+    return ffi.buffer(value.ptr, value.len)[:]
+
+
+# ------------------------------------------------------------------------ handles
+
+H = TypeVar("H", bound="_Handle")
+
+
+def _destructor(close: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The ``ffi.gc`` destructor calling ``close``. The closure holds ``close`` and
+    ``lib`` itself, never module globals, which the interpreter clears at shutdown
+    before the last handles are collected."""
+
+    def destroy(pointer: Any, close: Callable[[Any], None] = close, keep: Any = lib) -> None:
+        close(pointer)
+
+    return destroy
+
+
+class _Handle:
+    """An owned native handle: ``close()`` releases it once (later calls do nothing);
+    ``ffi.gc`` releases it when the object is collected without being closed.
+
+    Like the C handles, one is used by one thread at a time unless the C function says
+    otherwise; ``close()`` must not race a call on the same handle."""
+
+    __slots__ = ("__weakref__", "_pointer")
+    #: The ``ffi.gc`` destructor: ``_destructor(lib.drt_<handle>_close)``.
+    _destroy: ClassVar[Callable[[Any], None]]
+
+    def __init__(self, pointer: Any) -> None:
+        self._pointer: Any = ffi.gc(pointer, type(self)._destroy)
+
+    @property
+    def _ptr(self) -> Any:
+        pointer = self._pointer
+        if pointer is None:
+            raise ValueError(f"the native {type(self).__name__.lower()} handle is closed")
+        return pointer
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._pointer is None
+
+    def close(self, _release: Callable[[Any], None] = ffi.release) -> None:
+        """Release the native handle now (idempotent; a native no-op in a forked child)."""
+        pointer, self._pointer = self._pointer, None
+        if pointer is not None:
+            _release(pointer)  # runs the ffi.gc destructor now and disarms it
+
+    def __enter__(self: H) -> H:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class Runtime(_Handle):
+    """``drt_runtime``: a pool of exactly ``num_workers`` native threads, owned by the
+    process that opened it (``pid``)."""
+
+    __slots__ = ("num_workers", "pid")
+    _destroy = staticmethod(_destructor(lib.drt_runtime_close))
+
+    def __init__(self, pointer: Any, num_workers: int) -> None:
+        super().__init__(pointer)
+        self.num_workers = num_workers
+        self.pid = os.getpid()
+
+    @classmethod
+    def open(cls, num_workers: int) -> Runtime:
+        """``drt_runtime_open``: start the pool (ValueError for 0 workers)."""
+        out = ffi.new("drt_runtime **")
+        check(lib.drt_runtime_open(num_workers, out))
+        return cls(out[0], num_workers)
+
+    def _owned(self) -> Any:
+        """The pointer, after the fork check (see :func:`check_owner`)."""
+        check_owner(self.pid)
+        return self._ptr
+
+
+# ---------------------------------------------------------------- dataset
+
+
+class DatasetOptions(NamedTuple):
+    """``drt_dataset_options``."""
+
+    seed: int
+    prefetch_size: int
+    shuffle: bool
+    validate_cache: bool
+    io_backend: IoBackend = IoBackend.AUTO
+    sampling: Sampling = Sampling.WITH_REPLACEMENT
+
+
+class CacheInfo(NamedTuple):
+    """``drt_cache_info``: facts about one cache of a dataset."""
+
+    cache_id: int
+    sample_count: int
+    shard_count: int
+    format_version: int
+    compression: int
+    compression_ratio: float
+    source_name: bytes
+    path: bytes
+    #: The manifest's fingerprint, or None when it has none.
+    fingerprint: str | None
+
+
+class IoStats(NamedTuple):
+    """``drt_io_stats``: read counters of a dataset."""
+
+    uring_reads: int
+    pool_reads: int
+    lookup_reads: int
+    bytes_read: int
+
+
+class Stream(NamedTuple):
+    """``drt_stream``: the next stream position and the end of a pending window."""
+
+    position: int
+    window_end: int
+
+
+class IterRange(NamedTuple):
+    """``drt_iter_range``: the stream positions an iterator reads."""
+
+    start: int
+    count: int
+    block_len: int = 0
+    block_stride: int = 0
+
+
+# Arrow value types accepted by drt_dataset_set_table: identity and weight columns.
+_ID_TYPES = {
+    "uint64": TableType.U64,
+    "uint32": TableType.U32,
+    "int64": TableType.I64,
+    "int32": TableType.I32,
+}
+_WEIGHT_TYPES = {**_ID_TYPES, "double": TableType.F64, "float": TableType.F32}
+
+
+def _table_column(array: Any, accepted: dict[str, TableType], keep: list[Any]) -> Any:
+    """A ``drt_table_column`` describing one pyarrow Array (zero-copy: it points into
+    the array's buffers, which ``keep`` holds for the call)."""
+    import numpy as np
+    import pyarrow as pa
+
+    column = ffi.new("drt_table_column *")
+    type_code = accepted.get(str(array.type), TableType.OTHER)
+    column.type = type_code
+    n = len(array)
+    if array.null_count:
+        validity = array.buffers()[0]
+        if validity is None:  # NullArray: every row is null
+            validity = pa.py_buffer(np.zeros((n + 7) // 8 + 1, dtype=np.uint8))
+            column.offset = 0
+        else:
+            column.offset = array.offset
+        keep.append(validity)
+        column.validity = ffi.cast("uint8_t *", validity.address)
+    if type_code:
+        values = array.buffers()[1]
+        keep.append(values)
+        width = array.type.bit_width // 8
+        column.values = ffi.cast("void *", values.address + array.offset * width)
+    keep.append(array)
+    return column
+
+
+class Dataset(_Handle):
+    """``drt_dataset``: caches opened together, their active table and stream. Every
+    method is thread-safe (as the C functions are)."""
+
+    __slots__ = ()
+    _destroy = staticmethod(_destructor(lib.drt_dataset_close))
+
+    @classmethod
+    def open(
+        cls, runtime: Runtime, paths: Sequence[str | os.PathLike[str]], options: DatasetOptions
+    ) -> Dataset:
+        """``drt_dataset_open``: open and check the caches at ``paths`` (in order)."""
+        native_options = ffi.new(
+            "drt_dataset_options *",
+            {
+                "seed": options.seed,
+                "prefetch_size": options.prefetch_size,
+                "shuffle": 1 if options.shuffle else 0,
+                "validate_cache": 1 if options.validate_cache else 0,
+                "io_backend": int(options.io_backend),
+                "sampling": int(options.sampling),
+            },
+        )
+        strs = PathArray(paths)
+        out = ffi.new("drt_dataset **")
+        check(lib.drt_dataset_open(runtime._owned(), strs.array, strs.count, native_options, out))
+        return cls(out[0])
+
+    def _u64(self, function: Any) -> int:
+        out = ffi.new("uint64_t *")
+        check(function(self._ptr, out))
+        return int(out[0])
+
+    def cache_count(self) -> int:
+        """``drt_dataset_cache_count``."""
+        return self._u64(lib.drt_dataset_cache_count)
+
+    def field_count(self) -> int:
+        """``drt_dataset_field_count``."""
+        return self._u64(lib.drt_dataset_field_count)
+
+    def field(self, index: int) -> tuple[str, Kind]:
+        """``drt_dataset_field``: schema field ``index`` as (name, kind)."""
+        field = ffi.new("drt_field *")
+        check(lib.drt_dataset_field(self._ptr, index, field))
+        return _text(field.name).decode("utf-8"), Kind(field.kind)
+
+    def fields(self) -> list[tuple[str, Kind]]:
+        """The metadata schema as (name, kind) pairs, in manifest order."""
+        return [self.field(i) for i in range(self.field_count())]
+
+    def io_backend(self) -> IoBackend:
+        """``drt_dataset_io_backend``: URING or THREADS."""
+        out = ffi.new("int32_t *")
+        check(lib.drt_dataset_io_backend(self._ptr, out))
+        return IoBackend(out[0])
+
+    def io_stats(self) -> IoStats:
+        """``drt_dataset_io_stats``."""
+        out = ffi.new("drt_io_stats *")
+        check(lib.drt_dataset_io_stats(self._ptr, out))
+        return IoStats(
+            int(out.uring_reads), int(out.pool_reads), int(out.lookup_reads), int(out.bytes_read)
+        )
+
+    def cache_info(self, index: int) -> CacheInfo:
+        """``drt_dataset_cache_info``: facts about cache ``index`` (strings copied)."""
+        info = ffi.new("drt_cache_info *")
+        check(lib.drt_dataset_cache_info(self._ptr, index, info))
+        fingerprint = None
+        if info.fingerprint.ptr != ffi.NULL:
+            fingerprint = _text(info.fingerprint).decode("utf-8")
+        return CacheInfo(
+            cache_id=int(info.cache_id),
+            sample_count=int(info.sample_count),
+            shard_count=int(info.shard_count),
+            format_version=int(info.format_version),
+            compression=int(info.compression),
+            compression_ratio=float(info.compression_ratio),
+            source_name=_text(info.source_name),
+            path=_text(info.path),
+            fingerprint=fingerprint,
+        )
+
+    def set_table(self, row_count: int, cache_ids: Any, sample_ids: Any, weights: Any) -> None:
+        """``drt_dataset_set_table``: validate and install the active table given by
+        three pyarrow Arrays (not chunked), passed by pointer (no copy)."""
+        keep: list[Any] = []
+        check(
+            lib.drt_dataset_set_table(
+                self._ptr,
+                row_count,
+                _table_column(cache_ids, _ID_TYPES, keep),
+                _table_column(sample_ids, _ID_TYPES, keep),
+                _table_column(weights, _WEIGHT_TYPES, keep),
+            )
+        )
+
+    def epoch_len(self) -> int:
+        """``drt_dataset_epoch_len``."""
+        return self._u64(lib.drt_dataset_epoch_len)
+
+    def set_epoch_len(self, epoch_len: int) -> None:
+        """``drt_dataset_set_epoch_len``."""
+        check(lib.drt_dataset_set_epoch_len(self._ptr, epoch_len))
+
+    def stream(self) -> Stream:
+        """``drt_dataset_stream``."""
+        out = ffi.new("drt_stream *")
+        check(lib.drt_dataset_stream(self._ptr, out))
+        return Stream(int(out.position), int(out.window_end))
+
+    def set_stream(self, stream: Stream) -> None:
+        """``drt_dataset_set_stream``."""
+        native = ffi.new(
+            "drt_stream *", {"position": stream.position, "window_end": stream.window_end}
+        )
+        check(lib.drt_dataset_set_stream(self._ptr, native))
+
+    def table_digest(self) -> bytes:
+        """``drt_dataset_table_digest``: the SHA-256 identifying the active table."""
+        out = ffi.new("uint8_t[32]")
+        check(lib.drt_dataset_table_digest(self._ptr, out))
+        return bytes(ffi.buffer(out, 32))
+
+
+# ---------------------------------------------------------------- reading
+
+
+class Batch:
+    """A view of a ``drt_batch`` filled by :meth:`Iterator.next_batch` or
+    :meth:`Lookup.get`: valid until the next call on its owner or the owner's close.
+    The methods copy what they return unless they say otherwise."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    @property
+    def count(self) -> int:
+        """Samples in the batch (0 at the end of an iterator's window)."""
+        return int(self._raw.count)
+
+    def payloads(self) -> list[bytes]:
+        """Each payload copied into a bytes object (the one copy a sample costs).
+
+        Payloads live in several native buffers. One cffi buffer spanning from the lowest
+        payload address to the highest end lets each payload be sliced out with one
+        C-level copy; slicing reads only the payloads' own bytes, never the gaps between
+        buffers."""
+        raw = self._raw
+        n = int(raw.count)
+        if n == 0:
+            return []
+        starts = ffi.unpack(ffi.cast("uint64_t *", raw.payloads), n)
+        lengths = ffi.unpack(raw.payload_lens, n)
+        base = min(starts)
+        end = max(map(sum, zip(starts, lengths)))
+        span = ffi.buffer(ffi.cast("uint8_t *", base), end - base)
+        return [span[a - base : a - base + length] for a, length in zip(starts, lengths)]
+
+    def payload(self, index: int) -> bytes:
+        """Payload ``index`` as bytes."""
+        raw = self._raw
+        return ffi.buffer(raw.payloads[index], raw.payload_lens[index])[:]
+
+    def cache_ids(self) -> list[int]:
+        """The samples' cache ids."""
+        return ffi.unpack(self._raw.cache_ids, int(self._raw.count))
+
+    def sample_ids(self) -> list[int]:
+        """The samples' sample ids."""
+        return ffi.unpack(self._raw.sample_ids, int(self._raw.count))
+
+    def column_values(self, index: int, kind: int) -> list[Any]:
+        """Metadata column ``index`` (of ``kind``) as a list of Python values.
+
+        A handful of C-level ``ffi.unpack`` calls (no numpy: batches are small, and its
+        per-call overhead would dominate)."""
+        column = self._raw.columns[index]
+        n = int(self._raw.count)
+        if kind == Kind.INT:
+            return ffi.unpack(ffi.cast("int64_t *", column.values), n)
+        if kind == Kind.FLOAT:
+            return ffi.unpack(ffi.cast("double *", column.values), n)
+        if kind == Kind.BOOL:
+            return ffi.unpack(ffi.cast("_Bool *", column.values), n)
+        offsets = ffi.unpack(column.offsets, n + 1)
+        data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
+        return [data[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+
+    def arrays(self, copy: bool) -> tuple[Any, Any, Any, Any]:
+        """A contiguous batch (``BatchFlag.CONTIGUOUS``) as numpy arrays ``(data,
+        offsets, cache_id, sample_id)``: ``data`` uint8 with ``count + 1`` uint64
+        ``offsets`` (always a new array). With ``copy`` false, ``data``, ``cache_id`` and
+        ``sample_id`` are views of the native buffers (valid as long as the batch)."""
+        import numpy as np
+
+        raw = self._raw
+        n = int(raw.count)
+        lens = np.frombuffer(ffi.buffer(raw.payload_lens, 8 * n), dtype=np.uint64)
+        offsets = np.zeros(n + 1, dtype=np.uint64)
+        np.cumsum(lens, out=offsets[1:])
+        data = np.frombuffer(ffi.buffer(raw.payload_base, int(offsets[-1])), dtype=np.uint8)
+        cache_id = np.frombuffer(ffi.buffer(raw.cache_ids, 8 * n), dtype=np.uint64)
+        sample_id = np.frombuffer(ffi.buffer(raw.sample_ids, 8 * n), dtype=np.uint64)
+        if copy:
+            data, cache_id, sample_id = data.copy(), cache_id.copy(), sample_id.copy()
+        return data, offsets, cache_id, sample_id
+
+    def column_array(self, index: int, kind: int) -> Any:
+        """Metadata column ``index`` (of ``kind``) as a numpy array (int64, float64,
+        bool) or a pyarrow LargeStringArray, always copied."""
+        import numpy as np
+        import pyarrow as pa
+
+        column = self._raw.columns[index]
+        n = int(self._raw.count)
+        if kind == Kind.INT:
+            return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.int64).copy()
+        if kind == Kind.FLOAT:
+            return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.float64).copy()
+        if kind == Kind.BOOL:
+            return np.frombuffer(ffi.buffer(column.values, n), dtype=np.uint8).astype(bool)
+        offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).astype(
+            np.int64
+        )
+        data = ffi.buffer(ffi.cast("uint8_t *", column.values), int(offsets[-1]))[:]
+        return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+class Iterator(_Handle):
+    """``drt_iter``: reads a window (or explicit positions) of a dataset's stream."""
+
+    __slots__ = ("_batch",)
+    _destroy = staticmethod(_destructor(lib.drt_iter_close))
+
+    def __init__(self, pointer: Any) -> None:
+        super().__init__(pointer)
+        self._batch = ffi.new("drt_batch *")
+
+    @classmethod
+    def open(cls, dataset: Dataset) -> Iterator:
+        """``drt_iter_open``: reserve the dataset's next window and start reading."""
+        out = ffi.new("drt_iter **")
+        check(lib.drt_iter_open(dataset._ptr, out))
+        return cls(out[0])
+
+    @classmethod
+    def open_range(cls, dataset: Dataset, positions: IterRange) -> Iterator:
+        """``drt_iter_open_range``: read explicit stream positions (the dataset's own
+        position is neither read nor moved)."""
+        native = ffi.new("drt_iter_range *", positions._asdict())
+        out = ffi.new("drt_iter **")
+        check(lib.drt_iter_open_range(dataset._ptr, native, out))
+        return cls(out[0])
+
+    def window(self) -> IterRange:
+        """``drt_iter_window``: the positions this iterator reads."""
+        out = ffi.new("drt_iter_range *")
+        check(lib.drt_iter_window(self._ptr, out))
+        return IterRange(int(out.start), int(out.count), int(out.block_len), int(out.block_stride))
+
+    def next_batch(self, max_count: int, flags: int = 0) -> Batch:
+        """``drt_iter_next_batch``: the next up to ``max_count`` samples; ``count`` 0 at
+        the end. The batch is valid until the next call or close."""
+        check(lib.drt_iter_next_batch(self._ptr, max_count, flags, self._batch))
+        return Batch(self._batch)
+
+
+class Lookup(_Handle):
+    """``drt_lookup``: random access to a dataset's samples by identity."""
+
+    __slots__ = ("_batch", "_ids")
+    _destroy = staticmethod(_destructor(lib.drt_lookup_close))
+
+    def __init__(self, pointer: Any) -> None:
+        super().__init__(pointer)
+        # Call buffers reused by every single-sample get().
+        self._ids = ffi.new("uint64_t[2]")
+        self._batch = ffi.new("drt_batch *")
+
+    @classmethod
+    def open(cls, dataset: Dataset) -> Lookup:
+        """``drt_lookup_open``."""
+        out = ffi.new("drt_lookup **")
+        check(lib.drt_lookup_open(dataset._ptr, out))
+        return cls(out[0])
+
+    def get(self, cache_ids: Sequence[int], sample_ids: Sequence[int], flags: int = 0) -> Batch:
+        """``drt_lookup_get``: the samples ``(cache_ids[i], sample_ids[i])`` in order
+        (IndexError for unknown ones). The batch is valid until the next call or close."""
+        count = len(cache_ids)
+        if count != len(sample_ids):
+            raise ValueError("cache_ids and sample_ids must have the same length")
+        if count == 1:
+            ids = self._ids
+            ids[0] = cache_ids[0]
+            ids[1] = sample_ids[0]
+            first, second = ids, ids + 1
+        else:
+            first = ffi.new("uint64_t[]", list(cache_ids))
+            second = ffi.new("uint64_t[]", list(sample_ids))
+        check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
+        return Batch(self._batch)
+
+
+# ---------------------------------------------------------------- writing
+
+
+class WriterOptions(NamedTuple):
+    """``drt_writer_options``."""
+
+    max_shard_bytes: int
+    prefetch_size: int
+    compression: Compression
+    compression_ratio: float
+    flags: WriterFlag = WriterFlag(0)
+    fingerprint: str | None = None
+
+
+class StageStats(NamedTuple):
+    """``drt_stage_stats`` of one writer stage."""
+
+    stage: Stage
+    calls: int
+    total_ns: int
+    bytes: int
+
+
+class Writer(_Handle):
+    """``drt_writer``: writes one cache through a staging directory.
+
+    Every failing call raises ``error(message)``, ``error`` given at :meth:`open` (the
+    writer reports failures as per-source values), or the mapped exception without it."""
+
+    __slots__ = ("_error",)
+    _destroy = staticmethod(_destructor(lib.drt_writer_close))
+
+    def __init__(self, pointer: Any, error: ErrorFactory | None) -> None:
+        super().__init__(pointer)
+        self._error = error
+
+    @classmethod
+    def open(
+        cls,
+        runtime: Runtime,
+        base_dir: str | os.PathLike[str],
+        name: str,
+        options: WriterOptions,
+        *,
+        error: ErrorFactory | None = None,
+    ) -> Writer:
+        """``drt_writer_open``: start writing ``<base_dir>/<name>``."""
+        native_options = ffi.new(
+            "drt_writer_options *",
+            {
+                "max_shard_bytes": options.max_shard_bytes,
+                "prefetch_size": options.prefetch_size,
+                "compression": int(options.compression),
+                "compression_ratio": options.compression_ratio,
+                "flags": int(options.flags),
+            },
+        )
+        fingerprint = (
+            options.fingerprint.encode("utf-8") if options.fingerprint is not None else None
+        )
+        if fingerprint is not None:
+            native_options.fingerprint = ffi.from_buffer(fingerprint)
+            native_options.fingerprint_len = len(fingerprint)
+        base_bytes = encode_path(base_dir)
+        name_bytes = name.encode("utf-8")
+        out = ffi.new("drt_writer **")
+        status = lib.drt_writer_open(
+            runtime._owned(),
+            base_bytes,
+            len(base_bytes),
+            name_bytes,
+            len(name_bytes),
+            native_options,
+            out,
+        )
+        check(status, error)
+        return cls(out[0], error)
+
+    def set_schema(self, names: Sequence[str], kinds: Sequence[int]) -> None:
+        """``drt_writer_set_schema``: ``names`` sorted by their UTF-8 bytes."""
+        fields = ffi.new("drt_field[]", len(names))
+        encoded = [name.encode("utf-8") for name in names]
+        for field, name, kind in zip(fields, encoded, kinds):
+            field.name.ptr = ffi.from_buffer(name)
+            field.name.len = len(name)
+            field.kind = kind
+        check(lib.drt_writer_set_schema(self._ptr, fields, len(names)), self._error)
+
+    def append(
+        self,
+        count: int,
+        payloads: Any,
+        payload_offsets: Any,
+        columns: Sequence[tuple[int, Any, Any]],
+    ) -> None:
+        """``drt_writer_append``: ``count`` samples, passed by pointer (the library copies
+        them before returning).
+
+        ``payloads`` is a buffer of payload bytes, ``payload_offsets`` a C-contiguous
+        numpy uint64 array of ``count + 1`` offsets into it; ``columns`` holds one
+        ``(kind, values, offsets)`` per schema field: ``values`` a buffer (a numpy array;
+        UTF-8 bytes for strings), ``offsets`` a numpy uint64 array for strings, else
+        None."""
+        native = ffi.new("drt_column[]", max(1, len(columns)))
+        for entry, (kind, values, offsets) in zip(native, columns):
+            entry.kind = kind
+            entry.values = ffi.from_buffer(values)
+            if offsets is not None:
+                entry.offsets = ffi.cast("uint64_t *", offsets.ctypes.data)
+        status = lib.drt_writer_append(
+            self._ptr,
+            count,
+            ffi.from_buffer(payloads),
+            ffi.cast("uint64_t *", payload_offsets.ctypes.data),
+            native,
+        )
+        check(status, self._error)
+
+    def stats(self) -> list[StageStats]:
+        """``drt_writer_stats``: every stage's timings, in ``Stage`` order."""
+        out = ffi.new("drt_stage_stats[]", STAGE_COUNT)
+        check(lib.drt_writer_stats(self._ptr, out), self._error)
+        return [
+            StageStats(Stage(i), int(s.calls), int(s.total_ns), int(s.bytes))
+            for i, s in enumerate(out)
+        ]
+
+    def sample_count(self) -> int:
+        """``drt_writer_sample_count``: samples appended so far."""
+        out = ffi.new("uint64_t *")
+        check(lib.drt_writer_sample_count(self._ptr, out), self._error)
+        return int(out[0])
+
+    def staging_path(self) -> str:
+        """``drt_writer_staging_path``: where to write ``metadata.arrow``."""
+        out = ffi.new("drt_str *")
+        check(lib.drt_writer_staging_path(self._ptr, out), self._error)
+        return os.fsdecode(_text(out))
+
+    def finish(self) -> None:
+        """``drt_writer_finish``: complete and publish the cache."""
+        check(lib.drt_writer_finish(self._ptr), self._error)
+
+
+class Commit(_Handle):
+    """``drt_commit``: turns fragments into one published cache. Failing calls raise as
+    :class:`Writer`'s do."""
+
+    __slots__ = ("_error",)
+    _destroy = staticmethod(_destructor(lib.drt_commit_close))
+
+    def __init__(self, pointer: Any, error: ErrorFactory | None) -> None:
+        super().__init__(pointer)
+        self._error = error
+
+    @classmethod
+    def open(
+        cls,
+        base_dir: str | os.PathLike[str],
+        name: str,
+        fragments: Sequence[str | os.PathLike[str]],
+        flags: int = 0,
+        *,
+        error: ErrorFactory | None = None,
+    ) -> Commit:
+        """``drt_commit_open``: verify ``fragments`` and stage them as
+        ``<base_dir>/<name>``."""
+        strs = PathArray(fragments)
+        base_bytes = encode_path(base_dir)
+        name_bytes = name.encode("utf-8")
+        options = ffi.new("drt_commit_options *", {"flags": int(flags)})
+        out = ffi.new("drt_commit **")
+        status = lib.drt_commit_open(
+            base_bytes,
+            len(base_bytes),
+            name_bytes,
+            len(name_bytes),
+            strs.array,
+            strs.count,
+            options,
+            out,
+        )
+        check(status, error)
+        return cls(out[0], error)
+
+    def sample_count(self) -> int:
+        """``drt_commit_sample_count``."""
+        out = ffi.new("uint64_t *")
+        check(lib.drt_commit_sample_count(self._ptr, out), self._error)
+        return int(out[0])
+
+    def staging_path(self) -> str:
+        """``drt_commit_staging_path``: where to write the merged ``metadata.arrow``."""
+        out = ffi.new("drt_str *")
+        check(lib.drt_commit_staging_path(self._ptr, out), self._error)
+        return os.fsdecode(_text(out))
+
+    def finish(self) -> None:
+        """``drt_commit_finish``: check ``metadata.arrow``, publish the cache."""
+        check(lib.drt_commit_finish(self._ptr), self._error)

@@ -21,20 +21,19 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from dataset_rt import _native
+from dataset_rt.api import CachedDataset, DatasetRuntime, ReaderConfig
+
 VERIFY_BATCH = 4096
 
 
-def _runtime() -> Any:
-    import dataset_rt as drt
-
-    return drt.DatasetRuntime(num_workers=2)
+def _runtime() -> DatasetRuntime:
+    return DatasetRuntime(num_workers=2)
 
 
-def _open(runtime: Any, path: Path, *, validate: bool = False) -> Any:
-    import dataset_rt as drt
-
+def _open(runtime: DatasetRuntime, path: Path, *, validate: bool = False) -> CachedDataset:
     return runtime.cached_dataset(
-        [path], reader_config=drt.ReaderConfig(seed=0, shuffle=False, validate_cache=validate)
+        [path], reader_config=ReaderConfig(seed=0, shuffle=False, validate_cache=validate)
     )
 
 
@@ -48,12 +47,8 @@ def _human(n: float) -> str:
 
 def cache_facts(path: Path) -> dict[str, Any]:
     """What ``inspect`` reports for one cache (after the library has opened it)."""
-    from dataset_rt import _native
-    from dataset_rt._native import ffi, lib
-
     dataset = _open(_runtime(), path)
-    info = ffi.new("drt_cache_info *")
-    _native.check(lib.drt_dataset_cache_info(dataset._handle, 0, info))
+    info = dataset._handle.cache_info(0)
     manifest = json.loads((path / "manifest.json").read_bytes())
     shards = manifest["shards"]
     sizes = {
@@ -66,12 +61,12 @@ def cache_facts(path: Path) -> dict[str, Any]:
     facts = {
         "path": str(path),
         "source_name": manifest["source_name"],
-        "format_version": int(info.format_version),
-        "cache_id": int(info.cache_id),
-        "sample_count": int(info.sample_count),
+        "format_version": info.format_version,
+        "cache_id": info.cache_id,
+        "sample_count": info.sample_count,
         "schema": [{"name": name, "kind": kind} for name, kind in _schema(dataset)],
         "compression": compression,
-        "shard_count": int(info.shard_count),
+        "shard_count": info.shard_count,
         "bytes": sizes,
     }
     if "fingerprint" in manifest:
@@ -79,10 +74,8 @@ def cache_facts(path: Path) -> dict[str, Any]:
     return facts
 
 
-def _schema(dataset: Any) -> list[tuple[str, str]]:
-    from dataset_rt.metadata import KIND_NAMES, schema_of
-
-    return [(name, KIND_NAMES[kind]) for name, kind in schema_of(dataset._handle)]
+def _schema(dataset: CachedDataset) -> list[tuple[str, str]]:
+    return [(name, _native.KIND_NAMES[kind]) for name, kind in dataset._handle.fields()]
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:

@@ -12,19 +12,14 @@ import operator
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from itertools import pairwise, repeat
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from dataset_rt import _native
-from dataset_rt._native import ffi, lib
+from dataset_rt import _native, manifests, metadata, snapshot
 from dataset_rt.config import ReaderConfig
-from dataset_rt.metadata import schema_of
 from dataset_rt.records import CachedSample
 
-KIND_BOOL, KIND_INT, KIND_FLOAT, KIND_STRING = 0, 1, 2, 3
-IO_BACKENDS = {"auto": 0, "io_uring": 1, "threads": 2}
-IO_BACKEND_NAMES = {1: "io_uring", 2: "threads"}
 IO_BACKEND_ENV = "DATASET_RT_IO_BACKEND"
 
 # Samples requested per native call; the native side caps a batch at prefetch_size.
@@ -33,16 +28,8 @@ BATCH_SAMPLES_MAX = 4096
 _new_sample = tuple.__new__
 
 
-def _close_dataset(handle: Any, close: Any = lib.drt_dataset_close) -> None:
-    close(handle)
-
-
-def _close_lookup(handle: Any, close: Any = lib.drt_lookup_close) -> None:
-    close(handle)
-
-
-def _native_options(reader_config: Any) -> Any:
-    """drt_dataset_options for a (possibly duck-typed) ReaderConfig."""
+def _native_options(reader_config: Any) -> _native.DatasetOptions:
+    """The dataset options of a (possibly duck-typed) ReaderConfig."""
     seed = int(reader_config.seed)
     prefetch_size = int(reader_config.prefetch_size)
     if seed < 0 or prefetch_size < 0:
@@ -54,49 +41,37 @@ def _native_options(reader_config: Any) -> Any:
     backend = getattr(reader_config, "io_backend", "auto")
     if backend == "auto":
         backend = os.environ.get(IO_BACKEND_ENV, "auto") or "auto"
-    if backend not in IO_BACKENDS:
+    if backend not in _native.IO_BACKENDS:
         raise ValueError(
             f"unknown io_backend {backend!r}; expected 'auto', 'io_uring' or 'threads'"
         )
-    return ffi.new(
-        "drt_dataset_options *",
-        {
-            "seed": seed,
-            "prefetch_size": prefetch_size,
-            "shuffle": 1 if reader_config.shuffle else 0,
-            "validate_cache": 1 if reader_config.validate_cache else 0,
-            "io_backend": IO_BACKENDS[backend],
-            "sampling": 1
-            if getattr(reader_config, "sampling", "with_replacement") == "permutation"
-            else 0,
-        },
+    shuffle = bool(reader_config.shuffle)
+    validate_cache = bool(reader_config.validate_cache)
+    permutation = getattr(reader_config, "sampling", "with_replacement") == "permutation"
+    return _native.DatasetOptions(
+        seed=seed,
+        prefetch_size=prefetch_size,
+        shuffle=shuffle,
+        validate_cache=validate_cache,
+        io_backend=_native.IO_BACKENDS[backend],
+        sampling=_native.Sampling.PERMUTATION if permutation else _native.Sampling.WITH_REPLACEMENT,
     )
 
 
-def _open_native(runtime: Any, paths: list[Path], options: Any) -> Any:
-    strs = _native.PathArray(paths)
-    out = ffi.new("drt_dataset **")
-    _native.check(lib.drt_dataset_open(runtime._handle(), strs.array, strs.count, options, out))
-    return ffi.gc(out[0], _close_dataset)
-
-
-def probe_cache(runtime: Any, path: Path, *, validate: bool) -> tuple[str | None, str | None]:
+def probe_cache(
+    runtime: _native.Runtime, path: Path, *, validate: bool
+) -> tuple[str | None, str | None]:
     """``(None, fingerprint)`` when ``path`` opens as a complete cache (checksums verified
     when ``validate``; fingerprint None when it has none), else ``(error message, None)``."""
-    options = ffi.new(
-        "drt_dataset_options *", {"seed": 0, "prefetch_size": 1, "validate_cache": int(validate)}
+    options = _native.DatasetOptions(
+        seed=0, prefetch_size=1, shuffle=False, validate_cache=bool(validate)
     )
     try:
-        handle = _open_native(runtime, [path], options)
+        handle = _native.Dataset.open(runtime, [path], options)
     except (ValueError, RuntimeError, OverflowError) as exc:
         return str(exc), None
-    info = ffi.new("drt_cache_info *")
-    _native.check(lib.drt_dataset_cache_info(handle, 0, info))
-    fingerprint = None
-    if info.fingerprint.ptr != ffi.NULL:
-        fingerprint = ffi.buffer(info.fingerprint.ptr, info.fingerprint.len)[:].decode("utf-8")
-    ffi.release(handle)
-    return None, fingerprint
+    with handle:
+        return None, handle.cache_info(0).fingerprint
 
 
 class CachedDataset:
@@ -115,19 +90,21 @@ class CachedDataset:
         raise TypeError("use DatasetRuntime.cached_dataset() to create a CachedDataset")
 
     @classmethod
-    def _open(cls, runtime: Any, paths: list[Path], reader_config: ReaderConfig) -> CachedDataset:
+    def _open(
+        cls, runtime: _native.Runtime, paths: list[Path], reader_config: ReaderConfig
+    ) -> CachedDataset:
         options = _native_options(reader_config)
         if not paths:
             raise ValueError("CachedDataset requires at least one cache path")
-        handle = _open_native(runtime, paths, options)
+        handle = _native.Dataset.open(runtime, paths, options)
         self = object.__new__(cls)
         self.cache_paths = list(paths)
         self.reader_config = reader_config
         self._runtime = runtime
         self._handle = handle
-        self._lookup: Any = None
+        self._lookup: _native.Lookup | None = None
         self._lookup_lock = threading.Lock()
-        self._columns = schema_of(handle)
+        self._columns = handle.fields()
         self._field_names = [name for name, _ in self._columns]
         self._make_dicts = _dict_builder(self._field_names)
         self._state_lock = threading.RLock()
@@ -146,11 +123,10 @@ class CachedDataset:
         raise TypeError("cannot pickle 'CachedDataset' object")
 
     def __len__(self) -> int:
-        out = ffi.new("uint64_t *")
-        _native.check(lib.drt_dataset_epoch_len(self._handle, out))
-        if out[0] > 2**63 - 1:
+        epoch_len = self._handle.epoch_len()
+        if epoch_len > 2**63 - 1:
             raise OverflowError()
-        return int(out[0])
+        return epoch_len
 
     def set_epoch_len(self, epoch_len: int) -> None:
         """Set the number of samples each future iterator yields (>= 1).
@@ -162,66 +138,51 @@ class CachedDataset:
         value = epoch_len.__index__()
         if value >= 2**64:
             raise OverflowError("int too big to convert")
-        _native.check(lib.drt_dataset_set_epoch_len(self._handle, value))
+        self._handle.set_epoch_len(value)
 
     @property
     def io_backend(self) -> str:
         """The read I/O backend in use: ``"io_uring"`` or ``"threads"``."""
-        out = ffi.new("int32_t *")
-        _native.check(lib.drt_dataset_io_backend(self._handle, out))
-        return IO_BACKEND_NAMES[out[0]]
+        return _native.IO_BACKEND_NAMES[self._handle.io_backend()]
 
     @property
     def io_stats(self) -> dict[str, int]:
         """Read counters since the dataset was opened: ``uring_reads``, ``pool_reads``
         (prefetch reads by backend), ``lookup_reads`` (``get_item``) and ``bytes_read``."""
-        out = ffi.new("drt_io_stats *")
-        _native.check(lib.drt_dataset_io_stats(self._handle, out))
-        return {
-            name: int(getattr(out, name))
-            for name in ("uring_reads", "pool_reads", "lookup_reads", "bytes_read")
-        }
+        return self._handle.io_stats()._asdict()
 
     def __iter__(self) -> Iterator[CachedSample]:
         return self._generate()
 
-    def _generate(self, positions: Any = None) -> Iterator[CachedSample]:
-        """Samples of the dataset's next window, or of explicit ``positions`` (a
-        ``drt_iter_range``, which neither reads nor moves the dataset's stream and is not
-        tracked for state_dict). A generator: nothing native happens (no window is
-        reserved) until the first next()."""
+    def _generate(self, positions: _native.IterRange | None = None) -> Iterator[CachedSample]:
+        """Samples of the dataset's next window, or of explicit ``positions`` (which
+        neither reads nor moves the dataset's stream and is not tracked for state_dict).
+        A generator: nothing native happens (no window is reserved) until the first
+        next(). The native iterator is closed when the generator ends or is closed."""
         if positions is None:
-            iterator = self._open_iter()
+            iterator = _native.Iterator.open(self._handle)
             progress = self._track(iterator)
         else:
-            out = ffi.new("drt_iter **")
-            _native.check(lib.drt_iter_open_range(self._handle, positions, out))
-            iterator = out[0]
+            iterator = _native.Iterator.open_range(self._handle, positions)
             progress = _Progress(0, 0)
-        batch = ffi.new("drt_batch *")
         try:
             while True:
-                _native.check(lib.drt_iter_next_batch(iterator, BATCH_SAMPLES_MAX, 0, batch))
-                if batch.count == 0:
+                batch = iterator.next_batch(BATCH_SAMPLES_MAX)
+                count = batch.count
+                if count == 0:
                     return
                 samples = iter(self._samples(batch))
-                progress.base += int(batch.count)
+                progress.base += count
                 progress.rest = samples
                 yield from samples
         finally:
             progress.closed = True
-            lib.drt_iter_close(iterator)
+            iterator.close()
 
-    def _open_iter(self) -> Any:
-        out = ffi.new("drt_iter **")
-        _native.check(lib.drt_iter_open(self._handle, out))
-        return out[0]
-
-    def _track(self, iterator: Any) -> _Progress:
+    def _track(self, iterator: _native.Iterator) -> _Progress:
         """Record ``iterator`` (just opened) as the latest, for :meth:`state_dict`."""
-        window = ffi.new("drt_iter_range *")
-        _native.check(lib.drt_iter_window(iterator, window))
-        progress = _Progress(int(window.start), int(window.count))
+        window = iterator.window()
+        progress = _Progress(window.start, window.count)
         with self._state_lock:
             self._progress = progress
         return progress
@@ -234,29 +195,21 @@ class CachedDataset:
         when ``block_len`` is 0). Neither reads nor moves the dataset's own stream."""
         if count <= 0:
             return iter(())
-        positions = ffi.new(
-            "drt_iter_range *",
-            {"start": start, "count": count, "block_len": block_len, "block_stride": block_stride},
-        )
-        return self._generate(positions)
+        return self._generate(_native.IterRange(start, count, block_len, block_stride))
 
-    def _samples(self, batch: Any) -> list[CachedSample]:
+    def _samples(self, batch: _native.Batch) -> list[CachedSample]:
         """Python records for one native batch (copies everything out of it).
 
-        Per-batch work is a handful of C-level ``ffi.unpack`` calls (no numpy: batches
-        are small, and its per-call overhead would dominate); per-sample work is one
-        payload slice, one dict and one tuple.
+        Per-batch work is a handful of C-level copies (see ``_native.Batch``);
+        per-sample work is one payload slice, one dict and one tuple.
         """
-        n = int(batch.count)
-        payloads = _payloads(batch, n)
-        cache_ids = ffi.unpack(batch.cache_ids, n)
-        sample_ids = ffi.unpack(batch.sample_ids, n)
-        columns = [
-            _column_values(batch.columns[i], kind, n) for i, (_, kind) in enumerate(self._columns)
-        ]
-        metadata = self._make_dicts(n, *columns)
+        payloads = batch.payloads()
+        cache_ids = batch.cache_ids()
+        sample_ids = batch.sample_ids()
+        columns = [batch.column_values(i, kind) for i, (_, kind) in enumerate(self._columns)]
+        rows = self._make_dicts(len(payloads), *columns)
         return list(
-            map(_new_sample, repeat(CachedSample), zip(payloads, metadata, cache_ids, sample_ids))
+            map(_new_sample, repeat(CachedSample), zip(payloads, rows, cache_ids, sample_ids))
         )
 
     def iter_batches(self, batch_size: int, *, copy: bool = True) -> Iterator[SampleBatch]:
@@ -281,35 +234,30 @@ class CachedDataset:
         return self._generate_batches(size, bool(copy))
 
     def _generate_batches(self, size: int, copy: bool) -> Iterator[SampleBatch]:
-        iterator = self._open_iter()
+        iterator = _native.Iterator.open(self._handle)
         progress = self._track(iterator)
-        batch = ffi.new("drt_batch *")
         try:
             while True:
-                _native.check(
-                    lib.drt_iter_next_batch(iterator, size, lib.DRT_BATCH_CONTIGUOUS, batch)
-                )
-                if batch.count == 0:
+                batch = iterator.next_batch(size, _native.BatchFlag.CONTIGUOUS)
+                count = batch.count
+                if count == 0:
                     return
-                progress.base += int(batch.count)
+                progress.base += count
                 yield _sample_batch(batch, self._columns, copy)
         finally:
             progress.closed = True
-            lib.drt_iter_close(iterator)
+            iterator.close()
 
     def _stream(self) -> tuple[int, int]:
         """The native stream state: (next position, end of a pending partial window)."""
-        stream = ffi.new("drt_stream *")
-        _native.check(lib.drt_dataset_stream(self._handle, stream))
-        return int(stream.position), int(stream.window_end)
+        position, window_end = self._handle.stream()
+        return position, window_end
 
     def table_digest(self) -> str:
         """Hex SHA-256 identifying the active table (rows, order and weights; for the
         table a dataset opens with, its caches' ids and sizes). Computed natively, once
         per table."""
-        out = ffi.new("uint8_t[32]")
-        _native.check(lib.drt_dataset_table_digest(self._handle, out))
-        return bytes(ffi.buffer(out, 32)).hex()
+        return self._handle.table_digest().hex()
 
     def state_dict(self) -> dict[str, Any]:
         """The stream state, to continue exactly where this dataset is now.
@@ -366,9 +314,9 @@ class CachedDataset:
             )
         position, window_end = _u64(state, "position"), _u64(state, "window_end")
         self.set_epoch_len(_u64(state, "epoch_len"))
-        stream = ffi.new("drt_stream *", {"position": position, "window_end": window_end})
+        stream = _native.Stream(position, window_end)
         with self._state_lock:
-            _native.check(lib.drt_dataset_set_stream(self._handle, stream))
+            self._handle.set_stream(stream)
             self._progress = None
 
     def get_item(self, cache_id: int, sample_id: int) -> CachedSample:
@@ -384,25 +332,11 @@ class CachedDataset:
             raise IndexError(f"sample_id {sample_id} is out of range")
         with self._lookup_lock:
             if self._lookup is None:
-                out = ffi.new("drt_lookup **")
-                _native.check(lib.drt_lookup_open(self._handle, out))
-                # One lookup handle and call buffers per dataset, reused by every call.
-                self._lookup = (
-                    ffi.gc(out[0], _close_lookup),
-                    ffi.new("uint64_t[2]"),
-                    ffi.new("drt_batch *"),
-                )
-            handle, ids, batch = self._lookup
-            ids[0] = cache_id
-            ids[1] = sample_id
-            status = lib.drt_lookup_get(handle, 1, ids, ids + 1, 0, batch)
-            if status:
-                _native.raise_status(status)
-            data = ffi.buffer(batch.payloads[0], batch.payload_lens[0])[:]
-            columns = batch.columns
-            values = [
-                _column_values(columns[i], kind, 1)[0] for i, (_, kind) in enumerate(self._columns)
-            ]
+                # One lookup handle (with its call buffers) per dataset, reused by every call.
+                self._lookup = _native.Lookup.open(self._handle)
+            batch = self._lookup.get((cache_id,), (sample_id,))
+            data = batch.payload(0)
+            values = [batch.column_values(i, kind)[0] for i, (_, kind) in enumerate(self._columns)]
             return _new_sample(
                 CachedSample, (data, dict(zip(self._field_names, values)), cache_id, sample_id)
             )
@@ -419,13 +353,11 @@ class CachedDataset:
             if self._active is None:
                 import polars as pl
 
-                from dataset_rt.metadata import default_table
-
-                _native.check_owner(self._runtime._pid)  # Polars would hang in a fork
+                _native.check_owner(self._runtime.pid)  # Polars would hang in a fork
                 if self._active_arrow is not None:
                     self._active = pl.from_arrow(self._active_arrow)
                 else:
-                    self._active = default_table(self)
+                    self._active = metadata.default_table(self)
             return self._active
 
     def samples_metadata(self) -> Any:
@@ -443,19 +375,15 @@ class CachedDataset:
         draw stream restart at 0, shuffled reading switches to weighted draws, and the
         epoch length becomes the row count. Cache files are never rewritten.
         """
-        from dataset_rt.metadata import validate_and_set
-
-        _native.check_owner(self._runtime._pid)
+        _native.check_owner(self._runtime.pid)
         with self._state_lock:
-            validate_and_set(self, df)
+            metadata.validate_and_set(self, df)
             self._table_replaced(df, None, df.height)
 
     def _set_arrow_table(self, table: Any) -> None:
         """``update_metadata`` for a pyarrow table from a snapshot, without Polars."""
-        from dataset_rt.metadata import set_arrow_table
-
         with self._state_lock:
-            set_arrow_table(self, table)
+            metadata.set_arrow_table(self, table)
             self._table_replaced(None, table, table.num_rows)
 
     def _table_replaced(self, frame: Any, arrow: Any, rows: int) -> None:
@@ -476,26 +404,25 @@ class CachedDataset:
         Returns ``Ok(ManifestUpdateReport)`` or ``Err(ManifestUpdateError)``; see the
         storage-format docs. Sample files, the active table and cursors are unchanged.
         """
-        from dataset_rt.manifests import update_manifests
-
-        _native.check_owner(self._runtime._pid)
-        return update_manifests(self, version)
+        _native.check_owner(self._runtime.pid)
+        return manifests.update_manifests(self, version)
 
     def dump_config(self, path: str | os.PathLike[str]) -> Path:
         """Write ``dataset.json`` and the active table (``metadata.arrow``) into the
         existing directory ``path``; returns the ``dataset.json`` path."""
-        from dataset_rt.snapshot import dump_config
-
-        _native.check_owner(self._runtime._pid)
-        return dump_config(self, path)
+        _native.check_owner(self._runtime.pid)
+        return snapshot.dump_config(self, path)
 
     @classmethod
     def from_config(cls, path: str | os.PathLike[str]) -> CachedDataset:
         """Rebuild a dataset (new runtime, same caches, active table and epoch length)
         from a ``dataset.json`` written by :meth:`dump_config`. The stream starts at 0."""
-        from dataset_rt.snapshot import load_config
-
-        return load_config(path)
+        config, table = snapshot.load_config(path)
+        runtime = _native.Runtime.open(config.num_workers)
+        dataset = cls._open(runtime, [Path(p) for p in config.cache_paths], config.reader_config)
+        dataset.update_metadata(table)
+        dataset.set_epoch_len(config.epoch_len)
+        return dataset
 
     def to_torch_iterable_dataset(self) -> Any:
         """A sized ``torch.utils.data.IterableDataset`` over this dataset's stream.
@@ -507,7 +434,7 @@ class CachedDataset:
         from its own reader. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
         """
         adapters = _torch_adapters("to_torch_iterable_dataset")
-        _native.check_owner(self._runtime._pid)
+        _native.check_owner(self._runtime.pid)
         return adapters.to_torch_iterable_dataset(self)
 
     def to_torch_dataloader(
@@ -553,7 +480,7 @@ class CachedDataset:
         dataset-rt 0.4.8. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
         """
         adapters = _torch_adapters("to_torch_dataloader")
-        _native.check_owner(self._runtime._pid)
+        _native.check_owner(self._runtime.pid)
         return adapters.to_torch_dataloader(
             self,
             batch_size=batch_size,
@@ -580,7 +507,10 @@ class CachedDataset:
 
 def _torch_adapters(method: str) -> Any:
     """``dataset_rt.integrations.torch``, or dataset-rt 0.4.8's ImportError for ``method``
-    when PyTorch itself cannot be imported (other import errors propagate)."""
+    when PyTorch itself cannot be imported (other import errors propagate).
+
+    The one import of a higher layer (the integrations): lazy, so that ``import
+    dataset_rt`` never imports torch (tests/test_structure.py allows exactly this edge)."""
     try:
         from dataset_rt.integrations import torch as adapters
     except ImportError as error:
@@ -640,43 +570,16 @@ class SampleBatch(NamedTuple):
         return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes()
 
 
-def _sample_batch(batch: Any, columns: list[tuple[str, int]], copy: bool) -> SampleBatch:
+def _sample_batch(batch: _native.Batch, columns: list[tuple[str, int]], copy: bool) -> SampleBatch:
     """One contiguous native batch as numpy arrays (copied, or views when ``copy`` is
     false) and a Polars frame (always its own memory)."""
-    import numpy as np
     import polars as pl
 
-    n = int(batch.count)
-    lens = np.frombuffer(ffi.buffer(batch.payload_lens, 8 * n), dtype=np.uint64)
-    offsets = np.zeros(n + 1, dtype=np.uint64)
-    np.cumsum(lens, out=offsets[1:])
-    data = np.frombuffer(ffi.buffer(batch.payload_base, int(offsets[-1])), dtype=np.uint8)
-    cache_id = np.frombuffer(ffi.buffer(batch.cache_ids, 8 * n), dtype=np.uint64)
-    sample_id = np.frombuffer(ffi.buffer(batch.sample_ids, 8 * n), dtype=np.uint64)
-    if copy:
-        data, cache_id, sample_id = data.copy(), cache_id.copy(), sample_id.copy()
+    data, offsets, cache_id, sample_id = batch.arrays(copy)
     frame = pl.DataFrame(
-        {name: _column_array(batch.columns[i], kind, n) for i, (name, kind) in enumerate(columns)}
+        {name: batch.column_array(i, kind) for i, (name, kind) in enumerate(columns)}
     )
     return SampleBatch(data, offsets, cache_id, sample_id, frame)
-
-
-def _column_array(column: Any, kind: int, n: int) -> Any:
-    """A metadata column of a native batch as a numpy or pyarrow array (copied)."""
-    import numpy as np
-    import pyarrow as pa
-
-    if kind == KIND_INT:
-        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.int64).copy()
-    if kind == KIND_FLOAT:
-        return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.float64).copy()
-    if kind == KIND_BOOL:
-        return np.frombuffer(ffi.buffer(column.values, n), dtype=np.uint8).astype(bool)
-    offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).astype(
-        np.int64
-    )
-    data = ffi.buffer(ffi.cast("uint8_t *", column.values), int(offsets[-1]))[:]
-    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
 
 
 def _dict_builder(names: list[str]) -> Any:
@@ -696,33 +599,3 @@ def _dict_builder(names: list[str]) -> Any:
     namespace: dict[str, Any] = {}
     exec(compile(source, "<dataset_rt metadata>", "exec"), namespace)
     return namespace["build"]
-
-
-def _payloads(batch: Any, n: int) -> list[bytes]:
-    """Copy each payload of a batch into a bytes object (the one copy a sample costs).
-
-    Payloads live in several native buffers. One cffi buffer spanning from the lowest
-    payload address to the highest end lets each payload be sliced out with one C-level
-    copy; slicing reads only the payloads' own bytes, never the gaps between buffers.
-    """
-    if n == 0:
-        return []
-    starts = ffi.unpack(ffi.cast("uint64_t *", batch.payloads), n)
-    lengths = ffi.unpack(batch.payload_lens, n)
-    base = min(starts)
-    end = max(map(sum, zip(starts, lengths)))
-    span = ffi.buffer(ffi.cast("uint8_t *", base), end - base)
-    return [span[a - base : a - base + length] for a, length in zip(starts, lengths)]
-
-
-def _column_values(column: Any, kind: int, n: int) -> list[Any]:
-    """One metadata column of a native batch as a list of Python values."""
-    if kind == KIND_INT:
-        return ffi.unpack(ffi.cast("int64_t *", column.values), n)
-    if kind == KIND_FLOAT:
-        return ffi.unpack(ffi.cast("double *", column.values), n)
-    if kind == KIND_BOOL:
-        return ffi.unpack(ffi.cast("_Bool *", column.values), n)
-    offsets = ffi.unpack(column.offsets, n + 1)
-    data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
-    return [data[a:b].decode("utf-8") for a, b in pairwise(offsets)]

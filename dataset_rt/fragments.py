@@ -37,14 +37,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dataset_rt import _native
-from dataset_rt._native import ffi, lib
+from dataset_rt._native import Kind
 from dataset_rt.config import WriterConfig
 from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
+from dataset_rt.runtime import DatasetRuntime
 from dataset_rt.writer import (
-    KIND_BOOL,
-    KIND_FLOAT,
-    KIND_INT,
-    KIND_STRING,
     SourceFailure,
     _Ingest,
     _Plan,
@@ -55,8 +52,6 @@ from dataset_rt.writer import (
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-    from dataset_rt.runtime import DatasetRuntime
 
 __all__ = [
     "Fragment",
@@ -172,7 +167,7 @@ def _write(
     options = validate_writer_config(writer_config)
     base = Path(fragments_dir)
     plan = _Plan(0, source, name, None, replace=True)
-    result = _write_one(runtime, plan, base, options, None, None, feed)
+    result = _write_one(runtime._runtime, plan, base, options, None, None, feed)
     if isinstance(result, CacheWriteError):
         raise FragmentWriteError(name, result.message)
     manifest = json.loads((base / name / "manifest.json").read_text(encoding="utf-8"))
@@ -180,20 +175,20 @@ def _write(
 
 
 _ARROW_KINDS = {
-    "bool": KIND_BOOL,
-    "int8": KIND_INT,
-    "int16": KIND_INT,
-    "int32": KIND_INT,
-    "int64": KIND_INT,
-    "uint8": KIND_INT,
-    "uint16": KIND_INT,
-    "uint32": KIND_INT,
-    "uint64": KIND_INT,
-    "halffloat": KIND_FLOAT,
-    "float": KIND_FLOAT,
-    "double": KIND_FLOAT,
-    "string": KIND_STRING,
-    "large_string": KIND_STRING,
+    "bool": Kind.BOOL,
+    "int8": Kind.INT,
+    "int16": Kind.INT,
+    "int32": Kind.INT,
+    "int64": Kind.INT,
+    "uint8": Kind.INT,
+    "uint16": Kind.INT,
+    "uint32": Kind.INT,
+    "uint64": Kind.INT,
+    "halffloat": Kind.FLOAT,
+    "float": Kind.FLOAT,
+    "double": Kind.FLOAT,
+    "string": Kind.STRING,
+    "large_string": Kind.STRING,
 }
 
 
@@ -203,7 +198,7 @@ class _ArrowColumns:
     def __init__(self, data_column: str) -> None:
         self.data_column = data_column
         self.keys: list[str] | None = None
-        self.kinds: list[int] = []
+        self.kinds: list[Kind] = []
 
     def append(self, ingest: _Ingest, table: Any) -> None:
         import numpy as np
@@ -252,11 +247,11 @@ class _ArrowColumns:
             column = table.column(key).combine_chunks()
             if column.null_count:
                 raise SourceFailure(f"metadata column '{key}' has nulls")
-            if kind == KIND_STRING:
+            if kind == Kind.STRING:
                 text, text_offsets = _bytes_and_offsets(column.cast(pa.large_string()))
                 first = int(text_offsets[0])
                 values.append((text[first : int(text_offsets[-1])], text_offsets - first))
-            elif kind == KIND_INT:
+            elif kind == Kind.INT:
                 if pa.types.is_uint64(column.type) and len(column):
                     import pyarrow.compute as pc
 
@@ -265,7 +260,7 @@ class _ArrowColumns:
                         raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
                 array = column.cast(pa.int64()).to_numpy(zero_copy_only=False)
                 values.append((np.ascontiguousarray(array, dtype=np.int64), None))
-            elif kind == KIND_FLOAT:
+            elif kind == Kind.FLOAT:
                 array = column.cast(pa.float64()).to_numpy(zero_copy_only=False)
                 values.append((np.ascontiguousarray(array, dtype=np.float64), None))
             else:
@@ -306,36 +301,22 @@ def commit_fragments(
     import pyarrow as pa
 
     paths = [Path(f.path) if isinstance(f, Fragment) else Path(f) for f in fragments]
-    strs = _native.PathArray(paths)
-    base_bytes = _native.encode_path(base_dir)
-    name_bytes = name.encode("utf-8")
-    options = ffi.new("drt_commit_options *", {"flags": lib.DRT_COMMIT_REPLACE if replace else 0})
-    out = ffi.new("drt_commit **")
-    status = lib.drt_commit_open(
-        base_bytes,
-        len(base_bytes),
-        name_bytes,
-        len(name_bytes),
-        strs.array,
-        strs.count,
-        options,
-        out,
-    )
-    if status != 0:
-        return CacheWriteError(name, _native.last_error())
-    commit = out[0]
+    flags = _native.CommitFlag.REPLACE if replace else _native.CommitFlag(0)
     try:
-        staging = ffi.new("drt_str *")
-        _native.check(lib.drt_commit_staging_path(commit, staging))
-        directory = os.fsdecode(ffi.buffer(staging.ptr, staging.len)[:])
+        # Native failures of the commit are returned as its CacheWriteError.
+        commit = _native.Commit.open(base_dir, name, paths, flags, error=SourceFailure)
+    except SourceFailure as failure:
+        return CacheWriteError(name, str(failure))
+    with commit:
+        directory = commit.staging_path()
         try:
             _merge_metadata(paths, os.path.join(directory, "metadata.arrow"))
         except (pa.ArrowException, OSError) as exc:
             return CacheWriteError(name, python_error(exc))
-        if lib.drt_commit_finish(commit) != 0:
-            return CacheWriteError(name, _native.last_error())
-    finally:
-        lib.drt_commit_close(commit)
+        try:
+            commit.finish()
+        except SourceFailure as failure:
+            return CacheWriteError(name, str(failure))
     return CacheWriteSuccess(name, Path(base_dir) / name)
 
 

@@ -14,8 +14,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dataset_rt import _native
-from dataset_rt._native import ffi, lib
 from dataset_rt.records import (
     AbsentManifestTarget,
     Err,
@@ -88,11 +86,9 @@ def update_manifests(dataset: Any, version: object) -> Any:
                 (),
             )
         )
-    info = ffi.new("drt_cache_info *")
     entries: list[ManifestUpdateEntry] = []
     for index, cache_path in enumerate(dataset.cache_paths):
-        _native.check(lib.drt_dataset_cache_info(dataset._handle, index, info))
-        cache_id = int(info.cache_id)
+        cache_id = dataset._handle.cache_info(index).cache_id
         target = (Path(cache_path) / "manifest.json").resolve()
         try:
             manifest = json.loads(target.read_bytes(), object_pairs_hook=_reject_duplicates)

@@ -1,16 +1,13 @@
-"""Arrow side of the metadata: reading ``metadata.arrow`` files (memory-mapped, columnar)
-and handing their column buffers to the native dataset by pointer."""
+"""Arrow side of the metadata: reading ``metadata.arrow`` files (memory-mapped, columnar),
+building the initial active table, and checking a new one before its identity and weight
+columns go to the native dataset (by pointer, through ``_native.Dataset.set_table``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from dataset_rt import _native
-from dataset_rt._native import ffi, lib
-
-KIND_BOOL, KIND_INT, KIND_FLOAT, KIND_STRING = 0, 1, 2, 3
-KIND_NAMES = {KIND_BOOL: "bool", KIND_INT: "int", KIND_FLOAT: "float", KIND_STRING: "string"}
+from dataset_rt._native import Kind
 
 
 def arrow_type(kind: int) -> Any:
@@ -18,25 +15,11 @@ def arrow_type(kind: int) -> Any:
     import pyarrow as pa
 
     return {
-        KIND_BOOL: pa.bool_(),
-        KIND_INT: pa.int64(),
-        KIND_FLOAT: pa.float64(),
-        KIND_STRING: pa.utf8(),
+        Kind.BOOL: pa.bool_(),
+        Kind.INT: pa.int64(),
+        Kind.FLOAT: pa.float64(),
+        Kind.STRING: pa.utf8(),
     }[kind]
-
-
-def schema_of(handle: Any) -> list[tuple[str, int]]:
-    """The dataset's metadata schema as (name, kind) pairs, in manifest order."""
-    count = ffi.new("uint64_t *")
-    _native.check(lib.drt_dataset_field_count(handle, count))
-    field = ffi.new("drt_field *")
-    fields = []
-    for i in range(count[0]):
-        _native.check(lib.drt_dataset_field(handle, i, field))
-        fields.append(
-            (ffi.buffer(field.name.ptr, field.name.len)[:].decode("utf-8"), int(field.kind))
-        )
-    return fields
 
 
 def read_arrow_file(path: Path) -> Any:
@@ -70,10 +53,10 @@ def read_arrow_file(path: Path) -> Any:
 # ------------------------------------------------------------------------ active table
 
 STORED_ARROW_NAMES = {
-    KIND_BOOL: "Boolean",
-    KIND_INT: "Int64",
-    KIND_FLOAT: "Float64",
-    KIND_STRING: "Utf8",
+    Kind.BOOL: "Boolean",
+    Kind.INT: "Int64",
+    Kind.FLOAT: "Float64",
+    Kind.STRING: "Utf8",
 }
 ID_COLUMNS = ("cache_id", "sample_id", "weight")
 
@@ -84,7 +67,7 @@ def _arrow_kind_matches(kind: int, actual: Any) -> bool:
     Strings accept utf8, large_utf8 and string views (what Polars produces)."""
     import pyarrow as pa
 
-    if kind == KIND_STRING:
+    if kind == Kind.STRING:
         return actual in (pa.utf8(), pa.large_utf8()) or str(actual) == "string_view"
     return actual == arrow_type(kind)
 
@@ -100,15 +83,14 @@ def default_table(dataset: Any) -> Any:
     import pyarrow as pa
 
     handle = dataset._handle
-    fields = schema_of(handle)
-    info = ffi.new("drt_cache_info *")
+    fields = handle.fields()
     counts: list[int] = []
     ids: list[int] = []
     chunks: list[list[Any]] = [[] for _ in fields]
     for index, path in enumerate(dataset.cache_paths):
-        _native.check(lib.drt_dataset_cache_info(handle, index, info))
-        counts.append(int(info.sample_count))
-        ids.append(int(info.cache_id))
+        info = handle.cache_info(index)
+        counts.append(info.sample_count)
+        ids.append(info.cache_id)
         table = read_arrow_file(Path(path) / "metadata.arrow")
         if table.num_columns != len(fields):
             raise ValueError("metadata batch column count does not match manifest")
@@ -140,14 +122,9 @@ def default_table(dataset: Any) -> Any:
     return pl.from_arrow(pa.table(list(columns.values()), names=list(columns)), rechunk=False)
 
 
-_ID_TYPES = {"uint64": 1, "uint32": 2, "int64": 3, "int32": 4}
-_WEIGHT_TYPES = {**_ID_TYPES, "double": 5, "float": 6}
-
-
-def _table_column(series: Any, accepted: dict[str, int], keep: list[Any]) -> Any:
-    """A drt_table_column describing one Polars or Arrow column (zero-copy where Arrow
+def _arrow_array(series: Any) -> Any:
+    """One Polars Series or Arrow column as a single pyarrow Array (zero-copy where Arrow
     allows)."""
-    import numpy as np
     import pyarrow as pa
 
     array = series if isinstance(series, (pa.Array, pa.ChunkedArray)) else series.rechunk()
@@ -155,36 +132,16 @@ def _table_column(series: Any, accepted: dict[str, int], keep: list[Any]) -> Any
         array = array.to_arrow()
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
-    column = ffi.new("drt_table_column *")
-    type_code = accepted.get(str(array.type), 0)
-    column.type = type_code
-    n = len(array)
-    if array.null_count:
-        validity = array.buffers()[0]
-        if validity is None:  # NullArray: every row is null
-            validity = pa.py_buffer(np.zeros((n + 7) // 8 + 1, dtype=np.uint8))
-            column.offset = 0
-        else:
-            column.offset = array.offset
-        keep.append(validity)
-        column.validity = ffi.cast("uint8_t *", validity.address)
-    if type_code:
-        values = array.buffers()[1]
-        keep.append(values)
-        width = array.type.bit_width // 8
-        column.values = ffi.cast("void *", values.address + array.offset * width)
-    keep.append(array)
-    return column
+    return array
 
 
 def _set_table(dataset: Any, rows: int, column: Any) -> None:
-    """Hand the id and weight columns (``column(name)``: Polars or Arrow) to
-    drt_dataset_set_table, which validates them and replaces the active table."""
-    keep: list[Any] = []
-    cache_ids = _table_column(column("cache_id"), _ID_TYPES, keep)
-    sample_ids = _table_column(column("sample_id"), _ID_TYPES, keep)
-    weights = _table_column(column("weight"), _WEIGHT_TYPES, keep)
-    _native.check(lib.drt_dataset_set_table(dataset._handle, rows, cache_ids, sample_ids, weights))
+    """Hand the id and weight columns (``column(name)``: Polars or Arrow) to the native
+    dataset, which validates them and replaces the active table."""
+    cache_ids = _arrow_array(column("cache_id"))
+    sample_ids = _arrow_array(column("sample_id"))
+    weights = _arrow_array(column("weight"))
+    dataset._handle.set_table(rows, cache_ids, sample_ids, weights)
 
 
 def validate_and_set(dataset: Any, df: Any) -> None:
@@ -196,7 +153,7 @@ def validate_and_set(dataset: Any, df: Any) -> None:
     schema = df.head(0).to_arrow().schema
     if df.height == 0:
         raise ValueError("metadata table must include at least one sample")
-    for name, kind in schema_of(dataset._handle):
+    for name, kind in dataset._handle.fields():
         index = schema.get_field_index(name)
         if index < 0:
             raise ValueError(f"samples metadata missing '{name}' column")

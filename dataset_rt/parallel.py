@@ -1,10 +1,11 @@
 """Writing sources in spawned processes (``WriterConfig(num_processes=N)``).
 
 Each source is pickled and written by its own child process (spawn start method, so no
-native state crosses a fork); at most N children run at once. Each child builds its own
-``DatasetRuntime(num_workers)`` and writes with the serial writer (``show_progress``
-off), staging exactly as a serial write does, so a killed child leaves only a staging
-directory whose lock died with it, which the parent sweeps.
+native state crosses a fork); at most N children run at once. Each child opens its own
+native runtime of ``num_workers`` threads and writes with the serial writer
+(``dataset_rt.writer``, ``show_progress`` off), staging exactly as a serial write does,
+so a killed child leaves only a staging directory whose lock died with it, which the
+parent sweeps.
 
 Results keep source order. A child that does not finish within
 ``process_timeout_seconds`` is killed, and it and every unfinished source report
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from dataset_rt import _native
-from dataset_rt._native import lib
-from dataset_rt.records import CacheWriteError, CacheWriteResult
+from dataset_rt.config import WriterConfig
+from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
+from dataset_rt.writer import write_sources
 
 TIMEOUT_MESSAGE = "writer process timeout exceeded"
 
@@ -38,13 +40,11 @@ def _child(payload: bytes, base: str, config_json: str, num_workers: int, conn: 
         except Exception as exc:
             conn.send(("error", f"source deserialization failed: {type(exc).__name__}: {exc}"))
             return
-        import dataset_rt as drt
-
-        config = drt.WriterConfig.model_validate_json(config_json).model_copy(
+        config = WriterConfig.model_validate_json(config_json).model_copy(
             update={"show_progress": False, "num_processes": 0}
         )
-        runtime = drt.DatasetRuntime(num_workers=num_workers)
-        [result] = runtime.write_cache(source, base, writer_config=config)
+        with _native.Runtime.open(num_workers) as runtime:
+            [result] = write_sources(runtime, source, base, config)
         conn.send(("result", tuple(result), type(result).__name__))
     except (KeyboardInterrupt, SystemExit) as exc:
         conn.send(("interrupt", type(exc).__name__, exc.args))
@@ -73,16 +73,13 @@ def _stop(running: list[_Running]) -> None:
 
 
 def _sweep(base: Path) -> None:
-    raw = _native.encode_path(base)
-    lib.drt_staging_sweep(raw, len(raw))
+    _native.staging_sweep(base)  # best effort: a failed sweep is retried by the next writer
 
 
 def write_in_processes(
     plans: list[Any], base: Path, config: Any, num_workers: int
 ) -> dict[int, CacheWriteResult]:
     """Write planned sources in up to ``config.num_processes`` spawned processes."""
-    from dataset_rt.records import CacheWriteSuccess
-
     context = multiprocessing.get_context("spawn")
     limit = int(config.num_processes)
     timeout = float(config.process_timeout_seconds)

@@ -12,14 +12,15 @@ equal dataset-rt 0.4.8's.
 
 Annotations are real objects (no `from __future__ import annotations`) so that
 `typing.get_type_hints` works on every record; the only forward reference is
-`CachedDataset`, which the `dataset_rt.api` facade re-exports.
+`CachedDataset`, which the `dataset_rt.api` facade re-exports. It stays a string and is
+never imported here: records sit below `dataset_rt.dataset` in the module layers, and
+`get_type_hints` resolves it in `dataset_rt.api`, the module these records report.
 """
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import (
-    TYPE_CHECKING,
     Generic,
     Literal,
     NamedTuple,
@@ -27,9 +28,6 @@ from typing import (
     TypeAlias,
     TypeVar,
 )
-
-if TYPE_CHECKING:
-    from dataset_rt.dataset import CachedDataset
 
 T = TypeVar("T")
 E = TypeVar("E")
@@ -186,7 +184,7 @@ class CacheSourcesDatasetSuccess(NamedTuple):
 
     __module__ = _PUBLIC_MODULE  # type: ignore[misc]
 
-    dataset: "CachedDataset"
+    dataset: "CachedDataset"  # noqa: F821 - resolved in dataset_rt.api (module docstring)
     results: list[CacheWriteResult]
 
 

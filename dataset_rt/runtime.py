@@ -1,4 +1,9 @@
-"""`DatasetRuntime`: the native worker pool and the entry points that write and load caches."""
+"""`DatasetRuntime`: the native worker pool and the entry points that write and load caches.
+
+The layer above the dataset and the writers: it decides where sources are written (this
+process, or spawned writer processes with ``num_processes > 0``) and which existing caches
+are reused.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from dataset_rt import _native
-from dataset_rt._native import ffi, lib
 from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
+from dataset_rt.dataset import CachedDataset, probe_cache
+from dataset_rt.parallel import write_in_processes
 from dataset_rt.records import (
     CacheSourcesDatasetError,
     CacheSourcesDatasetResult,
@@ -20,11 +26,7 @@ from dataset_rt.records import (
     CacheWriteResult,
     CacheWriteSuccess,
 )
-
-
-def _close_runtime(handle: Any, close: Any = lib.drt_runtime_close) -> None:
-    # Default argument keeps the library's function alive during interpreter shutdown.
-    close(handle)
+from dataset_rt.writer import _Plan, is_parallel, plan_sources, write_planned
 
 
 class DatasetRuntime:
@@ -34,7 +36,7 @@ class DatasetRuntime:
     are gone. A runtime cannot be pickled or used in a forked child process.
     """
 
-    __slots__ = ("_inner", "_num_workers", "_pid")
+    __slots__ = ("_runtime",)
 
     def __init__(self, *, num_workers: int) -> None:
         count = operator.index(num_workers)
@@ -42,26 +44,19 @@ class DatasetRuntime:
             raise OverflowError("can't convert negative int to unsigned")
         if count >= 2**64:
             raise OverflowError("int too big to convert")
-        out = ffi.new("drt_runtime **")
-        _native.check(lib.drt_runtime_open(count, out))
-        self._inner = ffi.gc(out[0], _close_runtime)
-        self._num_workers = count
-        self._pid = os.getpid()
+        # Closed when collected: datasets and writers opened from it keep the pool alive.
+        self._runtime = _native.Runtime.open(count)
 
     @property
     def num_workers(self) -> int:
         """Threads in the native pool."""
-        return self._num_workers
-
-    def _handle(self) -> Any:
-        _native.check_owner(self._pid)
-        return self._inner
+        return self._runtime.num_workers
 
     def __reduce__(self) -> Any:
         raise TypeError("cannot pickle 'DatasetRuntime' object")
 
     def __repr__(self) -> str:
-        return f"DatasetRuntime(num_workers={self._num_workers})"
+        return f"DatasetRuntime(num_workers={self._runtime.num_workers})"
 
     def write_cache(
         self,
@@ -77,18 +72,26 @@ class DatasetRuntime:
         configs and duplicate names (before anything is written); ``KeyboardInterrupt`` and
         ``SystemExit`` propagate unchanged after cleanup.
         """
-        from dataset_rt.writer import write_sources
+        _native.check_owner(self._runtime.pid)
+        items = sources if isinstance(sources, list) else [sources]
+        base = Path(path)
+        plans, results = plan_sources(items, base, writer_config)
+        results.update(self._write_planned(plans, base, writer_config))
+        return [results[i] for i in range(len(items))]
 
-        _native.check_owner(self._pid)
-        return write_sources(self, sources, path, writer_config)
+    def _write_planned(
+        self, plans: list[_Plan], base: Path, config: WriterConfig
+    ) -> dict[int, CacheWriteResult]:
+        """Write planned sources here or in spawned processes; results by position."""
+        if is_parallel(config):
+            return write_in_processes(plans, base, config, self._runtime.num_workers)
+        return write_planned(self._runtime, plans, base, config)
 
     def cached_dataset(
         self, paths: Sequence[str | os.PathLike[str]], *, reader_config: ReaderConfig
     ) -> Any:
         """Load caches (in ``paths`` order) as one ``CachedDataset``; raises load errors."""
-        from dataset_rt.dataset import CachedDataset
-
-        return CachedDataset._open(self, [Path(p) for p in paths], reader_config)
+        return CachedDataset._open(self._runtime, [Path(p) for p in paths], reader_config)
 
     def from_cache_sources(
         self,
@@ -106,10 +109,7 @@ class DatasetRuntime:
         ``CacheSourcesDatasetSuccess(dataset, results)`` when at least one cache is
         available, else ``CacheSourcesDatasetError(results, message)``.
         """
-        from dataset_rt.dataset import CachedDataset, probe_cache
-        from dataset_rt.writer import plan_sources, write_planned
-
-        _native.check_owner(self._pid)
+        _native.check_owner(self._runtime.pid)
         items = sources if isinstance(sources, list) else [sources]
         if not items:
             return CacheSourcesDatasetError([], "no cache sources were provided")
@@ -123,7 +123,7 @@ class DatasetRuntime:
             if not os.path.lexists(target):
                 to_write.append(plan)
                 continue
-            error, fingerprint = probe_cache(self, target, validate=validate)
+            error, fingerprint = probe_cache(self._runtime, target, validate=validate)
             if error is None and plan.fingerprint is not None and fingerprint != plan.fingerprint:
                 if rebuild:
                     to_rebuild.append(dataclasses.replace(plan, replace=True))
@@ -138,10 +138,10 @@ class DatasetRuntime:
                 if error is None
                 else CacheWriteError(plan.name, error)
             )
-        results.update(write_planned(self, to_write, base, writer_config))
+        results.update(self._write_planned(to_write, base, writer_config))
         if to_rebuild:  # swapped in by this process (the exchange is not done by children)
             serial = writer_config.model_copy(update={"num_processes": 0})
-            results.update(write_planned(self, to_rebuild, base, serial))
+            results.update(self._write_planned(to_rebuild, base, serial))
         final = [results[i] for i in range(len(items))]
         paths = [r.path for r in final if isinstance(r, CacheWriteSuccess)]
         if not paths:
@@ -149,5 +149,5 @@ class DatasetRuntime:
                 f"{r.source_name}: {r.message}" for r in final if isinstance(r, CacheWriteError)
             )
             return CacheSourcesDatasetError(final, f"no caches were written: {detail}")
-        dataset = CachedDataset._open(self, paths, reader_config)
+        dataset = CachedDataset._open(self._runtime, paths, reader_config)
         return CacheSourcesDatasetSuccess(dataset, final)

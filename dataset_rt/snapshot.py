@@ -62,11 +62,11 @@ def dump_config(dataset: Any, path: str | os.PathLike[str]) -> Path:
     return target
 
 
-def load_config(path: str | os.PathLike[str]) -> Any:
+def load_config(path: str | os.PathLike[str]) -> tuple[DatasetConfiguration, Any]:
+    """The ``dataset.json`` at ``path`` and its active table (a Polars DataFrame), checked
+    against each other; ``CachedDataset.from_config`` opens the dataset from them."""
     import polars as pl
     import pyarrow as pa
-
-    from dataset_rt.runtime import DatasetRuntime
 
     file = Path(TypeAdapter(FilePath).validate_python(path))
     config = DatasetConfiguration.model_validate_json(file.read_bytes())
@@ -74,8 +74,4 @@ def load_config(path: str | os.PathLike[str]) -> Any:
         metadata = pl.from_arrow(pa.ipc.open_file(source).read_all())
     if metadata.height != config.row_count:
         raise ValueError("metadata row count does not match dataset configuration")
-    runtime = DatasetRuntime(num_workers=config.num_workers)
-    dataset = runtime.cached_dataset(list(config.cache_paths), reader_config=config.reader_config)
-    dataset.update_metadata(metadata)
-    dataset.set_epoch_len(config.epoch_len)
-    return dataset
+    return config, metadata

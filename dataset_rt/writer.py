@@ -27,23 +27,18 @@ import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dataset_rt import _native
-from dataset_rt._native import ffi, lib
+from dataset_rt._native import KIND_NAMES, Kind
+from dataset_rt.config import WriterConfig
 from dataset_rt.records import CacheInput, CacheWriteError, CacheWriteResult, CacheWriteSuccess
 
-if TYPE_CHECKING:
-    from dataset_rt.config import WriterConfig
-    from dataset_rt.runtime import DatasetRuntime
-
-KIND_BOOL, KIND_INT, KIND_FLOAT, KIND_STRING = 0, 1, 2, 3
-KIND_NAMES = {KIND_BOOL: "bool", KIND_INT: "int", KIND_FLOAT: "float", KIND_STRING: "string"}
 _PLAIN_TYPES: dict[int, type] = {
-    KIND_BOOL: bool,
-    KIND_INT: int,
-    KIND_FLOAT: float,
-    KIND_STRING: str,
+    Kind.BOOL: bool,
+    Kind.INT: int,
+    Kind.FLOAT: float,
+    Kind.STRING: str,
 }
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -83,26 +78,26 @@ def _is_numpy_bool(value: object) -> bool:
     return cls.__module__ == "numpy" and cls.__name__ in ("bool_", "bool")
 
 
-def value_kind(value: object) -> int:
+def value_kind(value: object) -> Kind:
     """Kind of one metadata value (bool before int: bool is an int subclass).
 
     As in the reference: numpy integers and IntEnum are ints; numpy floats, Decimal and
     Fraction are floats; numpy bools are bools; str subclasses (np.str_) are strings."""
     cls = type(value)
     if cls is int:
-        return KIND_INT
+        return Kind.INT
     if cls is str:
-        return KIND_STRING
+        return Kind.STRING
     if cls is float:
-        return KIND_FLOAT
+        return Kind.FLOAT
     if isinstance(value, bool) or _is_numpy_bool(value):
-        return KIND_BOOL
+        return Kind.BOOL
     if isinstance(value, str):
-        return KIND_STRING
+        return Kind.STRING
     if isinstance(value, numbers.Integral):
-        return KIND_INT
+        return Kind.INT
     if isinstance(value, (numbers.Real, decimal.Decimal)):
-        return KIND_FLOAT
+        return Kind.FLOAT
     raise SourceFailure("metadata values must be bool, int, float, or str")
 
 
@@ -126,7 +121,7 @@ class _Plan:
     replace: bool = False
 
 
-def validate_writer_config(config: WriterConfig) -> tuple[int, int, int, float]:
+def validate_writer_config(config: WriterConfig) -> tuple[int, int, _native.Compression, float]:
     """Re-check a (possibly duck-typed) config as the native layer of the reference does.
 
     Reading the config fails like the reference's extraction (``RuntimeError("Python
@@ -150,7 +145,8 @@ def validate_writer_config(config: WriterConfig) -> tuple[int, int, int, float]:
         raise ValueError("shard_compression.ratio must be positive and finite")
     if algo == "none" and ratio != 1.0:
         raise ValueError("shard_compression.ratio must be 1.0 when algo is 'none'")
-    return prefetch_size, max_shard_bytes, 1 if algo == "lz4" else 0, ratio
+    compression_code = _native.Compression.LZ4 if algo == "lz4" else _native.Compression.NONE
+    return prefetch_size, max_shard_bytes, compression_code, ratio
 
 
 def _u64(value: Any) -> int:
@@ -227,23 +223,22 @@ def plan_sources(
     invalid configs and duplicate names before anything is written.
     """
     validate_writer_config(config)
-    return _plan_sources(sources, base, parallel=_parallel(config))
+    return _plan_sources(sources, base, parallel=is_parallel(config))
 
 
-def _parallel(config: WriterConfig) -> bool:
-    """Sources go to spawned processes (the reference ignores this with the profiler on)."""
+def is_parallel(config: WriterConfig) -> bool:
+    """Sources go to spawned processes (``dataset_rt.parallel``; the reference ignores
+    ``num_processes`` with the profiler on)."""
     profiling = bool(getattr(getattr(config, "profiler", None), "enabled", False))
     return int(getattr(config, "num_processes", 0) or 0) > 0 and not profiling
 
 
 def write_planned(
-    runtime: DatasetRuntime, plans: list[_Plan], base: Path, config: WriterConfig
+    runtime: _native.Runtime, plans: list[_Plan], base: Path, config: WriterConfig
 ) -> dict[int, CacheWriteResult]:
-    """Write planned sources in order; returns their results by source position."""
-    if _parallel(config):
-        from dataset_rt.parallel import write_in_processes
-
-        return write_in_processes(plans, base, config, runtime.num_workers)
+    """Write planned sources in order, in this process (the caller sends them to
+    ``dataset_rt.parallel`` when :func:`is_parallel`); returns their results by source
+    position."""
     options = validate_writer_config(config)
     progress = _Progress.create(bool(config.show_progress), len(plans))
     profiler = getattr(config, "profiler", None)
@@ -268,26 +263,15 @@ def write_planned(
 
 
 def write_sources(
-    runtime: DatasetRuntime, sources: Any, path: str | os.PathLike[str], config: WriterConfig
+    runtime: _native.Runtime, sources: Any, path: str | os.PathLike[str], config: WriterConfig
 ) -> list[CacheWriteResult]:
-    """Write each source to ``<path>/<name>``; one result per source, in order."""
+    """Write each source to ``<path>/<name>`` in this process (``num_processes`` is not
+    looked at: a writer process uses this); one result per source, in order."""
     items = sources if isinstance(sources, list) else [sources]
     base = Path(path)
     plans, results = plan_sources(items, base, config)
     results.update(write_planned(runtime, plans, base, config))
     return [results[i] for i in range(len(items))]
-
-
-STAGE_NAMES = (
-    "record_encode",
-    "compression",
-    "disk_write",
-    "shard_flush",
-    "finish_index",
-    "finish_metadata",
-    "finish_manifest",
-    "publish",
-)
 
 
 class _Timings:
@@ -302,13 +286,16 @@ class _Timings:
         entry[1] += time.perf_counter_ns() - started_ns
         entry[2] += nbytes
 
-    def merge_native(self, writer: Any) -> None:
-        stats = ffi.new("drt_stage_stats[]", lib.DRT_STAGE_COUNT)
-        if lib.drt_writer_stats(writer, stats) != 0:
+    def merge_native(self, writer: _native.Writer) -> None:
+        """Add the native writer's stage timings (named like the stages of the C API:
+        ``Stage.RECORD_ENCODE`` is "record_encode")."""
+        try:
+            stats = writer.stats()
+        except SourceFailure:
             return
-        for name, stat in zip(STAGE_NAMES, stats):
+        for stat in stats:
             if stat.calls:
-                entry = self.stages.setdefault(name, [0, 0, 0])
+                entry = self.stages.setdefault(stat.stage.name.lower(), [0, 0, 0])
                 entry[0] += stat.calls
                 entry[1] += stat.total_ns
                 entry[2] += stat.bytes
@@ -328,10 +315,10 @@ def _write_profile(path: Path, elapsed_ns: int, sources: list[dict[str, Any]]) -
 
 
 def _write_one(
-    runtime: DatasetRuntime,
+    runtime: _native.Runtime,
     plan: _Plan,
     base: Path,
-    options: tuple[int, int, int, float],
+    options: tuple[int, int, _native.Compression, float],
     progress: _Progress | None,
     timings: _Timings | None,
     feed: Callable[[_Ingest], None] | None = None,
@@ -339,36 +326,24 @@ def _write_one(
     """Write one planned source. ``feed`` replaces iterating ``plan.source``: it appends
     to the ingest (``set_schema`` + ``append_columns``) and calls ``complete()``."""
     prefetch_size, max_shard_bytes, compression, ratio = options
-    native_options = ffi.new(
-        "drt_writer_options *",
-        {
-            "max_shard_bytes": max_shard_bytes,
-            "prefetch_size": prefetch_size,
-            "compression": compression,
-            "compression_ratio": ratio,
-            "flags": (lib.DRT_WRITER_PROFILE if timings is not None else 0)
-            | (lib.DRT_WRITER_REPLACE if plan.replace else 0),
-        },
+    flags = _native.WriterFlag(0)
+    if timings is not None:
+        flags |= _native.WriterFlag.PROFILE
+    if plan.replace:
+        flags |= _native.WriterFlag.REPLACE
+    writer_options = _native.WriterOptions(
+        max_shard_bytes=max_shard_bytes,
+        prefetch_size=prefetch_size,
+        compression=compression,
+        compression_ratio=ratio,
+        flags=flags,
+        fingerprint=plan.fingerprint,
     )
-    fingerprint = plan.fingerprint.encode("utf-8") if plan.fingerprint is not None else None
-    if fingerprint is not None:
-        native_options.fingerprint = ffi.from_buffer(fingerprint)
-        native_options.fingerprint_len = len(fingerprint)
-    base_bytes = _native.encode_path(base)
-    name_bytes = plan.name.encode("utf-8")
-    out = ffi.new("drt_writer **")
-    status = lib.drt_writer_open(
-        runtime._handle(),
-        base_bytes,
-        len(base_bytes),
-        name_bytes,
-        len(name_bytes),
-        native_options,
-        out,
-    )
-    if status != 0:
-        return CacheWriteError(plan.name, _native.last_error())
-    writer = out[0]
+    try:
+        # Native failures of this writer are this source's CacheWriteError.
+        writer = _native.Writer.open(runtime, base, plan.name, writer_options, error=SourceFailure)
+    except SourceFailure as failure:
+        return CacheWriteError(plan.name, str(failure))
     try:
         ingest = _Ingest(
             writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress, timings
@@ -377,13 +352,13 @@ def _write_one(
             ingest.run(plan.source)
         else:
             feed(ingest)
-        ingest.check(lib.drt_writer_finish(writer))
+        writer.finish()
     except SourceFailure as failure:
         return CacheWriteError(plan.name, str(failure))
     finally:
         if timings is not None:
             timings.merge_native(writer)
-        lib.drt_writer_close(writer)
+        writer.close()
         if progress is not None:
             progress.source_done()
     return CacheWriteSuccess(plan.name, base / plan.name)
@@ -394,7 +369,7 @@ class _Ingest:
 
     def __init__(
         self,
-        writer: Any,
+        writer: _native.Writer,
         name: str,
         batch_size: int,
         progress: _Progress | None,
@@ -406,7 +381,7 @@ class _Ingest:
         self.batch_size = batch_size
         self.progress = progress
         self.keys: list[str] | None = None
-        self.kinds: list[int] = []
+        self.kinds: list[Kind] = []
         self.key_set: frozenset[str] = frozenset()
         self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
         self.count = 0
@@ -495,8 +470,8 @@ class _Ingest:
             )
         self.set_schema(keys, [value_kind(metadata[key]) for key in keys])
 
-    def set_schema(self, keys: list[str], kinds: list[int]) -> None:
-        """Set the schema: ``keys`` sorted by their UTF-8 bytes, one KIND_* per key."""
+    def set_schema(self, keys: list[str], kinds: list[Kind]) -> None:
+        """Set the schema: ``keys`` sorted by their UTF-8 bytes, one Kind per key."""
         for key in keys:
             if key in RESERVED_KEYS:
                 raise SourceFailure(f"metadata field '{key}' is reserved")
@@ -504,13 +479,7 @@ class _Ingest:
         self.keys = keys
         self.key_set = frozenset(keys)
         self.chunks = [[] for _ in keys]
-        fields = ffi.new("drt_field[]", len(keys))
-        names = [key.encode("utf-8") for key in keys]
-        for field, key, kind in zip(fields, names, self.kinds):
-            field.name.ptr = ffi.from_buffer(key)
-            field.name.len = len(key)
-            field.kind = kind
-        self.check(lib.drt_writer_set_schema(self.writer, fields, len(keys)))
+        self.writer.set_schema(keys, kinds)
 
     def _check_rows(self, rows: list[dict[str, Any]]) -> None:
         """Raise the first error of the batch in sample order, as a per-sample writer would.
@@ -528,9 +497,9 @@ class _Ingest:
                     raise SourceFailure(
                         f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
                     )
-                if kind == KIND_INT and not INT64_MIN <= int(row[key]) <= INT64_MAX:
+                if kind == Kind.INT and not INT64_MIN <= int(row[key]) <= INT64_MAX:
                     raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
-                if kind == KIND_STRING:
+                if kind == Kind.STRING:
                     try:
                         str(row[key]).encode("utf-8")
                     except UnicodeEncodeError as exc:
@@ -553,9 +522,9 @@ class _Ingest:
         if types != {_PLAIN_TYPES[kind]}:
             if any(value_kind(v) != kind for v in values):
                 self._check_rows(rows)
-            if kind != KIND_STRING:
+            if kind != Kind.STRING:
                 values = [_PLAIN_TYPES[kind](v) for v in values]
-        if kind == KIND_STRING:
+        if kind == Kind.STRING:
             try:
                 encoded = [str(v).encode("utf-8") for v in values]
             except UnicodeEncodeError:
@@ -564,13 +533,13 @@ class _Ingest:
             offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
             np.cumsum(np.fromiter(map(len, encoded), np.uint64, len(encoded)), out=offsets[1:])
             return b"".join(encoded), offsets
-        if kind == KIND_INT:
+        if kind == Kind.INT:
             try:
                 return np.array(values, dtype=np.int64), None
             except OverflowError:
                 self._check_rows(rows)
                 raise
-        if kind == KIND_FLOAT:
+        if kind == Kind.FLOAT:
             return np.array(values, dtype=np.float64), None
         return np.array(values, dtype=np.uint8), None
 
@@ -601,36 +570,16 @@ class _Ingest:
         bytes and uint64 offsets starting at 0). The schema must be set."""
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
-        columns = ffi.new("drt_column[]", max(1, len(self.keys)))
-        keep: list[Any] = []
-        for i, (column_values, column_offsets) in enumerate(values):
-            columns[i].kind = self.kinds[i]
-            columns[i].values = ffi.from_buffer(column_values)
-            keep.append(column_values)
-            if column_offsets is not None:
-                columns[i].offsets = ffi.cast("uint64_t *", column_offsets.ctypes.data)
-                keep.append(column_offsets)
-            self.chunks[i].append((column_values, column_offsets))
-        self.check(
-            lib.drt_writer_append(
-                self.writer,
-                count,
-                ffi.from_buffer(blob),
-                ffi.cast("uint64_t *", offsets.ctypes.data),
-                columns,
-            )
-        )
+        for chunks, column in zip(self.chunks, values):
+            chunks.append(column)
+        columns = [(kind, v, o) for kind, (v, o) in zip(self.kinds, values)]
+        self.writer.append(count, blob, offsets, columns)
         if self.timings:
             self.timings.add("ingress_wait", started, len(blob))
         self.count += count
         self.payload_bytes += len(blob)
         if self.progress is not None:
             self.progress.update(self.name, self.count, self.payload_bytes)
-
-    def check(self, status: int) -> None:
-        """A failing native writer status becomes this source's CacheWriteError."""
-        if status != 0:
-            raise SourceFailure(_native.last_error())
 
     def _write_arrow(self) -> None:
         """Write metadata.arrow (IPC file, one batch, non-null columns) into staging."""
@@ -641,7 +590,7 @@ class _Ingest:
         arrays = []
         fields = []
         for key, kind, chunks in zip(self.keys, self.kinds, self.chunks):
-            if kind == KIND_STRING:
+            if kind == Kind.STRING:
                 data = b"".join(values for values, _ in chunks)
                 lengths = np.concatenate([np.diff(offsets) for _, offsets in chunks])
                 if len(data) > 2**31 - 1:
@@ -654,10 +603,10 @@ class _Ingest:
                 arrow_type = pa.utf8()
             else:
                 values = np.concatenate([values for values, _ in chunks])
-                if kind == KIND_BOOL:
+                if kind == Kind.BOOL:
                     array = pa.array(values.astype(bool), type=pa.bool_())
                     arrow_type = pa.bool_()
-                elif kind == KIND_INT:
+                elif kind == Kind.INT:
                     array = pa.array(values, type=pa.int64())
                     arrow_type = pa.int64()
                 else:
@@ -666,10 +615,7 @@ class _Ingest:
             arrays.append(array)
             fields.append(pa.field(key, arrow_type, nullable=False))
         batch = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
-        staging = ffi.new("drt_str *")
-        self.check(lib.drt_writer_staging_path(self.writer, staging))
-        directory = os.fsdecode(ffi.buffer(staging.ptr, staging.len)[:])
-        target = os.path.join(directory, "metadata.arrow")
+        target = os.path.join(self.writer.staging_path(), "metadata.arrow")
         try:
             with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, batch.schema) as ipc:
                 ipc.write_batch(batch)

@@ -12,8 +12,12 @@ Python version, and runs scripts in it as subprocesses.
   beside the virtualenv, so pytest-xdist workers or two test runs never build it together;
   a half-built virtualenv (no marker) is deleted and rebuilt by the next holder of the lock.
 - Offline machines: when pip cannot reach the package registry, ``ensure_reference``
-  raises :class:`ReferenceUnavailable` (the tests skip with pip's last error line); any
-  other failure raises :class:`ReferenceSetupError` (the tests fail).
+  raises :class:`ReferenceUnavailable` (the tests skip with pip's last error line, through
+  :func:`skip_or_fail`); any other failure raises :class:`ReferenceSetupError` (the
+  tests fail).
+- CI: with the environment variable ``CI`` set (CI runs with ``CI=true``), an unreachable
+  registry fails those tests instead (:func:`skip_or_fail`): CI cannot pass by skipping
+  the comparisons with the reference or the PyTorch and Ray suites.
 - Isolation: scripts run with ``-I`` (no user site, no ``PYTHON*`` variables, no script
   or working directory on ``sys.path``), ``PYTHONPATH`` removed, and a fresh temporary
   working directory, and a prelude asserts that ``dataset_rt`` is the reference release
@@ -43,7 +47,9 @@ import venv
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 REFERENCE_VERSION = "0.4.8"
 REFERENCE_REQUIREMENT = f"dataset-rt=={REFERENCE_VERSION}"
@@ -104,6 +110,32 @@ print(json.dumps([[s.sample_id, s.data.decode(), s.metadata] for s in ds]))
 
 class ReferenceUnavailable(Exception):
     """The reference cannot be installed because the package registry is unreachable."""
+
+
+CI_ENV_VAR = "CI"
+
+
+def running_in_ci() -> bool:
+    """Whether ``CI`` is set to a true value (anything but empty, ``0``, ``false``, ``no``)."""
+    value = os.environ.get(CI_ENV_VAR, "").strip().lower()
+    return value not in ("", "0", "false", "no")
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the current test because a virtualenv it needs cannot be installed from the
+    package registry (``reason`` says why); under CI (:func:`running_in_ci`) fail with
+    that reason instead, so that CI never passes by skipping these suites.
+
+    Only for registry problems: skips for other reasons (io_uring refused by the kernel,
+    a missing system tool) stay ``pytest.skip``."""
+    __tracebackhide__ = True  # report the calling test, not this helper
+    if running_in_ci():
+        pytest.fail(
+            f"{reason} (the {CI_ENV_VAR} environment variable is set: suites that need the "
+            "package registry must run, not skip)",
+            pytrace=False,
+        )
+    pytest.skip(reason)
 
 
 class ReferenceSetupError(Exception):

@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from refenv import ReferenceEnv, ReferenceSetupError, ReferenceUnavailable, ensure_reference
+from refenv import (
+    ReferenceEnv,
+    ReferenceSetupError,
+    ReferenceUnavailable,
+    ensure_reference,
+    skip_or_fail,
+)
 
 import dataset_rt as drt
 
@@ -422,7 +428,7 @@ def reference_python() -> ReferenceEnv:
         return ensure_reference()
     except ReferenceUnavailable as exc:
         print(f"dataset-rt 0.4.8 reference unavailable: {exc}")
-        pytest.skip(f"dataset-rt 0.4.8 reference unavailable: {exc}")
+        skip_or_fail(f"dataset-rt 0.4.8 reference unavailable: {exc}")
     except ReferenceSetupError as exc:
         pytest.fail(f"could not set up the dataset-rt 0.4.8 reference: {exc}", pytrace=False)
 

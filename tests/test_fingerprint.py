@@ -132,13 +132,18 @@ def test_bad_fingerprint_type(runtime, tmp_path: Path) -> None:
 
 @pytest.mark.compat
 def test_reference_reads_fingerprinted_caches(runtime, tmp_path: Path) -> None:
-    from tests.refenv import ReferenceSetupError, ReferenceUnavailable, ensure_reference
+    from tests.refenv import (
+        ReferenceSetupError,
+        ReferenceUnavailable,
+        ensure_reference,
+        skip_or_fail,
+    )
 
     try:
         reference = ensure_reference()
     except ReferenceUnavailable as exc:
         print(f"dataset-rt 0.4.8 reference unavailable: {exc}")
-        pytest.skip(f"dataset-rt 0.4.8 reference unavailable: {exc}")
+        skip_or_fail(f"dataset-rt 0.4.8 reference unavailable: {exc}")
     except ReferenceSetupError as exc:
         pytest.fail(f"could not set up the dataset-rt 0.4.8 reference: {exc}", pytrace=False)
     runtime.write_cache(Versioned("a", "fp-ref"), tmp_path, writer_config=SMALL_SHARDS)

@@ -285,12 +285,12 @@ def test_arrow_fragments_without_python_rows(rt, tmp_path):
 
 def test_committed_cache_validates_in_the_reference(rt, tmp_path):
     """dataset-rt 0.4.8 loads a committed cache with validate_cache=True and reads it."""
-    from refenv import ReferenceSetupError, ReferenceUnavailable, ensure_reference
+    from refenv import ReferenceSetupError, ReferenceUnavailable, ensure_reference, skip_or_fail
 
     try:
         env = ensure_reference()
     except ReferenceUnavailable as exc:
-        pytest.skip(f"dataset-rt 0.4.8 unavailable: {exc}")
+        skip_or_fail(f"dataset-rt 0.4.8 unavailable: {exc}")
     except ReferenceSetupError:
         raise
     frags = [

@@ -89,8 +89,6 @@ import faulthandler, hashlib, json, os, resource, signal, sys
 faulthandler.enable()
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 import dataset_rt as drt
-from dataset_rt import _native
-from dataset_rt._native import ffi, lib
 import polars, pyarrow  # imported up front so the first mutant is not slow
 
 runtime = drt.DatasetRuntime(num_workers=2)
@@ -166,9 +164,8 @@ def read_job(job):
             run["load"] = err(exc)
             continue
         run["load"] = None
-        info = ffi.new("drt_cache_info *")
-        _native.check(lib.drt_dataset_cache_info(ds._handle, 0, info))
-        cache_id, count = int(info.cache_id), int(info.sample_count)
+        info = ds._handle.cache_info(0)  # the binding's drt_dataset_cache_info
+        cache_id, count = info.cache_id, info.sample_count
         run["cache_id"], run["sample_count"], run["len"] = cache_id, count, len(ds)
         limit = job["limit"]
         run["iter"] = consume(iter(ds), limit)

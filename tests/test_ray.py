@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from refenv import ReferenceUnavailable, ensure_extra, ensure_reference
+from refenv import ReferenceUnavailable, ensure_extra, ensure_reference, skip_or_fail
 
 RAY_REQUIREMENTS = ("ray[data]==2.60.0",)
 SCRIPT = Path(__file__).with_name("ray_script.py")
@@ -25,7 +25,7 @@ def ray_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
             "ray-2.60.0", RAY_REQUIREMENTS, "import ray, ray.data, dataset_rt; print('ok')"
         )
     except ReferenceUnavailable as exc:
-        pytest.skip(f"the ray extra cannot be installed: {exc}")
+        skip_or_fail(f"the ray extra cannot be installed: {exc}")
     work = tmp_path_factory.mktemp("ray")
     # Ray would start its workers through `uv run` when the driver's ancestors include
     # uv (its uv runtime-env hook); the workers must use the extra virtualenv as is.
@@ -81,5 +81,5 @@ def test_datasink_cache_validates_in_the_reference(ray_run):
     try:
         env = ensure_reference()
     except ReferenceUnavailable as exc:
-        pytest.skip(f"dataset-rt 0.4.8 unavailable: {exc}")
+        skip_or_fail(f"dataset-rt 0.4.8 unavailable: {exc}")
     assert env.read_validated(work / "sink" / "rows") == out["sink_rows"]

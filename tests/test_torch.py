@@ -31,6 +31,7 @@ from refenv import (
     ReferenceUnavailable,
     ensure_extra,
     ensure_reference,
+    skip_or_fail,
 )
 from sources import Numbers
 
@@ -47,7 +48,7 @@ def torch_env() -> ExtraEnv:
         return ensure_extra("torch-2.13.0", (TORCH,), "import torch, dataset_rt; print('ok')")
     except ReferenceUnavailable as exc:
         print(f"PyTorch cannot be installed here: {exc}")
-        pytest.skip(f"PyTorch cannot be installed here: {exc}")
+        skip_or_fail(f"PyTorch cannot be installed here: {exc}")
     except ReferenceSetupError as exc:
         pytest.fail(f"could not set up the PyTorch virtualenv: {exc}", pytrace=False)
 
@@ -89,7 +90,7 @@ def test_reference_modes_match_0_4_8(
     try:
         reference = ensure_reference(extra=(TORCH,))
     except ReferenceUnavailable as exc:
-        pytest.skip(f"dataset-rt 0.4.8 with PyTorch unavailable: {exc}")
+        skip_or_fail(f"dataset-rt 0.4.8 with PyTorch unavailable: {exc}")
     configs: list[dict[str, Any]] = []
     combos = ((True, None), (False, None), (True, "split"), (False, "replicate"))
     for table in (None, "filtered"):

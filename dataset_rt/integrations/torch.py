@@ -31,8 +31,10 @@ import numpy as np
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from dataset_rt.config import DatasetConfiguration
 from dataset_rt.integrations import _loading as plan
 from dataset_rt.records import CachedSample
+from dataset_rt.runtime import DatasetRuntime
 
 LOGGER_NAME = "dataset_rt.loader"
 LOADER_STATE_FORMAT = "dataset_rt.loader_state/1"
@@ -110,9 +112,6 @@ def _open_reader(recipe: _Recipe, offset: int = 0, population: int = 0) -> Any:
     shared shuffled row order when ``order_path`` is set; all rows when ``population``
     is 0), which switches shuffled reading to weighted draws as in dataset-rt 0.4.8."""
     import pyarrow as pa
-
-    from dataset_rt.config import DatasetConfiguration
-    from dataset_rt.runtime import DatasetRuntime
 
     config_file = Path(recipe.config_path)
     config = DatasetConfiguration.model_validate_json(config_file.read_bytes())
