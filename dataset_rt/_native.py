@@ -51,11 +51,12 @@ if lib.DRT_ABI_VERSION_MAJOR != ABI_MAJOR:
         f"{lib.DRT_ABI_VERSION_MAJOR}.{lib.DRT_ABI_VERSION_MINOR}; "
         f"this dataset_rt needs ABI {ABI_MAJOR}.x"
     )
-if (lib.drt_abi_version() >> 16) != ABI_MAJOR:
+_loaded_abi = lib.drt_abi_version()
+if (_loaded_abi >> 16) != ABI_MAJOR or (_loaded_abi & 0xFFFF) < lib.DRT_ABI_VERSION_MINOR:
+    # An older minor lacks functions the header (and so this module) declares.
     raise ImportError(
-        f"{_library_path} has C ABI "
-        f"{lib.drt_abi_version() >> 16}.{lib.drt_abi_version() & 0xFFFF}; "
-        f"this dataset_rt needs ABI {ABI_MAJOR}.x"
+        f"{_library_path} has C ABI {_loaded_abi >> 16}.{_loaded_abi & 0xFFFF}; "
+        f"this dataset_rt needs ABI {ABI_MAJOR}.{lib.DRT_ABI_VERSION_MINOR} or a later 1.x"
     )
 
 
@@ -175,6 +176,21 @@ class BatchFlag(enum.IntFlag):
     CONTIGUOUS = lib.DRT_BATCH_CONTIGUOUS
 
 
+class MigrateOutcome(enum.IntEnum):
+    """What ``drt_manifest_migrate`` did (``DRT_MIGRATE_*``); the member name in lower case
+    is the ``ManifestUpdateEntry.status``."""
+
+    UNCHANGED = lib.DRT_MIGRATE_UNCHANGED
+    UPDATED = lib.DRT_MIGRATE_UPDATED
+    DURABILITY_UNKNOWN = lib.DRT_MIGRATE_DURABILITY_UNKNOWN
+
+
+class PublishFlag(enum.IntFlag):
+    """``drt_file_publish`` flags (``DRT_PUBLISH_*``)."""
+
+    REPLACE = lib.DRT_PUBLISH_REPLACE
+
+
 # ------------------------------------------------------------------------ statuses
 
 # Every failing status and the Python exception it becomes (the header's comments).
@@ -268,6 +284,41 @@ def staging_sweep(base_dir: str | os.PathLike[str]) -> int:
     ``<base_dir>/tmp/``. Returns the status (callers sweep on a best-effort basis)."""
     raw = encode_path(base_dir)
     return int(lib.drt_staging_sweep(raw, len(raw)))
+
+
+def source_name_check(name: str, error: ErrorFactory | None = None) -> None:
+    """``drt_source_name_check``: raise (``ValueError``, or ``error(message)``) unless
+    ``name`` can name a cache; the rules and messages are the library's."""
+    raw = name.encode("utf-8")
+    check(lib.drt_source_name_check(raw, len(raw)), error)
+
+
+def manifest_migrate(manifest_path: str | os.PathLike[str], cache_id: int) -> MigrateOutcome:
+    """``drt_manifest_migrate``: rewrite the format-2 manifest file ``manifest_path`` (a
+    resolved path) as format 3 with ``cache_id``, atomically; leave a format-3 one alone.
+    Raises ``ValueError`` (cache id changed) or ``RuntimeError`` (I/O, JSON)."""
+    raw = encode_path(manifest_path)
+    out = ffi.new("int32_t *")
+    check(lib.drt_manifest_migrate(raw, len(raw), cache_id, out))
+    return MigrateOutcome(out[0])
+
+
+def file_publish(
+    directory: str | os.PathLike[str], name: str, data: bytes | memoryview, flags: int = 0
+) -> bool:
+    """``drt_file_publish``: publish ``data`` as ``directory/name`` atomically (never
+    replacing an existing file unless ``PublishFlag.REPLACE``: ``ValueError`` then).
+    Returns False when only the final directory fsync failed."""
+    raw_dir = encode_path(directory)
+    raw_name = encode_path(name)
+    out = ffi.new("int32_t *")
+    buffer = ffi.from_buffer(data)
+    check(
+        lib.drt_file_publish(
+            raw_dir, len(raw_dir), raw_name, len(raw_name), buffer, len(buffer), flags, out
+        )
+    )
+    return bool(out[0])
 
 
 # ------------------------------------------------------------------------ arguments

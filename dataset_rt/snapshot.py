@@ -9,30 +9,11 @@ from typing import Any
 
 from pydantic import DirectoryPath, FilePath, TypeAdapter
 
+from dataset_rt import _native
 from dataset_rt.config import DatasetConfiguration
 
 CONFIG_NAME = "dataset.json"
 METADATA_NAME = "metadata.arrow"
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _publish(directory: Path, name: str, write: Any) -> Path:
-    """Write ``name`` through ``name.partial``, fsync it, and rename it into place."""
-    partial = directory / f"{name}.partial"
-    with open(partial, "xb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    target = directory / name
-    os.rename(partial, target)
-    return target
 
 
 def dump_config(dataset: Any, path: str | os.PathLike[str]) -> Path:
@@ -43,12 +24,10 @@ def dump_config(dataset: Any, path: str | os.PathLike[str]) -> Path:
     if any(os.path.lexists(directory / name) for name in names):
         raise FileExistsError("dataset export already exists; choose an unused directory")
     table = dataset.get_metadata().to_arrow()
-
-    def write_arrow(handle: Any) -> None:
-        with pa.ipc.new_file(handle, table.schema) as writer:
-            writer.write_table(table)
-
-    _publish(directory, METADATA_NAME, write_arrow)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    _publish(directory, METADATA_NAME, sink.getvalue())
     config = DatasetConfiguration(
         cache_paths=tuple(Path(p).resolve() for p in dataset.cache_paths),
         reader_config=dataset.reader_config,
@@ -56,10 +35,15 @@ def dump_config(dataset: Any, path: str | os.PathLike[str]) -> Path:
         epoch_len=len(dataset),
         row_count=table.num_rows,
     )
-    text = config.model_dump_json(indent=2).encode("utf-8")
-    target = _publish(directory, CONFIG_NAME, lambda handle: handle.write(text))
-    _fsync_dir(directory)
-    return target
+    _publish(directory, CONFIG_NAME, config.model_dump_json(indent=2).encode("utf-8"))
+    return directory / CONFIG_NAME
+
+
+def _publish(directory: Path, name: str, data: Any) -> None:
+    """Publish ``data`` as ``directory/name`` through the library (temporary file, fsync,
+    rename without replacing, directory fsync)."""
+    if not _native.file_publish(directory, name, data):
+        raise OSError(f"could not fsync {directory} after writing {name}")
 
 
 def load_config(path: str | os.PathLike[str]) -> tuple[DatasetConfiguration, Any]:

@@ -188,18 +188,16 @@ def _plan_sources(
         if fingerprint is not None and not isinstance(fingerprint, str):
             errors[position] = CacheWriteError(label, "CacheSource.fingerprint must be a string")
             continue
-        if name == "":
-            errors[position] = CacheWriteError(label, "CacheSource.name must not be empty")
-        elif name in (".", "..") or any(c in name for c in "/\\\x00"):
-            errors[position] = CacheWriteError(
-                label, "CacheSource.name must be a plain path segment"
-            )
-        elif (_fold(name) if parallel else name) == "tmp":
-            errors[position] = CacheWriteError(
-                label, "CacheSource.name must be a non-reserved plain path segment"
-            )
+        key = _fold(name) if parallel else name
+        try:
+            # The library's rules and messages; in parallel mode the reserved name is
+            # also refused case- and Unicode-insensitively, as the reference does.
+            _native.source_name_check(name)
+            if key != name:
+                _native.source_name_check(key)
+        except ValueError as exc:
+            errors[position] = CacheWriteError(label, str(exc))
         else:
-            key = _fold(name) if parallel else name
             if key in seen:
                 if not parallel:
                     raise ValueError(f"duplicate generated cache path: {base / name}")
