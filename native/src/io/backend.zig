@@ -143,7 +143,8 @@ pub const Io = union(Kind) {
     /// Returns once `read` is done, completing others on the way.
     pub fn wait(io: *Io, read: *Read) status.Error!void {
         if (read.isDone()) return;
-        std.debug.assert(read.state.load(.monotonic) == .queued);
+        // Queued or, on another thread, just done: never idle (only the owner sets that).
+        std.debug.assert(read.state.load(.acquire) != .idle);
         switch (io.*) {
             inline else => |*b| try b.wait(read),
         }
