@@ -42,6 +42,7 @@ test {
     _ = @import("read/lookup.zig");
     _ = @import("read/batch.zig");
     _ = @import("read/record.zig");
+    _ = @import("read/testing.zig");
     _ = @import("write/writer.zig");
     _ = @import("write/fragment.zig");
     _ = @import("abi/types.zig");
