@@ -277,6 +277,15 @@ pub const Env = struct {
     }
 };
 
+/// Checks a schema field by field (names by content).
+pub fn expectFields(want: []const schema.Field, got: []const schema.Field) !void {
+    try testing.expectEqual(want.len, got.len);
+    for (want, got) |w, g| {
+        try testing.expectEqualStrings(w.name, g.name);
+        try testing.expectEqual(w.kind, g.kind);
+    }
+}
+
 /// Checks every column of sample `i` against the expected metadata object.
 pub fn expectColumns(fields: []const schema.Field, view: batch_mod.View, i: usize, metadata: std.json.Value) !void {
     try testing.expectEqual(fields.len, view.columns.len);
@@ -397,6 +406,19 @@ pub fn writeIndex(gpa: std.mem.Allocator, dir: std.fs.Dir, cache: []const u8, ro
     defer bytes.deinit(gpa);
     for (rows) |r| try bytes.appendSlice(gpa, &index.encode(r));
     try dir.writeFile(.{ .sub_path = path, .data = bytes.items });
+}
+
+/// The record image (length prefix, JSON, stored payload) of `loc`, read from its shard
+/// file directly. Caller frees.
+pub fn readRecord(gpa: std.mem.Allocator, ds: *const Dataset, loc: Loc) ![]u8 {
+    const c = &ds.caches[loc.cache];
+    const row = c.row(loc.sample_id);
+    const file = try std.fs.cwd().openFile(c.shard_paths[@intCast(row.shard_id)], .{});
+    defer file.close();
+    const bytes = try gpa.alloc(u8, @intCast(row.byte_len));
+    errdefer gpa.free(bytes);
+    try testing.expectEqual(bytes.len, try file.preadAll(bytes, row.offset));
+    return bytes;
 }
 
 /// Open file descriptors of this process (to check that a reader closes all of its own).
