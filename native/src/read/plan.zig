@@ -258,6 +258,23 @@ test "plan: a cache boundary ends a read even where the next record is adjacent"
     const counts = try planWindow(ds, .{ .start = 0, .count = 120 }, true, &locs);
     defer gpa.free(counts);
     try testing.expectEqualSlices(u32, &.{ 10, 110 }, counts);
+
+    // The next cache's record is looked up in its own index: "rotated", unicode_é_name
+    // with its first record moved last, ends at byte 66, where its own sample 0 starts
+    // but the next cache's does not.
+    try helpers.copyFixture(gpa, tmp.dir, "unicode_é_name");
+    const unicode_rows = try helpers.readIndex(gpa, tmp.dir, "unicode_é_name");
+    defer gpa.free(unicode_rows);
+    std.mem.rotate(index.Row, unicode_rows, 1);
+    try helpers.writeIndex(gpa, tmp.dir, "unicode_é_name", unicode_rows);
+    const rotated_path = try tmp.dir.realpathAlloc(gpa, "unicode_é_name");
+    defer gpa.free(rotated_path);
+    var rotated = try helpers.Env.open(gpa, &.{ rotated_path, tail_path }, null, .{});
+    defer rotated.close();
+    try testing.expectEqual(rotated.ds.caches[0].row(0).offset, rotated.ds.caches[0].row(9).byte_len);
+    const rotated_counts = try planWindow(rotated.ds, .{ .start = 0, .count = 120 }, true, &locs);
+    defer gpa.free(rotated_counts);
+    try testing.expectEqualSlices(u32, &.{ 9, 1, 110 }, rotated_counts);
 }
 
 test "plan: a non-adjacent offset ends a read" {
