@@ -225,6 +225,17 @@ pub const Iter = struct {
         std.debug.assert(it.planned - it.delivered + it.held_samples <= it.loc_ring.len);
         std.debug.assert(it.used <= it.slots.len);
         std.debug.assert(it.pending_release <= it.used);
+        std.debug.assert(it.head < it.slots.len);
+        // The ring is in plan order: the head slot holds the next sample to deliver (or
+        // was delivered whole), the last slot ends where planning stopped.
+        if (it.used == 0) {
+            std.debug.assert(it.planned == it.delivered and it.head_taken == 0);
+        } else {
+            const head = &it.slots[it.head];
+            const last = &it.slots[(it.head + it.used - 1) % it.slots.len];
+            std.debug.assert(head.span.first + it.head_taken <= it.delivered);
+            std.debug.assert(last.span.first + last.span.count == it.planned);
+        }
     }
 
     /// Plans and queues reads until the prefetch window is full or the window ends.
@@ -328,7 +339,9 @@ pub const Iter = struct {
             // Payloads stay in the slots: hand out at most half the window so the other
             // half keeps reading while the caller copies this batch.
             try it.fill();
-            const taken = try it.deliver(@min(max_count, @max(1, it.loc_ring.len / 2)));
+            const half_window = @max(1, it.loc_ring.len / 2);
+            const taken = try it.deliver(@min(max_count, half_window));
+            std.debug.assert(taken >= 1 and taken <= half_window);
             it.held_samples = taken;
         } else {
             // Payloads are copied into the batch arena, so slots are released round by
