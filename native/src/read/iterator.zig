@@ -469,7 +469,8 @@ test "iterator (threads): whole epochs equal expected.json for every prefetch, m
 /// Explicit positions (openRange) read blocks of the stream and leave its position alone;
 /// bad arguments fail without finishing anything else.
 fn expectRanges(backend: io.Kind) !void {
-    var env = try helpers.Env.openFixtures(testing.allocator, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 5 });
+    // validate_cache: every sample's embedded metadata is also compared with metadata.arrow.
+    var env = try helpers.Env.openFixtures(testing.allocator, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 5, .validate_cache = true });
     defer env.close();
     // Batches of 2 of every third batch from position 700, wrapping past the last of the
     // 730 samples.
@@ -487,11 +488,11 @@ fn expectRanges(backend: io.Kind) !void {
     try testing.expectEqualStrings("max_count must be at least 1", status.lastMessage());
 }
 
-test "iterator (io_uring): explicit ranges" {
+test "iterator (io_uring): explicit ranges, with validate_cache" {
     try expectRanges(.io_uring);
 }
 
-test "iterator (threads): explicit ranges" {
+test "iterator (threads): explicit ranges, with validate_cache" {
     try expectRanges(.threads);
 }
 
@@ -627,4 +628,60 @@ test "iterator (io_uring): a corrupt record fails after the samples before it" {
 test "iterator (threads): a corrupt record fails after the samples before it" {
     try expectCorruptRecordDeferred(.threads, .json_len);
     try expectCorruptRecordDeferred(.threads, .past_shard);
+}
+
+/// The same corrupt record read by a lookup and by an iterator must fail with the same
+/// message. KNOWN BUG (reported, not fixed here): `Slot.message` keeps 256 bytes, so an
+/// iterator cuts a longer message (a long cache path), possibly inside a UTF-8 sequence,
+/// where a lookup and the reference report it whole. While that holds the test prints
+/// "KNOWN BUG" and skips; everything else it checks must pass either way.
+fn expectLongFailureMessage(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    // A directory name of 100 'é's puts the shard path well past 256 bytes; one leading
+    // ASCII byte or none places byte 256 of the message inside an 'é'.
+    const tmp_path = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(tmp_path);
+    const before = "I/O error: failed to fill whole buffer: ".len + tmp_path.len + 1;
+    try testing.expect(before < 256);
+    const ascii: usize = if ((256 - before) % 2 == 1) 0 else 1;
+    const dir_name = ("x" ++ "é" ** 100)[1 - ascii ..];
+    var parent = try tmp.dir.makeOpenPath(dir_name, .{});
+    defer parent.close();
+    try helpers.copyFixture(gpa, parent, "plain_one_shard");
+    const rows = try helpers.readIndex(gpa, parent, "plain_one_shard");
+    defer gpa.free(rows);
+    rows[0].byte_len = 1 << 30; // past its shard
+    try helpers.writeIndex(gpa, parent, "plain_one_shard", rows);
+    const path = try parent.realpathAlloc(gpa, "plain_one_shard");
+    defer gpa.free(path);
+    var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = 4 });
+    defer env.close();
+    const want = try std.fmt.allocPrint(gpa, "I/O error: failed to fill whole buffer: {s}/shards/000000.bin", .{path});
+    defer gpa.free(want);
+    try testing.expect(want.len > 256);
+
+    const lk = try @import("lookup.zig").Lookup.open(env.ds);
+    defer lk.close();
+    try testing.expectError(error.Io, lk.get(&.{env.cache_ids[0]}, &.{0}, false));
+    try testing.expectEqualStrings(want, status.lastMessage());
+
+    const it = try env.openIter();
+    defer it.close();
+    try testing.expectError(error.Io, it.nextBatch(1, false));
+    const got = status.lastMessage();
+    try testing.expect(std.mem.startsWith(u8, want, got));
+    if (got.len != want.len) {
+        std.debug.print("KNOWN BUG (read/iterator.zig Slot.message[256]): the iterator's message is cut to {d} of {d} bytes (valid UTF-8: {})\n", .{ got.len, want.len, std.unicode.utf8ValidateSlice(got) });
+        return error.SkipZigTest;
+    }
+}
+
+test "iterator (io_uring): a long failure message reads as the lookup's (KNOWN BUG: skipped while cut)" {
+    try expectLongFailureMessage(.io_uring);
+}
+
+test "iterator (threads): a long failure message reads as the lookup's (KNOWN BUG: skipped while cut)" {
+    try expectLongFailureMessage(.threads);
 }
