@@ -166,6 +166,7 @@ test "table: build checks rows in order, each row's cells in order, then weights
     const nan_row4 = [_]f64{ 1, 1, 1, 1, std.math.nan(f64), 1 };
     const negative_row0 = [_]f64{ -1, 1, 1, 1, 1, 1 };
     const inf_row5 = [_]f32{ 1, 1, 1, 1, 1, std.math.inf(f32) };
+    const huge = [_]f64{ 1e308, 1e308, 1e308, 1, 1, 1 };
     const float_ids = [_]f64{ 0, 1, 2, 3, 4, 5 };
     const small_sids = [_]i32{ 0, 1, 2, -1, 4, 5 };
 
@@ -187,6 +188,8 @@ test "table: build checks rows in order, each row's cells in order, then weights
         .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &nan_row4, null, 0), .message = "weight 4 must be positive and finite" },
         .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &negative_row0, null, 0), .message = "weight 0 must be positive and finite" },
         .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f32, &inf_row5, null, 0), .message = "weight 5 must be positive and finite" },
+        // Each weight is fine, their sum is not (this project's message).
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &huge, null, 0), .message = "the weights' sum must be finite" },
         .{ .cid = .{ .type = .u64, .values = null, .validity = null, .offset = 0 }, .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "a numeric table column has no values" },
         // Order: a null weight in row 0 before a null sample_id in row 4 (rows first).
         .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, &row4_null, 0), .w = testColumn(f64, &ones, &row0_null, 0), .message = "samples metadata column 'weight' contains null" },
