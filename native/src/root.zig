@@ -1,7 +1,7 @@
 //! The library's root: the exported C ABI (abi/exports.zig) and, under `zig build test`,
 //! every file's unit tests.
 //!
-//! Layers, imports only downward (enforced by tests/test_structure.py):
+//! Layers, imports only downward (enforced by tests/test_native_layers.py):
 //!   base/   status (errors, the thread-local message), runtime (the worker pool)
 //!   codec/  lz4, sha256, chacha: bytes in, bytes out
 //!   format/ schema, manifest, index, shard record, record JSON, Arrow IPC: the bytes on disk
