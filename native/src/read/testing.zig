@@ -9,8 +9,10 @@
 //! - `Env.expectSample` / `Env.expectEpoch`: a batch or a whole iterator window checked
 //!   against expected.json, where the expected order is computed without the dataset's
 //!   own bookkeeping (path order from the expected sample counts, cache ids from names).
-//! - `copyFixture` (a private copy to corrupt) and `writeSyntheticCache` (index rows and
-//!   sparse shards of any shape, for planning tests; its records are not readable).
+//! - `copyFixture` (a private copy to corrupt, with `readIndex` / `writeIndex` to edit its
+//!   index) and `writeSyntheticCache` (index rows and sparse shards of any shape, for
+//!   planning tests; its records are not readable); `readRecord` (a record's bytes read
+//!   straight from its shard) and `openFdCount` (descriptor leaks).
 //!
 //! Everything is allocated with the caller's allocator (`std.testing.allocator` in the
 //! tests), so a leak in the reader or in these helpers fails the test.
@@ -47,9 +49,6 @@ pub const fixture_fields = [_]schema.Field{
     .{ .name = "name", .kind = .string },
     .{ .name = "score", .kind = .float },
 };
-
-/// Both backends, for tests whose body runs on each.
-pub const backends = [_]io.Kind{ .io_uring, .threads };
 
 /// `<fixtures_dir>/<name>`. Caller frees.
 pub fn fixturePath(gpa: std.mem.Allocator, name: []const u8) ![]u8 {
