@@ -24,8 +24,9 @@ pub fn build(b: *std.Build) void {
     // ReleaseSafe unless asked otherwise: the shipped library keeps safety checks.
     const optimize = b.option(std.builtin.OptimizeMode, "optimize", "Optimization mode (default ReleaseSafe)") orelse .ReleaseSafe;
 
+    const version_text = b.allocator.dupeZ(u8, b.fmt("{d}.{d}.{d}", .{ lib_version.major, lib_version.minor, lib_version.patch })) catch @panic("OOM");
     const options = b.addOptions();
-    options.addOption([:0]const u8, "version", b.allocator.dupeZ(u8, b.fmt("{d}.{d}.{d}", .{ lib_version.major, lib_version.minor, lib_version.patch })) catch @panic("OOM"));
+    options.addOption([:0]const u8, "version", version_text);
 
     const root = b.createModule(.{
         .root_source_file = b.path("native/src/root.zig"),
@@ -73,7 +74,13 @@ pub fn build(b: *std.Build) void {
         .link_libc = true,
     });
     test_module.addIncludePath(b.path("native/include"));
-    test_module.addOptions("build_options", options);
+    // The test module's build_options add `fixtures_dir`: the reference caches written by
+    // dataset-rt 0.4.8, as an absolute path so tests find them whatever the cwd. The
+    // library's build_options do not have it, so only test code may name it.
+    const test_options = b.addOptions();
+    test_options.addOption([:0]const u8, "version", version_text);
+    test_options.addOption([]const u8, "fixtures_dir", b.pathFromRoot("tests/fixtures/dataset-rt-0.4.8"));
+    test_module.addOptions("build_options", test_options);
     const unit_tests = b.addTest(.{ .root_module = test_module });
     const run_tests = b.addRunArtifact(unit_tests);
     b.step("test", "Run the Zig unit tests").dependOn(&run_tests.step);

@@ -1,7 +1,7 @@
 //! The library's root: the exported C ABI (abi/exports.zig) and, under `zig build test`,
 //! every file's unit tests.
 //!
-//! Layers, imports only downward (enforced by tests/test_structure.py):
+//! Layers, imports only downward (enforced by tests/test_native_layers.py):
 //!   base/   status (errors, the thread-local message), runtime (the worker pool)
 //!   codec/  lz4, sha256, chacha: bytes in, bytes out
 //!   format/ schema, manifest, index, shard record, record JSON, Arrow IPC: the bytes on disk
@@ -44,6 +44,7 @@ test {
     _ = @import("read/lookup.zig");
     _ = @import("read/batch.zig");
     _ = @import("read/record.zig");
+    _ = @import("read/testing.zig");
     _ = @import("write/writer.zig");
     _ = @import("write/fragment.zig");
     _ = @import("abi/types.zig");

@@ -3,8 +3,9 @@
 //! pool, in parallel). Used where io_uring is refused (old kernels, seccomp, qemu) or
 //! chosen (`io_backend="threads"`).
 //!
-//! Invariant: a read leaves `.queued` only under `mutex`, so a waiter that checked the
-//! state under the lock cannot miss the broadcast.
+//! Invariant: a read that ran leaves `.queued` only under `mutex`, so a waiter that checked
+//! the state under the lock cannot miss the broadcast. (`cancel` of a read no worker took
+//! sets it idle without the lock: only its owner, the canceller, waits on it.)
 
 const std = @import("std");
 const runtime = @import("../base/runtime.zig");

@@ -177,6 +177,17 @@ pub const Buffers = struct {
     /// The batch view. For a contiguous batch (all payloads packed), payload pointers are
     /// rebased onto the arena, which no longer moves.
     pub fn view(b: *Buffers, fields: []const schema.Field, contiguous: bool) View {
+        // Every array has `count` entries (string offsets `count + 1`): see //!.
+        const n = b.count();
+        std.debug.assert(b.payloads.items.len == n and b.payload_lens.items.len == n and b.sample_ids.items.len == n);
+        for (b.columns, fields) |*c, f| {
+            std.debug.assert(switch (f.kind) {
+                .bool => c.bytes.items.len == n,
+                .int => c.ints.items.len == n,
+                .float => c.floats.items.len == n,
+                .string => c.offsets.items.len == n + 1,
+            });
+        }
         for (b.columns, b.views, fields) |*c, *v, f| {
             v.* = .{ .kind = f.kind, .values = null, .offsets = null };
             switch (f.kind) {
@@ -218,4 +229,156 @@ fn matchesRow(fields: []const schema.Field, values: []const schema.Value, column
         if (!same) return false;
     }
     return true;
+}
+
+// ---------------------------------------------------------------- tests
+
+const testing = std.testing;
+const helpers = @import("testing.zig");
+const shard = @import("../format/shard.zig");
+
+fn boolsOf(col: ColumnView, n: usize) []const u8 {
+    std.debug.assert(col.kind == .bool);
+    return @as([*]const u8, @ptrCast(col.values.?))[0..n];
+}
+
+fn intsOf(col: ColumnView, n: usize) []const i64 {
+    std.debug.assert(col.kind == .int);
+    return @as([*]const i64, @ptrCast(@alignCast(col.values.?)))[0..n];
+}
+
+fn floatsOf(col: ColumnView, n: usize) []const f64 {
+    std.debug.assert(col.kind == .float);
+    return @as([*]const f64, @ptrCast(@alignCast(col.values.?)))[0..n];
+}
+
+fn stringOf(col: ColumnView, i: usize) []const u8 {
+    std.debug.assert(col.kind == .string);
+    const offsets = col.offsets.?;
+    return @as([*]const u8, @ptrCast(col.values.?))[@intCast(offsets[i])..@intCast(offsets[i + 1])];
+}
+
+const sample_records = [_]struct { json: []const u8, payload: []const u8 }{
+    .{ .json = "{\"flag\":true,\"label\":-3,\"name\":\"a\",\"score\":0.5}", .payload = "xyz" },
+    .{ .json = "{\"flag\":false,\"label\":9007199254740993,\"name\":\"\",\"score\":-1e300}", .payload = "" },
+    // Escaped text is decoded (into scratch) and then copied into the column.
+    .{ .json = "{\"flag\":true,\"label\":0,\"name\":\"\\u00e9\\u4e2d\",\"score\":2.0}", .payload = "payload" },
+};
+
+test "batch: one typed column per field, string offsets, payloads left in place" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{});
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    // flag, label, name, score: one field of each kind.
+    try helpers.expectFields(&helpers.fixture_fields, ds.fields);
+
+    // Twice: the second round checks that reset leaves nothing behind.
+    for (0..2) |_| {
+        try b.reset(gpa, ds.fields);
+        const empty = b.view(ds.fields, false);
+        try testing.expectEqual(@as(u64, 0), empty.count);
+        try testing.expectEqual(@as(u64, 0), empty.columns[2].offsets.?[0]);
+        for (sample_records, 0..) |r, i| try b.add(ds, .{ .cache = 0, .sample_id = 10 + i }, r.json, r.payload);
+        try testing.expectEqual(@as(u64, 3), b.count());
+        const v = b.view(ds.fields, false);
+        try testing.expectEqual(@as(u64, 3), v.count);
+        try testing.expectEqualSlices(u64, &.{ env.cache_ids[0], env.cache_ids[0], env.cache_ids[0] }, v.cache_ids.?[0..3]);
+        try testing.expectEqualSlices(u64, &.{ 10, 11, 12 }, v.sample_ids.?[0..3]);
+        // Payloads are not copied: the view points at the caller's bytes.
+        try testing.expect(v.payload_base == null and v.payload_offsets == null);
+        try testing.expectEqual(sample_records[0].payload.ptr, v.payloads.?[0]);
+        try testing.expectEqual(sample_records[2].payload.ptr, v.payloads.?[2]);
+        try testing.expectEqualSlices(u64, &.{ 3, 0, 7 }, v.payload_lens.?[0..3]);
+        // An empty payload still has a real address.
+        try testing.expectEqual(sample_records[1].json.ptr, v.payloads.?[1]);
+
+        try testing.expectEqual(@as(usize, 4), v.columns.len);
+        try testing.expectEqualSlices(u8, &.{ 1, 0, 1 }, boolsOf(v.columns[0], 3));
+        try testing.expectEqualSlices(i64, &.{ -3, 9007199254740993, 0 }, intsOf(v.columns[1], 3));
+        try testing.expectEqualSlices(f64, &.{ 0.5, -1e300, 2.0 }, floatsOf(v.columns[3], 3));
+        try testing.expectEqualSlices(u64, &.{ 0, 1, 1, 6 }, v.columns[2].offsets.?[0..4]);
+        try testing.expectEqualStrings("a", stringOf(v.columns[2], 0));
+        try testing.expectEqualStrings("", stringOf(v.columns[2], 1));
+        try testing.expectEqualStrings("é中", stringOf(v.columns[2], 2));
+        for (v.columns[0..2]) |c| try testing.expect(c.offsets == null);
+    }
+}
+
+test "batch: pack copies payloads into one arena in order and the view is rebased onto it" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{});
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    try b.reset(gpa, ds.fields);
+    // Payload sources that are overwritten after packing (as slot buffers are reused).
+    var sources: [3][8]u8 = undefined;
+    for (sample_records, &sources, 0..) |r, *src, i| {
+        @memcpy(src[0..r.payload.len], r.payload);
+        try b.add(ds, .{ .cache = 0, .sample_id = i }, r.json, src[0..r.payload.len]);
+        // Packed round by round, like an iterator's contiguous batch: 2 then 1.
+        if (i == 1) try b.pack(gpa, 0);
+    }
+    try b.pack(gpa, 2);
+    for (&sources) |*src| @memset(src, '!');
+    const v = b.view(ds.fields, true);
+    try testing.expectEqual(@as(u64, 3), v.count);
+    const base = v.payload_base.?;
+    try testing.expectEqualSlices(u64, &.{ 0, 3, 3 }, v.payload_offsets.?[0..3]);
+    try testing.expectEqualStrings("xyzpayload", base[0..10]);
+    for (sample_records, 0..) |r, i| {
+        try testing.expectEqual(base + @as(usize, @intCast(v.payload_offsets.?[i])), v.payloads.?[i]);
+        try testing.expectEqualStrings(r.payload, v.payloads.?[i][0..@intCast(v.payload_lens.?[i])]);
+    }
+    // Only empty payloads: the arena still has an address.
+    try b.reset(gpa, ds.fields);
+    try b.add(ds, .{ .cache = 0, .sample_id = 1 }, sample_records[1].json, "");
+    try b.pack(gpa, 0);
+    const e = b.view(ds.fields, true);
+    try testing.expect(e.payload_base != null);
+    try testing.expectEqual(@as(u64, 0), e.payload_offsets.?[0]);
+    try testing.expectEqual(e.payload_base.?, e.payloads.?[0]);
+}
+
+test "batch: JSON null floats come from metadata.arrow; malformed JSON is a JSON error" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{});
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    try b.reset(gpa, ds.fields);
+    // The reference writes NaN and infinities as null; the value is sample 100's row.
+    try b.add(ds, .{ .cache = 0, .sample_id = 100 }, "{\"flag\":true,\"label\":1,\"name\":\"n\",\"score\":null}", "p");
+    const want = env.expected[0].samples()[100].metadata.object.get("score").?.float;
+    const v = b.view(ds.fields, false);
+    try testing.expectEqual(@as(u64, @bitCast(want)), @as(u64, @bitCast(floatsOf(v.columns[3], 1)[0])));
+
+    try b.reset(gpa, ds.fields);
+    try testing.expectError(error.Json, b.add(ds, .{ .cache = 0, .sample_id = 0 }, "{\"flag\":true", "p"));
+    try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "JSON error: "));
+    try testing.expectEqual(@as(u64, 0), b.count());
+}
+
+test "batch: with validate_cache every sample is compared with its metadata.arrow row" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{ .validate_cache = true });
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    try b.reset(gpa, ds.fields);
+    const image = try helpers.readRecord(gpa, ds, .{ .cache = 0, .sample_id = 3 });
+    defer gpa.free(image);
+    const rec = try shard.split(image);
+    // Sample 3's own record matches its row...
+    try b.add(ds, .{ .cache = 0, .sample_id = 3 }, rec.json, rec.stored_payload);
+    try helpers.expectColumns(ds.fields, b.view(ds.fields, false), 0, env.expected[0].samples()[3].metadata);
+    // ...and is rejected as sample 4's.
+    try testing.expectError(error.InvalidCache, b.add(ds, .{ .cache = 0, .sample_id = 4 }, rec.json, rec.stored_payload));
+    try testing.expectEqualStrings("embedded metadata does not match metadata.arrow for sample 4", status.lastMessage());
 }

@@ -214,11 +214,13 @@ pub const Dataset = struct {
             const mid = lo + (hi - lo) / 2;
             if (ds.prefix[mid + 1] <= flat) lo = mid + 1 else hi = mid;
         }
+        std.debug.assert(lo < ds.caches.len); // flat < total
         return .{ .cache = @intCast(lo), .sample_id = flat - ds.prefix[lo] };
     }
 
     /// The physical sample at stream position `p` of a window over `table`.
     pub fn locate(ds: *const Dataset, table: *const Table, p: u64) Loc {
+        std.debug.assert(table.len > 0 and (table.cache.len == 0 or table.cache.len == table.len));
         const row: u64 = if (!ds.options.shuffle)
             p % table.len
         else if (ds.options.permutation)
@@ -228,7 +230,10 @@ pub const Dataset = struct {
         else
             return ds.physical(sampler.uniformDraw(ds.options.seed, p, ds.total()));
         if (table.cache.len == 0) return ds.physical(row);
-        return .{ .cache = table.cache[@intCast(row)], .sample_id = table.sample_id[@intCast(row)] };
+        const loc: Loc = .{ .cache = table.cache[@intCast(row)], .sample_id = table.sample_id[@intCast(row)] };
+        // table.build admitted only known identities.
+        std.debug.assert(loc.cache < ds.caches.len and loc.sample_id < ds.caches[loc.cache].sampleCount());
+        return loc;
     }
 
     /// The cache position for `cache_id`, or error.Index with the reference's message.
@@ -251,6 +256,7 @@ pub const Dataset = struct {
         defer ds.mutex.unlock();
         const start = ds.position;
         const len = if (ds.window_end > start) ds.window_end - start else ds.epoch_len;
+        std.debug.assert(len > 0); // epoch_len >= 1: set_epoch_len and tables refuse 0
         ds.position +%= len;
         ds.window_end = 0;
         return .{ .start = start, .len = len, .table = ds.table.retain() };
@@ -360,6 +366,7 @@ pub const Dataset = struct {
     /// Replaces the active table (already validated): resets the stream position to 0 and
     /// the epoch length to the new row count. Takes ownership of `table`.
     pub fn replaceTable(ds: *Dataset, table: *Table) void {
+        std.debug.assert(table.len > 0 and table.cache.len == table.len and table.sample_id.len == table.len);
         ds.mutex.lock();
         const old = ds.table;
         ds.table = table;
@@ -371,3 +378,197 @@ pub const Dataset = struct {
     }
 
 };
+
+// ---------------------------------------------------------------- tests
+
+const testing = std.testing;
+const helpers = @import("testing.zig");
+const table_mod = @import("table.zig");
+
+/// A table of explicit rows (cache position, sample id), unweighted; owned by the caller
+/// until handed to `replaceTable`.
+fn rowsTable(gpa: std.mem.Allocator, rows: []const Loc) !*Table {
+    const t = try gpa.create(Table);
+    errdefer gpa.destroy(t);
+    const cache = try gpa.alloc(u32, rows.len);
+    errdefer gpa.free(cache);
+    const sample_id = try gpa.alloc(u64, rows.len);
+    for (rows, cache, sample_id) |r, *c, *s| {
+        c.* = r.cache;
+        s.* = r.sample_id;
+    }
+    t.* = .{ .gpa = gpa, .len = rows.len, .cache = cache, .sample_id = sample_id };
+    return t;
+}
+
+test "dataset: several caches: prefix sums, physical samples, ordered locate" {
+    var env = try helpers.Env.openFixtures(testing.allocator, &.{ "plain_one_shard", "plain_many_shards", "unicode_é_name" }, .{});
+    defer env.close();
+    const ds = env.ds;
+    try testing.expectEqualSlices(u64, &.{ 0, 120, 420, 430 }, ds.prefix);
+    try testing.expectEqual(@as(u64, 430), ds.total());
+    try testing.expectEqual(@as(u64, 430), ds.epochLen());
+    try helpers.expectFields(&helpers.fixture_fields, ds.fields);
+    for (0..430) |flat| try testing.expectEqual(env.pathOrder(flat), ds.physical(flat));
+    for (env.cache_ids, 0..) |id, i| {
+        try testing.expectEqual(@as(u32, @intCast(i)), try ds.cacheIndex(id));
+        try testing.expectEqual(Loc{ .cache = @intCast(i), .sample_id = 7 }, try ds.locFor(id, 7));
+    }
+    // Ordered: stream position p is physical sample p mod total, epoch after epoch.
+    for ([_]u64{ 0, 119, 120, 419, 420, 429, 430, 431, 5 * 430 + 125, std.math.maxInt(u64) }) |p| {
+        try testing.expectEqual(env.pathOrder(p % 430), ds.locate(ds.table, p));
+    }
+    // Ordered over explicit rows: row p mod len.
+    const rows = [_]Loc{ .{ .cache = 2, .sample_id = 3 }, .{ .cache = 0, .sample_id = 7 }, .{ .cache = 1, .sample_id = 299 } };
+    ds.replaceTable(try rowsTable(testing.allocator, &rows));
+    for (0..10) |p| try testing.expectEqual(rows[p % 3], ds.locate(ds.table, p));
+}
+
+test "dataset: windows: reserveWindow sequence, set_epoch_len, a restored partial window, a new table" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{ "plain_one_shard", "unicode_é_name" }, .{ .prefetch_size = 4 });
+    defer env.close();
+    const ds = env.ds;
+    const Window = struct { u64, u64 };
+    const take = struct {
+        fn window(d: *Dataset) Window {
+            const w = d.reserveWindow();
+            w.table.release();
+            return .{ w.start, w.len };
+        }
+    }.window;
+    try testing.expectEqual(Window{ 0, 130 }, take(ds));
+    try testing.expectEqual(Window{ 130, 130 }, take(ds));
+    // set_epoch_len changes later windows only; the position does not move.
+    try ds.setEpochLen(7);
+    try testing.expectEqual(@as(u64, 7), ds.epochLen());
+    try testing.expectEqual(Dataset.Stream{ .position = 260, .window_end = 260 }, ds.stream());
+    try testing.expectEqual(Window{ 260, 7 }, take(ds));
+    try testing.expectEqual(Window{ 267, 7 }, take(ds));
+    try testing.expectError(error.InvalidArgument, ds.setEpochLen(0));
+    try testing.expectEqualStrings("epoch_len must be at least 1", status.lastMessage());
+    try testing.expectEqual(@as(u64, 7), ds.epochLen());
+
+    // A restored partial window is taken first, then whole windows again.
+    try ds.setStream(.{ .position = 100, .window_end = 103 });
+    try testing.expectEqual(Dataset.Stream{ .position = 100, .window_end = 103 }, ds.stream());
+    try testing.expectEqual(Window{ 100, 3 }, take(ds));
+    try testing.expectEqual(Window{ 103, 7 }, take(ds));
+    try testing.expectEqual(Dataset.Stream{ .position = 110, .window_end = 110 }, ds.stream());
+    try ds.setStream(.{ .position = 5, .window_end = 5 });
+    try testing.expectEqual(Window{ 5, 7 }, take(ds));
+    try testing.expectError(error.InvalidArgument, ds.setStream(.{ .position = 9, .window_end = 4 }));
+    try testing.expectEqualStrings("window_end 4 is before position 9", status.lastMessage());
+    try testing.expectEqual(Dataset.Stream{ .position = 12, .window_end = 12 }, ds.stream());
+
+    // An iterator over a restored window reads exactly its rest.
+    try ds.setStream(.{ .position = 125, .window_end = 128 });
+    {
+        const it = try env.openIter();
+        defer it.close();
+        const got = try env.collect(it, 2);
+        defer gpa.free(got);
+        try testing.expectEqualSlices(Loc, &.{ .{ .cache = 1, .sample_id = 5 }, .{ .cache = 1, .sample_id = 6 }, .{ .cache = 1, .sample_id = 7 } }, got);
+    }
+
+    // A new table resets the position and the epoch length; an iterator opened before
+    // keeps its snapshot and window.
+    const before = try env.openIter();
+    defer before.close();
+    ds.replaceTable(try rowsTable(gpa, &.{ .{ .cache = 1, .sample_id = 9 }, .{ .cache = 0, .sample_id = 0 } }));
+    try testing.expectEqual(Dataset.Stream{ .position = 0, .window_end = 0 }, ds.stream());
+    try testing.expectEqual(@as(u64, 2), ds.epochLen());
+    try testing.expectEqual(Window{ 0, 2 }, take(ds));
+    try testing.expectEqual(@as(u64, 7), try env.expectEpoch(before, 3, false));
+    const after = try env.openIter();
+    defer after.close();
+    const got = try env.collect(after, 8);
+    defer gpa.free(got);
+    try testing.expectEqualSlices(Loc, &.{ .{ .cache = 1, .sample_id = 9 }, .{ .cache = 0, .sample_id = 0 } }, got);
+}
+
+test "dataset: the table digest is equal for equal tables and differs otherwise" {
+    const gpa = testing.allocator;
+    var a = try helpers.Env.openFixtures(gpa, &.{ "plain_one_shard", "unicode_é_name" }, .{});
+    defer a.close();
+    var b = try helpers.Env.openFixtures(gpa, &.{ "plain_one_shard", "unicode_é_name" }, .{ .shuffle = true, .seed = 1 });
+    defer b.close();
+    var c = try helpers.Env.openFixtures(gpa, &.{ "unicode_é_name", "plain_one_shard" }, .{});
+    defer c.close();
+
+    // The initial table: its caches' ids and sample counts in path order.
+    var h = Sha256.init();
+    h.update("dataset_rt.table.v1\x00");
+    for ([_]u64{ 0, 130, a.cache_ids[0], 120, a.cache_ids[1], 10 }) |word| {
+        var bytes: [8]u8 = undefined;
+        std.mem.writeInt(u64, &bytes, word, .little);
+        h.update(&bytes);
+    }
+    const initial = h.finalResult();
+    try testing.expectEqual(initial, a.ds.tableDigest());
+    try testing.expectEqual(initial, a.ds.tableDigest()); // cached
+    try testing.expectEqual(initial, b.ds.tableDigest()); // options do not matter
+    try testing.expect(!std.mem.eql(u8, &initial, &c.ds.tableDigest())); // path order does
+
+    // Weighted tables: equal rows and weights give equal digests.
+    const cids = [_]u64{ a.cache_ids[1], a.cache_ids[0], a.cache_ids[1] };
+    const sids = [_]u64{ 3, 0, 9 };
+    const Weights = [3]f64;
+    const column = struct {
+        fn of(comptime T: type, values: []const T) table_mod.Column {
+            const value_type: table_mod.ValueType = switch (T) {
+                u64 => .u64,
+                f64 => .f64,
+                else => unreachable,
+            };
+            return .{ .type = value_type, .values = values.ptr, .validity = null, .offset = 0 };
+        }
+    }.of;
+    const replace = struct {
+        fn with(env: *helpers.Env, c_ids: []const u64, s_ids: []const u64, weights: *const Weights) !void {
+            const t = try table_mod.build(env.ds, 3, column(u64, c_ids), column(u64, s_ids), column(f64, weights));
+            env.ds.replaceTable(t);
+        }
+    }.with;
+    try replace(&a, &cids, &sids, &.{ 1.0, 2.0, 0.5 });
+    try replace(&b, &cids, &sids, &.{ 1.0, 2.0, 0.5 });
+    const weighted = a.ds.tableDigest();
+    try testing.expect(!std.mem.eql(u8, &initial, &weighted));
+    try testing.expectEqual(weighted, b.ds.tableDigest());
+    try replace(&b, &cids, &sids, &.{ 1.0, 2.0, 0.25 });
+    try testing.expect(!std.mem.eql(u8, &weighted, &b.ds.tableDigest()));
+    try replace(&b, &cids, &.{ 3, 0, 8 }, &.{ 1.0, 2.0, 0.5 });
+    try testing.expect(!std.mem.eql(u8, &weighted, &b.ds.tableDigest()));
+    try replace(&b, &cids, &sids, &.{ 1.0, 2.0, 0.5 });
+    try testing.expectEqual(weighted, b.ds.tableDigest());
+}
+
+test "dataset: open rejects a duplicate cache id, a schema mismatch and bad arguments without leaking" {
+    const gpa = testing.allocator;
+    const rt = try Runtime.open(gpa, 1);
+    defer rt.release();
+    const one = try helpers.fixturePath(gpa, "plain_one_shard");
+    defer gpa.free(one);
+    const text = try helpers.fixturePath(gpa, "text_records_v1");
+    defer gpa.free(text);
+    const missing = try helpers.fixturePath(gpa, "no_such_cache");
+    defer gpa.free(missing);
+    const options: Options = .{ .seed = 0, .prefetch_size = 4, .shuffle = false, .validate_cache = false, .io_backend = .threads };
+
+    try testing.expectError(error.InvalidCache, Dataset.open(gpa, rt, &.{ one, text, one }, options));
+    try testing.expectEqualStrings("all caches must share the same metadata schema", status.lastMessage());
+    try testing.expectError(error.InvalidCache, Dataset.open(gpa, rt, &.{ one, one }, options));
+    var buf: [128]u8 = undefined;
+    try testing.expectEqualStrings(try std.fmt.bufPrint(&buf, "duplicate cache_id {d}", .{@import("../format/manifest.zig").cacheIdForName("plain_one_shard")}), status.lastMessage());
+    try testing.expectError(error.InvalidCache, Dataset.open(gpa, rt, &.{ one, missing }, options));
+    try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "missing manifest: "));
+    try testing.expect(std.mem.endsWith(u8, status.lastMessage(), "no_such_cache/manifest.json"));
+    try testing.expectError(error.InvalidArgument, Dataset.open(gpa, rt, &.{}, options));
+    try testing.expectEqualStrings("CachedDataset requires at least one cache path", status.lastMessage());
+    var no_prefetch = options;
+    no_prefetch.prefetch_size = 0;
+    try testing.expectError(error.InvalidArgument, Dataset.open(gpa, rt, &.{one}, no_prefetch));
+    try testing.expectEqualStrings("prefetch_size must be greater than zero", status.lastMessage());
+    // The runtime is still referenced once (ours): failed opens released theirs.
+    try testing.expectEqual(@as(u32, 1), rt.refs.load(.monotonic));
+}

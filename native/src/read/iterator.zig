@@ -57,21 +57,26 @@ const Slot = struct {
     raw: std.ArrayList(u8) = .empty,
     decoded: std.ArrayList(Decoded) = .empty,
     failure: ?status.Error = null,
-    message: [256]u8 = undefined,
-    message_len: usize = 0,
+    /// The failure's message, whole (reused from failure to failure).
+    message: std.ArrayList(u8) = .empty,
 
     fn deinit(s: *Slot, gpa: std.mem.Allocator) void {
         s.buf.deinit(gpa);
         s.raw.deinit(gpa);
         s.decoded.deinit(gpa);
+        s.message.deinit(gpa);
     }
 
     /// Remembers the failure (this may run on a worker; the consumer re-raises it in order).
     fn fail(s: *Slot, err: status.Error) void {
         const msg = status.lastMessage();
-        const n = @min(msg.len, s.message.len);
-        @memcpy(s.message[0..n], msg[0..n]);
-        s.message_len = n;
+        s.message.clearRetainingCapacity();
+        s.message.appendSlice(s.it.ds.gpa, msg) catch {
+            // Out of memory: keep what fits, cut on a UTF-8 boundary.
+            var n = @min(msg.len, s.message.capacity);
+            while (n > 0 and n < msg.len and (msg[n] & 0xC0) == 0x80) n -= 1;
+            s.message.appendSliceAssumeCapacity(msg[0..n]);
+        };
         s.failure = err;
     }
 
@@ -216,6 +221,17 @@ pub const Iter = struct {
         std.debug.assert(it.planned - it.delivered + it.held_samples <= it.loc_ring.len);
         std.debug.assert(it.used <= it.slots.len);
         std.debug.assert(it.pending_release <= it.used);
+        std.debug.assert(it.head < it.slots.len);
+        // The ring is in plan order: the head slot holds the next sample to deliver (or
+        // was delivered whole), the last slot ends where planning stopped.
+        if (it.used == 0) {
+            std.debug.assert(it.planned == it.delivered and it.head_taken == 0);
+        } else {
+            const head = &it.slots[it.head];
+            const last = &it.slots[(it.head + it.used - 1) % it.slots.len];
+            std.debug.assert(head.span.first + it.head_taken <= it.delivered);
+            std.debug.assert(last.span.first + last.span.count == it.planned);
+        }
     }
 
     /// Plans and queues reads until the prefetch window is full or the window ends.
@@ -319,7 +335,9 @@ pub const Iter = struct {
             // Payloads stay in the slots: hand out at most half the window so the other
             // half keeps reading while the caller copies this batch.
             try it.fill();
-            const taken = try it.deliver(@min(max_count, @max(1, it.loc_ring.len / 2)));
+            const half_window = @max(1, it.loc_ring.len / 2);
+            const taken = try it.deliver(@min(max_count, half_window));
+            std.debug.assert(taken >= 1 and taken <= half_window);
             it.held_samples = taken;
         } else {
             // Payloads are copied into the batch arena, so slots are released round by
@@ -354,7 +372,7 @@ pub const Iter = struct {
                 const added = if (k < slot.decoded.items.len)
                     it.addSample(slot, k)
                 else
-                    status.failText(slot.failure.?, slot.message[0..slot.message_len]);
+                    status.failText(slot.failure.?, slot.message.items);
                 added catch |err| {
                     if (taken == 0 and it.batch.count() == 0) return err;
                     it.deferFailure(err);
@@ -392,3 +410,268 @@ pub const Iter = struct {
         ds.release();
     }
 };
+
+// ---------------------------------------------------------------- tests
+
+const testing = std.testing;
+const helpers = @import("testing.zig");
+
+/// Whole windows equal expected.json for every prefetch size, ordered and shuffled, in
+/// batches of 1, 7 and more than an epoch, slot-backed and contiguous.
+fn expectEpochs(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    for ([_]u64{ 1, 2, 3, 64 }) |prefetch| {
+        for ([_]bool{ false, true }) |shuffle| {
+            var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
+            defer env.close();
+            for ([_]u64{ 1, 7, 1 << 20 }) |max_count| {
+                for ([_]bool{ false, true }) |contiguous| {
+                    errdefer std.debug.print("prefetch {d} shuffle {} max_count {d} contiguous {}\n", .{ prefetch, shuffle, max_count, contiguous });
+                    const it = try env.openIter();
+                    defer it.close();
+                    try testing.expectEqual(env.total(), try env.expectEpoch(it, max_count, contiguous));
+                }
+            }
+            // Every read went through the backend asked for.
+            const stats = env.ds.ioStats();
+            const mine, const other = switch (backend) {
+                .io_uring => .{ stats.uring_reads, stats.pool_reads },
+                .threads => .{ stats.pool_reads, stats.uring_reads },
+            };
+            try testing.expect(mine > 0);
+            try testing.expectEqual(@as(u64, 0), other);
+        }
+    }
+    // Another schema (label, split), and the permutation sampler.
+    for ([_]bool{ false, true }) |permutation| {
+        var env = try helpers.Env.openFixtures(gpa, &.{"text_records_v1"}, .{ .backend = backend, .prefetch_size = 2, .shuffle = permutation, .permutation = permutation });
+        defer env.close();
+        for ([_]bool{ false, true }) |contiguous| {
+            const it = try env.openIter();
+            defer it.close();
+            try testing.expectEqual(@as(u64, 2), try env.expectEpoch(it, 1, contiguous));
+        }
+    }
+}
+
+test "iterator (io_uring): whole epochs equal expected.json for every prefetch, mode and batch shape" {
+    try expectEpochs(.io_uring);
+}
+
+test "iterator (threads): whole epochs equal expected.json for every prefetch, mode and batch shape" {
+    try expectEpochs(.threads);
+}
+
+/// Explicit positions (openRange) read blocks of the stream and leave its position alone;
+/// bad arguments fail without finishing anything else.
+fn expectRanges(backend: io.Kind) !void {
+    // validate_cache: every sample's embedded metadata is also compared with metadata.arrow.
+    var env = try helpers.Env.openFixtures(testing.allocator, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 5, .validate_cache = true });
+    defer env.close();
+    // Batches of 2 of every third batch from position 700, wrapping past the last of the
+    // 730 samples.
+    const schedule: Schedule = .{ .start = 700, .count = 40, .block_len = 2, .block_stride = 6 };
+    for ([_]bool{ false, true }) |contiguous| {
+        const it = try Iter.openRange(env.ds, schedule);
+        defer it.close();
+        try testing.expectEqual(@as(u64, 40), try env.expectEpoch(it, 3, contiguous));
+    }
+    try testing.expectEqual(Dataset.Stream{ .position = 0, .window_end = 0 }, env.ds.stream());
+    try testing.expectError(error.InvalidArgument, Iter.openRange(env.ds, .{ .start = 0, .count = 4, .block_len = 3, .block_stride = 2 }));
+    const it = try env.openIter();
+    defer it.close();
+    try testing.expectError(error.InvalidArgument, it.nextBatch(0, false));
+    try testing.expectEqualStrings("max_count must be at least 1", status.lastMessage());
+}
+
+test "iterator (io_uring): explicit ranges, with validate_cache" {
+    try expectRanges(.io_uring);
+}
+
+test "iterator (threads): explicit ranges, with validate_cache" {
+    try expectRanges(.threads);
+}
+
+/// Closing an iterator that never read, or has reads planned beyond what it delivered,
+/// frees every buffer (std.testing.allocator checks) and closes every descriptor.
+fn expectEarlyCloseLeaksNothing(backend: io.Kind) !void {
+    for ([_]u64{ 1, 64 }) |prefetch| {
+        for ([_]bool{ false, true }) |shuffle| {
+            var env = try helpers.Env.openFixtures(testing.allocator, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
+            defer env.close();
+            const fds_before = try helpers.openFdCount();
+            {
+                const it = try env.openIter();
+                it.close();
+            }
+            {
+                const it = try env.openIter();
+                const view = try it.nextBatch(1, false);
+                try testing.expectEqual(@as(u64, 1), view.count);
+                // Reads are planned (queued, running or complete) beyond the one sample.
+                try testing.expectEqual(@min(prefetch, env.total()), it.planned);
+                it.close();
+            }
+            {
+                const it = try env.openIter();
+                _ = try it.nextBatch(5, true);
+                const view = try it.nextBatch(2, false);
+                try testing.expect(view.count >= 1);
+                try testing.expect(it.planned > it.delivered or prefetch == 1);
+                it.close();
+            }
+            try testing.expectEqual(fds_before, try helpers.openFdCount());
+        }
+    }
+}
+
+test "iterator (io_uring): closing early with reads in flight leaks nothing" {
+    try expectEarlyCloseLeaksNothing(.io_uring);
+}
+
+test "iterator (threads): closing early with reads in flight leaks nothing" {
+    try expectEarlyCloseLeaksNothing(.threads);
+}
+
+const Corruption = enum {
+    /// Sample 5's record has a JSON length prefix larger than the record.
+    json_len,
+    /// Sample 5's index row reaches far past the end of its shard.
+    past_shard,
+};
+
+/// A corrupt sample fails the iterator only after every sample planned before it was
+/// delivered (a failure met mid-batch is deferred to the next call); the iterator then
+/// stays finished. Ordered and shuffled, every batch shape.
+fn expectCorruptRecordDeferred(backend: io.Kind, corruption: Corruption) !void {
+    const gpa = testing.allocator;
+    const bad: u64 = 5;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try helpers.copyFixture(gpa, tmp.dir, "plain_one_shard");
+    const rows = try helpers.readIndex(gpa, tmp.dir, "plain_one_shard");
+    defer gpa.free(rows);
+    switch (corruption) {
+        .json_len => {
+            const file = try tmp.dir.openFile("plain_one_shard/shards/000000.bin", .{ .mode = .read_write });
+            defer file.close();
+            var prefix: [8]u8 = undefined;
+            std.mem.writeInt(u64, &prefix, 1 << 40, .little);
+            try file.pwriteAll(&prefix, rows[bad].offset);
+        },
+        .past_shard => {
+            rows[bad].byte_len = 1 << 30;
+            try helpers.writeIndex(gpa, tmp.dir, "plain_one_shard", rows);
+        },
+    }
+    const path = try tmp.dir.realpathAlloc(gpa, "plain_one_shard");
+    defer gpa.free(path);
+
+    const shapes = [_]struct { u64, bool }{ .{ 1, false }, .{ 7, false }, .{ 1000, false }, .{ 7, true }, .{ 1000, true } };
+    for ([_]u64{ 1, 3, 64 }) |prefetch| {
+        for ([_]bool{ false, true }) |shuffle| {
+            var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle, .seed = 3 });
+            defer env.close();
+            for (shapes) |shape| {
+                const max_count, const contiguous = shape;
+                errdefer std.debug.print("{s}: prefetch {d} shuffle {} max_count {d} contiguous {}\n", .{ @tagName(corruption), prefetch, shuffle, max_count, contiguous });
+                const it = try env.openIter();
+                defer it.close();
+                // Where the corrupt sample first appears in this window, if it does.
+                var first_bad: ?u64 = null;
+                for (0..it.schedule.count) |j| {
+                    if (env.expectedLoc(it, j).sample_id == bad) {
+                        first_bad = j;
+                        break;
+                    }
+                }
+                var k: u64 = 0;
+                var failed = false;
+                while (true) {
+                    const view = it.nextBatch(max_count, contiguous) catch |err| {
+                        switch (corruption) {
+                            .json_len => {
+                                try testing.expectEqual(error.InvalidCache, err);
+                                try testing.expectEqualStrings("invalid binary record", status.lastMessage());
+                            },
+                            .past_shard => {
+                                try testing.expectEqual(error.Io, err);
+                                try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "I/O error: failed to fill whole buffer: "));
+                                try testing.expect(std.mem.endsWith(u8, status.lastMessage(), "plain_one_shard/shards/000000.bin"));
+                            },
+                        }
+                        failed = true;
+                        break;
+                    };
+                    if (view.count == 0) break;
+                    for (0..@intCast(view.count)) |i| try env.expectSample(view, i, env.expectedLoc(it, k + i));
+                    k += view.count;
+                }
+                try testing.expectEqual(first_bad != null, failed);
+                try testing.expectEqual(first_bad orelse it.schedule.count, k);
+                // Finished: no more samples, no second error.
+                try testing.expectEqual(@as(u64, 0), (try it.nextBatch(max_count, contiguous)).count);
+            }
+        }
+    }
+}
+
+test "iterator (io_uring): a corrupt record fails after the samples before it" {
+    try expectCorruptRecordDeferred(.io_uring, .json_len);
+    try expectCorruptRecordDeferred(.io_uring, .past_shard);
+}
+
+test "iterator (threads): a corrupt record fails after the samples before it" {
+    try expectCorruptRecordDeferred(.threads, .json_len);
+    try expectCorruptRecordDeferred(.threads, .past_shard);
+}
+
+/// The same corrupt record read by a lookup and by an iterator must fail with the same
+/// message, however long (a long cache path): slots once kept 256 bytes of it and cut
+/// it, possibly inside a UTF-8 sequence.
+fn expectLongFailureMessage(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    // A directory name of 100 'é's puts the shard path well past 256 bytes; one leading
+    // ASCII byte or none places byte 256 of the message inside an 'é'.
+    const tmp_path = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(tmp_path);
+    const before = "I/O error: failed to fill whole buffer: ".len + tmp_path.len + 1;
+    try testing.expect(before < 256);
+    const ascii: usize = if ((256 - before) % 2 == 1) 0 else 1;
+    const dir_name = ("x" ++ "é" ** 100)[1 - ascii ..];
+    var parent = try tmp.dir.makeOpenPath(dir_name, .{});
+    defer parent.close();
+    try helpers.copyFixture(gpa, parent, "plain_one_shard");
+    const rows = try helpers.readIndex(gpa, parent, "plain_one_shard");
+    defer gpa.free(rows);
+    rows[0].byte_len = 1 << 30; // past its shard
+    try helpers.writeIndex(gpa, parent, "plain_one_shard", rows);
+    const path = try parent.realpathAlloc(gpa, "plain_one_shard");
+    defer gpa.free(path);
+    var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = 4 });
+    defer env.close();
+    const want = try std.fmt.allocPrint(gpa, "I/O error: failed to fill whole buffer: {s}/shards/000000.bin", .{path});
+    defer gpa.free(want);
+    try testing.expect(want.len > 256);
+
+    const lk = try @import("lookup.zig").Lookup.open(env.ds);
+    defer lk.close();
+    try testing.expectError(error.Io, lk.get(&.{env.cache_ids[0]}, &.{0}, false));
+    try testing.expectEqualStrings(want, status.lastMessage());
+
+    const it = try env.openIter();
+    defer it.close();
+    try testing.expectError(error.Io, it.nextBatch(1, false));
+    const got = status.lastMessage();
+    try testing.expectEqualStrings(want, got);
+}
+
+test "iterator (io_uring): a long failure message reads as the lookup's" {
+    try expectLongFailureMessage(.io_uring);
+}
+
+test "iterator (threads): a long failure message reads as the lookup's" {
+    try expectLongFailureMessage(.threads);
+}

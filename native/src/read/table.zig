@@ -121,3 +121,125 @@ pub fn build(ds: *const Dataset, row_count: u64, cid_col: Column, sid_col: Colum
     table.* = .{ .gpa = gpa, .len = row_count, .cache = cache_index, .sample_id = sample_id, .weights = weighted };
     return table;
 }
+
+// ---------------------------------------------------------------- tests
+
+const testing = std.testing;
+const helpers = @import("testing.zig");
+
+/// A column over `values` with an optional validity bitmap.
+fn testColumn(comptime T: type, values: []const T, validity: ?[]const u8, offset: u64) Column {
+    const value_type: ValueType = switch (T) {
+        u64 => .u64,
+        u32 => .u32,
+        i64 => .i64,
+        i32 => .i32,
+        f64 => .f64,
+        f32 => .f32,
+        else => @compileError("not a table column type"),
+    };
+    return .{ .type = value_type, .values = values.ptr, .validity = if (validity) |v| v.ptr else null, .offset = offset };
+}
+
+const other_column: Column = .{ .type = .other, .values = null, .validity = null, .offset = 0 };
+
+test "table: build checks rows in order, each row's cells in order, then weights, with the reference's messages" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{ "plain_one_shard", "unicode_é_name" }, .{});
+    defer env.close();
+    const ds = env.ds;
+    const a = env.cache_ids[0];
+    const b = env.cache_ids[1];
+    // Six valid rows; each case below breaks some of them.
+    const cids = [_]u64{ a, a, b, b, a, b };
+    const sids = [_]u64{ 0, 1, 2, 3, 4, 5 };
+    const ones = [_]f64{ 1, 1, 1, 1, 1, 1 };
+    const row3_null = [_]u8{0b1111_0111};
+    const row0_null = [_]u8{0b1111_1110};
+    const row4_null = [_]u8{0b1110_1111};
+    const negative_row2 = [_]i64{ 0, 1, -2, 3, 4, 5 };
+    const signed_cids = [_]i64{ @intCast(a), @intCast(a), @intCast(b), @intCast(b), @intCast(a), @intCast(b) };
+    const negative_cid_row0 = [_]i64{ -1, @intCast(a), @intCast(b), @intCast(b), @intCast(a), @intCast(b) };
+    const unknown_cid_row5 = [_]u64{ a, a, b, b, a, 123 };
+    const unknown_sid_row2 = [_]u64{ 0, 1, 99, 3, 4, 5 };
+    const zero_row1 = [_]f64{ 1, 0, 1, 1, 1, 1 };
+    const nan_row4 = [_]f64{ 1, 1, 1, 1, std.math.nan(f64), 1 };
+    const negative_row0 = [_]f64{ -1, 1, 1, 1, 1, 1 };
+    const inf_row5 = [_]f32{ 1, 1, 1, 1, 1, std.math.inf(f32) };
+    const huge = [_]f64{ 1e308, 1e308, 1e308, 1, 1, 1 };
+    const float_ids = [_]f64{ 0, 1, 2, 3, 4, 5 };
+    const small_sids = [_]i32{ 0, 1, 2, -1, 4, 5 };
+
+    var unknown_sid_message: [128]u8 = undefined;
+    const Case = struct { rows: u64 = 6, cid: Column, sid: Column, w: Column, message: []const u8 };
+    const cases = [_]Case{
+        .{ .rows = 0, .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "metadata table must include at least one sample" },
+        .{ .cid = testColumn(u64, &cids, &row3_null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' contains null" },
+        .{ .cid = testColumn(f64, &float_ids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be an integer" },
+        .{ .cid = testColumn(i64, &negative_cid_row0, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be non-negative" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, &row0_null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'sample_id' contains null" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(f64, &float_ids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'sample_id' must be an integer" },
+        .{ .cid = testColumn(i64, &signed_cids, null, 0), .sid = testColumn(i32, &small_sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'sample_id' must be non-negative" },
+        .{ .cid = testColumn(u64, &unknown_cid_row5, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "unknown samples metadata row identity cache_id=123 sample_id=5" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &unknown_sid_row2, null, 0), .w = testColumn(f64, &ones, null, 0), .message = try std.fmt.bufPrint(&unknown_sid_message, "unknown samples metadata row identity cache_id={d} sample_id=99", .{b}) },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, &row0_null, 0), .message = "samples metadata column 'weight' contains null" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = other_column, .message = "samples metadata column 'weight' must be numeric" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &zero_row1, null, 0), .message = "weight 1 must be positive and finite" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &nan_row4, null, 0), .message = "weight 4 must be positive and finite" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &negative_row0, null, 0), .message = "weight 0 must be positive and finite" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f32, &inf_row5, null, 0), .message = "weight 5 must be positive and finite" },
+        // Each weight is fine, their sum is not (this project's message).
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &huge, null, 0), .message = "the weights' sum must be finite" },
+        .{ .cid = .{ .type = .u64, .values = null, .validity = null, .offset = 0 }, .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "a numeric table column has no values" },
+        // Order: a null weight in row 0 before a null sample_id in row 4 (rows first).
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, &row4_null, 0), .w = testColumn(f64, &ones, &row0_null, 0), .message = "samples metadata column 'weight' contains null" },
+        // An unknown identity in row 5 before a negative weight in row 0 (weights last).
+        .{ .cid = testColumn(u64, &unknown_cid_row5, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &negative_row0, null, 0), .message = "unknown samples metadata row identity cache_id=123 sample_id=5" },
+        // In one row, cache_id before sample_id.
+        .{ .cid = testColumn(i64, &negative_cid_row0, null, 0), .sid = testColumn(u64, &sids, &row0_null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be non-negative" },
+        // The validity offset: bit 3 is row 3 at offset 0 (sample_id row 2 fails first)...
+        .{ .cid = testColumn(i64, &signed_cids, &row3_null, 0), .sid = testColumn(i64, &negative_row2, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'sample_id' must be non-negative" },
+        // ...and row 2 at offset 1 (its cache_id is null, checked before its sample_id).
+        .{ .cid = testColumn(i64, &signed_cids, &row3_null, 1), .sid = testColumn(i64, &negative_row2, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' contains null" },
+    };
+    for (cases, 0..) |case, i| {
+        errdefer std.debug.print("case {d}: {s}\n", .{ i, case.message });
+        try testing.expectError(error.InvalidArgument, build(ds, case.rows, case.cid, case.sid, case.w));
+        try testing.expectEqualStrings(case.message, status.lastMessage());
+    }
+}
+
+test "table: a valid weighted table of any integer and float widths" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{ "plain_one_shard", "unicode_é_name" }, .{ .shuffle = true });
+    defer env.close();
+    const ds = env.ds;
+    const cids = [_]i64{ @intCast(env.cache_ids[1]), @intCast(env.cache_ids[0]), @intCast(env.cache_ids[1]) };
+    const sids = [_]u32{ 3, 0, 9 };
+    // A null bit on a row past the table is ignored.
+    const validity = [_]u8{0b0000_0111};
+    const weights = [_]f32{ 2.0, 1.0, 0.5 };
+    const t = try build(ds, 3, testColumn(i64, &cids, &validity, 0), testColumn(u32, &sids, null, 0), testColumn(f32, &weights, &validity, 0));
+    try testing.expectEqual(@as(u64, 3), t.len);
+    try testing.expectEqualSlices(u32, &.{ 1, 0, 1 }, t.cache);
+    try testing.expectEqualSlices(u64, &.{ 3, 0, 9 }, t.sample_id);
+    try testing.expectEqual(@as(f64, 3.5), t.weights.?.total);
+    try testing.expectEqualSlices(f64, &.{ 2.0, 3.0 }, t.weights.?.cumulative);
+    // Integer weights are numeric too.
+    const int_weights = [_]u64{ 1, 2, 3 };
+    const t2 = try build(ds, 3, testColumn(i64, &cids, null, 0), testColumn(u32, &sids, null, 0), testColumn(u64, &int_weights, null, 0));
+    try testing.expectEqual(@as(f64, 6), t2.weights.?.total);
+    t2.release();
+
+    // Once active, weighted draws pick only the table's rows, the heavier more often.
+    ds.replaceTable(t);
+    try testing.expectEqual(@as(u64, 3), ds.epochLen());
+    var hits = [_]u32{ 0, 0, 0 };
+    for (0..4000) |p| {
+        const loc = ds.locate(ds.table, p);
+        const row: usize = if (loc.cache == 0) 1 else if (loc.sample_id == 3) 0 else 2;
+        try testing.expectEqual(@as(u64, sids[row]), loc.sample_id);
+        hits[row] += 1;
+    }
+    try testing.expect(hits[0] > hits[1] and hits[1] > hits[2] and hits[2] > 0);
+}

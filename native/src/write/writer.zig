@@ -561,3 +561,522 @@ pub const Writer = struct {
     }
 };
 
+// ---------------------------------------------------------------- tests
+//
+// Kept at the very end of the file: the code above is reworked separately. write/ may not
+// import read/, so these tests read what they wrote with the format/ parsers only.
+
+const testing = std.testing;
+const build_options = @import("build_options");
+const Sha256 = @import("../codec/sha256.zig").Sha256;
+const shard_format = @import("../format/shard.zig");
+
+/// Input of `Writer.append` for up to four fields, owned: payloads with count + 1 offsets,
+/// and per field bool bytes, ints, floats, or string bytes with count + 1 offsets.
+const TestInput = struct {
+    fields: []const schema.Field,
+    payloads: std.ArrayList(u8) = .empty,
+    offsets: std.ArrayList(u64) = .empty,
+    columns: [4]ColumnData = @splat(.{}),
+
+    const ColumnData = struct {
+        bytes: std.ArrayList(u8) = .empty,
+        ints: std.ArrayList(i64) = .empty,
+        floats: std.ArrayList(f64) = .empty,
+        offsets: std.ArrayList(u64) = .empty,
+    };
+
+    fn init(gpa: std.mem.Allocator, fields: []const schema.Field) !TestInput {
+        std.debug.assert(fields.len <= 4);
+        var in: TestInput = .{ .fields = fields };
+        errdefer in.deinit(gpa);
+        try in.offsets.append(gpa, 0);
+        for (&in.columns) |*c| try c.offsets.append(gpa, 0);
+        return in;
+    }
+
+    fn deinit(in: *TestInput, gpa: std.mem.Allocator) void {
+        in.payloads.deinit(gpa);
+        in.offsets.deinit(gpa);
+        for (&in.columns) |*c| {
+            c.bytes.deinit(gpa);
+            c.ints.deinit(gpa);
+            c.floats.deinit(gpa);
+            c.offsets.deinit(gpa);
+        }
+    }
+
+    fn count(in: *const TestInput) u64 {
+        return in.offsets.items.len - 1;
+    }
+
+    fn add(in: *TestInput, gpa: std.mem.Allocator, payload: []const u8, values: []const schema.Value) !void {
+        std.debug.assert(values.len == in.fields.len);
+        try in.payloads.appendSlice(gpa, payload);
+        try in.offsets.append(gpa, in.payloads.items.len);
+        for (in.fields, values, in.columns[0..in.fields.len]) |f, v, *c| switch (f.kind) {
+            .bool => try c.bytes.append(gpa, @intFromBool(v.bool)),
+            .int => try c.ints.append(gpa, v.int),
+            .float => try c.floats.append(gpa, v.float),
+            .string => {
+                try c.bytes.appendSlice(gpa, v.string);
+                try c.offsets.append(gpa, c.bytes.items.len);
+            },
+        };
+    }
+
+    fn columnViews(in: *const TestInput) [4]Column {
+        var out: [4]Column = undefined;
+        for (in.fields, in.columns[0..in.fields.len], out[0..in.fields.len]) |f, *c, *o| {
+            o.* = .{ .kind = f.kind, .offsets = null, .values = switch (f.kind) {
+                .bool, .string => c.bytes.items.ptr,
+                .int => c.ints.items.ptr,
+                .float => c.floats.items.ptr,
+            } };
+            if (f.kind == .string) o.offsets = c.offsets.items.ptr;
+        }
+        return out;
+    }
+
+    /// Appends samples [from, to) in one call.
+    fn appendTo(in: *const TestInput, w: *Writer, from: usize, to: usize) status.Error!void {
+        var cols = in.columnViews();
+        for (in.fields, cols[0..in.fields.len], in.columns[0..in.fields.len]) |f, *col, *c| {
+            // Offsets of strings (and payloads below) are absolute, so only values move.
+            switch (f.kind) {
+                .bool => col.values = c.bytes.items.ptr + from,
+                .int => col.values = c.ints.items.ptr + from,
+                .float => col.values = c.floats.items.ptr + from,
+                .string => col.offsets = c.offsets.items.ptr + from,
+            }
+        }
+        try w.append(to - from, in.payloads.items.ptr, in.offsets.items.ptr + from, &cols);
+    }
+};
+
+/// A parsed copy of a fixture cache: its manifest and the writer input it holds (payloads
+/// decompressed, metadata parsed from the embedded JSON), which rebuilds it.
+const FixtureCache = struct {
+    dir: std.fs.Dir,
+    manifest: manifest.Manifest,
+    input: TestInput,
+
+    /// Fixture `name` of the reference caches.
+    fn load(gpa: std.mem.Allocator, name: []const u8) !FixtureCache {
+        const path = try std.fs.path.join(gpa, &.{ build_options.fixtures_dir, name });
+        defer gpa.free(path);
+        return loadAt(gpa, path);
+    }
+
+    /// The cache at `path`.
+    fn loadAt(gpa: std.mem.Allocator, path: []const u8) !FixtureCache {
+        var dir = try std.fs.cwd().openDir(path, .{});
+        errdefer dir.close();
+        const text = try dir.readFileAlloc(gpa, "manifest.json", 1 << 20);
+        defer gpa.free(text);
+        var m = try manifest.parse(gpa, text, "manifest.json");
+        errdefer m.deinit();
+        var input = try TestInput.init(gpa, m.fields);
+        errdefer input.deinit(gpa);
+        const idx = try dir.readFileAlloc(gpa, "index.bin", 1 << 24);
+        defer gpa.free(idx);
+        var values: [4]schema.Value = undefined;
+        var scratch: std.ArrayList(u8) = .empty;
+        defer scratch.deinit(gpa);
+        var raw: std.ArrayList(u8) = .empty;
+        defer raw.deinit(gpa);
+        var shard_bytes: ?[]u8 = null;
+        defer if (shard_bytes) |b| gpa.free(b);
+        var shard_loaded: u64 = std.math.maxInt(u64);
+        for (0..m.sample_count) |i| {
+            const row = index.get(idx, i);
+            if (row.shard_id != shard_loaded) {
+                if (shard_bytes) |b| gpa.free(b);
+                shard_bytes = null;
+                const shard_path = try std.fmt.allocPrint(gpa, "shards/{s}", .{m.shards[@intCast(row.shard_id)].name});
+                defer gpa.free(shard_path);
+                shard_bytes = try dir.readFileAlloc(gpa, shard_path, 1 << 24);
+                shard_loaded = row.shard_id;
+            }
+            const rec = try shard_format.split(shard_bytes.?[@intCast(row.offset)..][0..@intCast(row.byte_len)]);
+            var payload = rec.stored_payload;
+            if (m.shards[@intCast(row.shard_id)].compression == .lz4) {
+                try raw.resize(gpa, try lz4.prependedSize(payload));
+                try lz4.decompressPrepended(payload, raw.items);
+                payload = raw.items;
+            }
+            scratch.clearRetainingCapacity();
+            var diag: metadata_json.Diagnostic = .{};
+            try metadata_json.parseRecord(rec.json, m.fields, values[0..m.fields.len], &scratch, gpa, &diag);
+            try input.add(gpa, payload, values[0..m.fields.len]);
+        }
+        return .{ .dir = dir, .manifest = m, .input = input };
+    }
+
+    fn deinit(f: *FixtureCache, gpa: std.mem.Allocator) void {
+        f.input.deinit(gpa);
+        f.manifest.deinit();
+        f.dir.close();
+    }
+};
+
+/// Entries under `<base>/tmp` (staging directories left behind).
+fn stagingLeft(base: std.fs.Dir) !usize {
+    var tmp_dir = base.openDir("tmp", .{ .iterate = true }) catch |err| switch (err) {
+        error.FileNotFound => return 0,
+        else => return err,
+    };
+    defer tmp_dir.close();
+    var it = tmp_dir.iterate();
+    var n: usize = 0;
+    while (try it.next()) |_| n += 1;
+    return n;
+}
+
+fn exists(dir: std.fs.Dir, sub: []const u8) bool {
+    dir.access(sub, .{}) catch return false;
+    return true;
+}
+
+fn expectSameFile(gpa: std.mem.Allocator, a: std.fs.Dir, b: std.fs.Dir, sub: []const u8) !void {
+    errdefer std.debug.print("{s} differs\n", .{sub});
+    const x = try a.readFileAlloc(gpa, sub, 1 << 24);
+    defer gpa.free(x);
+    const y = try b.readFileAlloc(gpa, sub, 1 << 24);
+    defer gpa.free(y);
+    try testing.expectEqualSlices(u8, x, y);
+}
+
+fn sha256Of(bytes: []const u8) [64]u8 {
+    var digest: [32]u8 = undefined;
+    Sha256.hash(bytes, &digest);
+    return std.fmt.bytesToHex(digest, .lower);
+}
+
+/// Writes `input` as cache `name` under `base` in appends of at most `step` samples, with
+/// `metadata` as its metadata.arrow, and publishes it.
+fn writeCache(gpa: std.mem.Allocator, rt: *Runtime, base: []const u8, name: []const u8, options: Options, input: *const TestInput, step: usize, metadata: []const u8) !void {
+    const w = try Writer.open(gpa, rt, base, name, options);
+    defer w.close();
+    try w.setSchema(input.fields);
+    var from: usize = 0;
+    while (from < input.count()) {
+        const to = @min(input.count(), from + step);
+        try input.appendTo(w, from, to);
+        from = to;
+    }
+    var staging = try std.fs.cwd().openDir(w.stagingPath(), .{});
+    defer staging.close();
+    try staging.writeFile(.{ .sub_path = "metadata.arrow", .data = metadata });
+    w.finish() catch |err| {
+        std.debug.print("finish: {s}\n", .{status.lastMessage()});
+        return err;
+    };
+}
+
+test "writer: rebuilds the reference's uncompressed caches byte for byte, whatever the append sizes" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(base);
+    const rt = try Runtime.open(gpa, 3);
+    defer rt.release();
+    // max_shard_bytes: 4096 reproduces plain_many_shards' 25 shards (the reference's
+    // setting); the others are single shards.
+    const cases = [_]struct { name: []const u8, max_shard_bytes: u64, step: usize }{
+        .{ .name = "plain_one_shard", .max_shard_bytes = 1 << 20, .step = 1000 },
+        .{ .name = "plain_many_shards", .max_shard_bytes = 4096, .step = 130 },
+        .{ .name = "unicode_é_name", .max_shard_bytes = 1 << 20, .step = 1 },
+        .{ .name = "text_records_v1", .max_shard_bytes = 1 << 20, .step = 2 },
+    };
+    for (cases) |case| {
+        errdefer std.debug.print("cache {s}\n", .{case.name});
+        var fixture = try FixtureCache.load(gpa, case.name);
+        defer fixture.deinit(gpa);
+        const metadata = try fixture.dir.readFileAlloc(gpa, "metadata.arrow", 1 << 24);
+        defer gpa.free(metadata);
+        try writeCache(gpa, rt, base, case.name, .{ .max_shard_bytes = case.max_shard_bytes, .prefetch_size = 64, .compression = .none, .ratio = 1.0 }, &fixture.input, case.step, metadata);
+        var out = try tmp.dir.openDir(case.name, .{});
+        defer out.close();
+        // Same metadata.arrow, so even the manifest is the reference's, byte for byte.
+        for ([_][]const u8{ "manifest.json", "index.bin", "metadata.arrow" }) |file| try expectSameFile(gpa, fixture.dir, out, file);
+        for (fixture.manifest.shards) |s| {
+            const sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{s.name});
+            defer gpa.free(sub);
+            try expectSameFile(gpa, fixture.dir, out, sub);
+        }
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+}
+
+test "writer: an lz4 cache decodes to the reference's records, and its manifest agrees" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(base);
+    const rt = try Runtime.open(gpa, 2);
+    defer rt.release();
+    var fixture = try FixtureCache.load(gpa, "lz4_many_shards");
+    defer fixture.deinit(gpa);
+    try writeCache(gpa, rt, base, "lz4_many_shards", .{ .max_shard_bytes = 8192, .prefetch_size = 16, .compression = .lz4, .ratio = 2.0 }, &fixture.input, 77, "arrow");
+    const sub = try std.fs.path.join(gpa, &.{ base, "lz4_many_shards" });
+    defer gpa.free(sub);
+    var out_dir = try std.fs.cwd().openDir(sub, .{});
+    defer out_dir.close();
+    const text = try out_dir.readFileAlloc(gpa, "manifest.json", 1 << 20);
+    defer gpa.free(text);
+    var m = try manifest.parse(gpa, text, "manifest.json");
+    defer m.deinit();
+    try testing.expectEqual(fixture.manifest.cache_id, m.cache_id);
+    try testing.expectEqualStrings("lz4_many_shards", m.source_name);
+    try testing.expectEqual(@as(u64, 300), m.sample_count);
+    try testing.expectEqual(fixture.manifest.fields.len, m.fields.len);
+    for (fixture.manifest.fields, m.fields) |a, b| {
+        try testing.expectEqualStrings(a.name, b.name);
+        try testing.expectEqual(a.kind, b.kind);
+    }
+    for (m.shards) |s| {
+        try testing.expectEqual(manifest.Compression.lz4, s.compression);
+        try testing.expectEqual(@as(f64, 2.0), s.ratio);
+        try testing.expect(s.byte_len <= 8192);
+        const shard_sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{s.name});
+        defer gpa.free(shard_sub);
+        const bytes = try out_dir.readFileAlloc(gpa, shard_sub, 1 << 20);
+        defer gpa.free(bytes);
+        try testing.expectEqual(s.byte_len, bytes.len);
+        try testing.expectEqualStrings(&sha256Of(bytes), s.sha256);
+    }
+    const idx = try out_dir.readFileAlloc(gpa, "index.bin", 1 << 20);
+    defer gpa.free(idx);
+    try testing.expectEqualStrings(&sha256Of(idx), m.index_sha256);
+    try testing.expectEqualStrings(&sha256Of("arrow"), m.metadata_sha256);
+
+    // Read back the way the fixture was read: the same samples, decompressed.
+    var mine = try FixtureCache.loadAt(gpa, sub);
+    defer mine.deinit(gpa);
+    try testing.expectEqualSlices(u8, fixture.input.payloads.items, mine.input.payloads.items);
+    try testing.expectEqualSlices(u64, fixture.input.offsets.items, mine.input.offsets.items);
+    for (fixture.input.columns, mine.input.columns) |a, b| {
+        try testing.expectEqualSlices(u8, a.bytes.items, b.bytes.items);
+        try testing.expectEqualSlices(i64, a.ints.items, b.ints.items);
+        try testing.expectEqualSlices(f64, a.floats.items, b.floats.items);
+        try testing.expectEqualSlices(u64, a.offsets.items, b.offsets.items);
+    }
+}
+
+const small_fields = [_]schema.Field{
+    .{ .name = "flag", .kind = .bool },
+    .{ .name = "label", .kind = .int },
+    .{ .name = "name", .kind = .string },
+    .{ .name = "score", .kind = .float },
+};
+
+/// Five samples with their exact records' JSON (serde_json's compact form).
+const small_samples = [_]struct { payload: []const u8, values: [4]schema.Value, json: []const u8 }{
+    .{ .payload = "zero", .values = .{ .{ .bool = true }, .{ .int = -3 }, .{ .string = "a\"b" }, .{ .float = 0.5 } }, .json = "{\"flag\":true,\"label\":-3,\"name\":\"a\\\"b\",\"score\":0.5}" },
+    .{ .payload = "", .values = .{ .{ .bool = false }, .{ .int = 0 }, .{ .string = "é" }, .{ .float = 1.0 } }, .json = "{\"flag\":false,\"label\":0,\"name\":\"é\",\"score\":1.0}" },
+    .{ .payload = "two two two two two two two two", .values = .{ .{ .bool = true }, .{ .int = 9007199254740993 }, .{ .string = "" }, .{ .float = -1e300 } }, .json = "{\"flag\":true,\"label\":9007199254740993,\"name\":\"\",\"score\":-1e+300}" },
+    .{ .payload = "3", .values = .{ .{ .bool = false }, .{ .int = 3 }, .{ .string = "c" }, .{ .float = 0.1 } }, .json = "{\"flag\":false,\"label\":3,\"name\":\"c\",\"score\":0.1}" },
+    .{ .payload = "four", .values = .{ .{ .bool = true }, .{ .int = 4 }, .{ .string = "d" }, .{ .float = 4.0 } }, .json = "{\"flag\":true,\"label\":4,\"name\":\"d\",\"score\":4.0}" },
+};
+
+fn smallInput(gpa: std.mem.Allocator) !TestInput {
+    var in = try TestInput.init(gpa, &small_fields);
+    errdefer in.deinit(gpa);
+    for (small_samples) |s| try in.add(gpa, s.payload, &s.values);
+    return in;
+}
+
+test "writer: the published layout: manifest fields, index rows, record bytes, shard rotation" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(base);
+    const rt = try Runtime.open(gpa, 2);
+    defer rt.release();
+    var input = try smallInput(gpa);
+    defer input.deinit(gpa);
+
+    for ([_]manifest.Compression{ .none, .lz4 }) |compression| {
+        const name = compression.name();
+        // 100 bytes: records of ~60-100 bytes, so most shards hold one or two.
+        const max_shard_bytes = 100;
+        const ratio: f64 = if (compression == .lz4) 3.5 else 1.0;
+        try writeCache(gpa, rt, base, name, .{ .max_shard_bytes = max_shard_bytes, .prefetch_size = 2, .compression = compression, .ratio = ratio, .fingerprint = "fp-1" }, &input, 2, "md");
+        var out = try tmp.dir.openDir(name, .{});
+        defer out.close();
+        const text = try out.readFileAlloc(gpa, "manifest.json", 1 << 20);
+        defer gpa.free(text);
+        var m = try manifest.parse(gpa, text, "manifest.json");
+        defer m.deinit();
+        try testing.expectEqual(@as(u32, 3), m.format_version);
+        try testing.expectEqual(manifest.cacheIdForName(name), m.cache_id.?);
+        try testing.expectEqualStrings(name, m.source_name);
+        try testing.expectEqual(@as(u64, small_samples.len), m.sample_count);
+        try testing.expectEqualStrings("fp-1", m.fingerprint.?);
+        for (small_fields, m.fields) |a, b| {
+            try testing.expectEqualStrings(a.name, b.name);
+            try testing.expectEqual(a.kind, b.kind);
+        }
+        try testing.expectEqualStrings(&sha256Of("md"), m.metadata_sha256);
+        const idx = try out.readFileAlloc(gpa, "index.bin", 1 << 20);
+        defer gpa.free(idx);
+        try testing.expectEqual(small_samples.len * index.row_bytes, idx.len);
+        try testing.expectEqualStrings(&sha256Of(idx), m.index_sha256);
+
+        // Records back to back from offset 0 in each shard; a shard is closed before the
+        // record that would take it past max_shard_bytes (unless it is still empty).
+        var shard_files: [small_samples.len][]u8 = undefined;
+        for (m.shards, 0..) |s, i| {
+            const sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{s.name});
+            defer gpa.free(sub);
+            shard_files[i] = try out.readFileAlloc(gpa, sub, 1 << 20);
+            try testing.expectEqual(s.byte_len, shard_files[i].len);
+            try testing.expectEqualStrings(&sha256Of(shard_files[i]), s.sha256);
+            try testing.expectEqual(compression, s.compression);
+            try testing.expectEqual(ratio, s.ratio);
+        }
+        defer for (shard_files[0..m.shards.len]) |f| gpa.free(f);
+        var shard_id: u64 = 0;
+        var offset: u64 = 0;
+        var uncompressed: u64 = 0;
+        for (small_samples, 0..) |sample, i| {
+            const row = index.get(idx, i);
+            if (row.shard_id != shard_id) {
+                try testing.expectEqual(shard_id + 1, row.shard_id);
+                try testing.expectEqual(offset, m.shards[@intCast(shard_id)].byte_len);
+                try testing.expectEqual(uncompressed, m.shards[@intCast(shard_id)].uncompressed_byte_len);
+                try testing.expect(offset + row.byte_len > max_shard_bytes);
+                shard_id = row.shard_id;
+                offset = 0;
+                uncompressed = 0;
+            }
+            try testing.expectEqual(offset, row.offset);
+            const image = shard_files[@intCast(row.shard_id)][@intCast(row.offset)..][0..@intCast(row.byte_len)];
+            try testing.expectEqual(@as(u64, sample.json.len), std.mem.readInt(u64, image[0..8], .little));
+            const rec = try shard_format.split(image);
+            try testing.expectEqualStrings(sample.json, rec.json);
+            switch (compression) {
+                .none => try testing.expectEqualStrings(sample.payload, rec.stored_payload),
+                .lz4 => {
+                    var raw: [64]u8 = undefined;
+                    const n = try lz4.prependedSize(rec.stored_payload);
+                    try lz4.decompressPrepended(rec.stored_payload, raw[0..n]);
+                    try testing.expectEqualStrings(sample.payload, raw[0..n]);
+                },
+            }
+            offset += row.byte_len;
+            uncompressed += sample.payload.len;
+        }
+        try testing.expectEqual(m.shards.len - 1, shard_id);
+        try testing.expectEqual(offset, m.shards[m.shards.len - 1].byte_len);
+        try testing.expect(m.shards.len >= 3);
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+}
+
+test "writer: a writer that fails or is closed unfinished leaves no staging directory and publishes nothing" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(base);
+    const rt = try Runtime.open(gpa, 2);
+    defer rt.release();
+    var input = try smallInput(gpa);
+    defer input.deinit(gpa);
+    const options: Options = .{ .max_shard_bytes = 1 << 20, .prefetch_size = 4, .compression = .none, .ratio = 1.0 };
+
+    {
+        // No samples.
+        const w = try Writer.open(gpa, rt, base, "c", options);
+        defer w.close();
+        try w.setSchema(&small_fields);
+        try testing.expectEqual(@as(usize, 1), try stagingLeft(tmp.dir));
+        try testing.expectError(error.InvalidArgument, w.finish());
+        try testing.expectEqualStrings("cache source yielded no samples", status.lastMessage());
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+    {
+        // An invalid value poisons the writer.
+        const w = try Writer.open(gpa, rt, base, "c", options);
+        defer w.close();
+        try w.setSchema(&small_fields);
+        try input.appendTo(w, 0, 2);
+        input.columns[0].bytes.items[3] = 2;
+        defer input.columns[0].bytes.items[3] = 0;
+        try testing.expectError(error.InvalidArgument, input.appendTo(w, 2, 5));
+        try testing.expectEqualStrings("metadata field 'flag' has an invalid bool", status.lastMessage());
+        try testing.expectError(error.InvalidArgument, input.appendTo(w, 0, 1));
+        try testing.expectEqualStrings("the writer cannot accept samples after a failure or finish", status.lastMessage());
+        try testing.expectError(error.InvalidArgument, w.finish());
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+    {
+        // Samples appended, then closed without finishing.
+        const w = try Writer.open(gpa, rt, base, "c", options);
+        defer w.close();
+        try w.setSchema(&small_fields);
+        try input.appendTo(w, 0, 5);
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+    {
+        // finish fails: the caller never wrote metadata.arrow.
+        const w = try Writer.open(gpa, rt, base, "c", options);
+        defer w.close();
+        try w.setSchema(&small_fields);
+        try input.appendTo(w, 0, 5);
+        try testing.expectError(error.Io, w.finish());
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+    try testing.expect(!exists(tmp.dir, "c"));
+}
+
+test "writer: a second writer of a published name gets error.Exists" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(base);
+    const rt = try Runtime.open(gpa, 2);
+    defer rt.release();
+    var input = try smallInput(gpa);
+    defer input.deinit(gpa);
+    const options: Options = .{ .max_shard_bytes = 1 << 20, .prefetch_size = 4, .compression = .none, .ratio = 1.0 };
+    const dest = try std.fs.path.join(gpa, &.{ base, "c" });
+    defer gpa.free(dest);
+    var buf: [std.fs.max_path_bytes + 64]u8 = undefined;
+    const message = try std.fmt.bufPrint(&buf, "cache path already exists: {s}", .{dest});
+
+    // Two writers of one name race: the first to finish publishes, the other fails.
+    {
+        const first = try Writer.open(gpa, rt, base, "c", options);
+        defer first.close();
+        const second = try Writer.open(gpa, rt, base, "c", options);
+        defer second.close();
+        for ([_]*Writer{ first, second }, [_]usize{ 3, 5 }) |w, n| {
+            try w.setSchema(&small_fields);
+            try input.appendTo(w, 0, n);
+            var staging = try std.fs.cwd().openDir(w.stagingPath(), .{});
+            defer staging.close();
+            try staging.writeFile(.{ .sub_path = "metadata.arrow", .data = "md" });
+        }
+        try first.finish();
+        try testing.expectError(error.Exists, second.finish());
+        try testing.expectEqualStrings(message, status.lastMessage());
+        try testing.expectEqual(@as(usize, 1), try stagingLeft(tmp.dir)); // the second's, until closed
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+    // The published cache is the first writer's (three samples).
+    const idx = try tmp.dir.readFileAlloc(gpa, "c/index.bin", 1 << 20);
+    defer gpa.free(idx);
+    try testing.expectEqual(@as(usize, 3 * index.row_bytes), idx.len);
+
+    // Once published, opening a writer of that name fails at once, leaving nothing.
+    try testing.expectError(error.Exists, Writer.open(gpa, rt, base, "c", options));
+    try testing.expectEqualStrings(message, status.lastMessage());
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+}
