@@ -828,6 +828,39 @@ class Lookup(_Handle):
         check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
         return Batch(self._batch)
 
+    def get_one(
+        self, cache_id: int, sample_id: int, kinds: Sequence[int]
+    ) -> tuple[bytes, list[Any]]:
+        """``drt_lookup_get`` of one identity: its payload and its metadata values, one per
+        schema field of ``kinds``. The per-call cost of ``get_item`` is Python's, so this
+        path avoids every object it can (no Batch, plain-int kinds)."""
+        pointer = self._ptr
+        ids = self._ids
+        ids[0] = cache_id
+        ids[1] = sample_id
+        raw = self._batch
+        status = lib.drt_lookup_get(pointer, 1, ids, ids + 1, 0, raw)
+        if status:
+            raise_status(status)
+        data = ffi.buffer(raw.payloads[0], raw.payload_lens[0])[:]
+        columns = raw.columns
+        return data, [_first_value(columns[i], kind) for i, kind in enumerate(kinds)]
+
+
+_INT, _FLOAT, _BOOL = int(Kind.INT), int(Kind.FLOAT), int(Kind.BOOL)
+
+
+def _first_value(column: Any, kind: int) -> Any:
+    """Row 0 of a batch column (plain-int ``kind``)."""
+    if kind == _INT:
+        return ffi.cast("int64_t *", column.values)[0]
+    if kind == _FLOAT:
+        return ffi.cast("double *", column.values)[0]
+    if kind == _BOOL:
+        return ffi.cast("_Bool *", column.values)[0]
+    end = column.offsets[1]
+    return ffi.buffer(ffi.cast("uint8_t *", column.values), end)[:].decode("utf-8")
+
 
 # ---------------------------------------------------------------- writing
 

@@ -106,6 +106,7 @@ class CachedDataset:
         self._lookup_lock = threading.Lock()
         self._columns = handle.fields()
         self._field_names = [name for name, _ in self._columns]
+        self._kinds = [int(kind) for _, kind in self._columns]
         self._make_dicts = _dict_builder(self._field_names)
         self._state_lock = threading.RLock()
         self._active: Any = None
@@ -334,9 +335,7 @@ class CachedDataset:
             if self._lookup is None:
                 # One lookup handle (with its call buffers) per dataset, reused by every call.
                 self._lookup = _native.Lookup.open(self._handle)
-            batch = self._lookup.get((cache_id,), (sample_id,))
-            data = batch.payload(0)
-            values = [batch.column_values(i, kind)[0] for i, (_, kind) in enumerate(self._columns)]
+            data, values = self._lookup.get_one(cache_id, sample_id, self._kinds)
             return _new_sample(
                 CachedSample, (data, dict(zip(self._field_names, values)), cache_id, sample_id)
             )
