@@ -665,53 +665,30 @@ class Batch:
         """Samples in the batch (0 at the end of an iterator's window)."""
         return int(self._raw.count)
 
-    def payloads(self) -> list[bytes]:
-        """Each payload copied into a bytes object (the one copy a sample costs).
+    def rows(
+        self, kinds: Sequence[int]
+    ) -> tuple[list[bytes], list[int], list[int], list[list[Any]]]:
+        """Everything in the batch as Python values: ``(payloads, cache_ids, sample_ids,
+        columns)``, one list per metadata field of ``kinds`` (plain ints, schema order).
 
-        Payloads live in several native buffers. One cffi buffer spanning from the lowest
-        payload address to the highest end lets each payload be sliced out with one
-        C-level copy; slicing reads only the payloads' own bytes, never the gaps between
-        buffers."""
+        Per batch, a handful of C-level copies (``ffi.unpack``; no numpy: batches are
+        small, and its per-call overhead would dominate); per sample, one payload slice.
+        Payloads live in several native buffers: one cffi buffer spanning from the lowest
+        payload address to the highest end lets each be sliced out with one C-level copy
+        (slicing reads only the payloads' own bytes, never the gaps between buffers)."""
         raw = self._raw
         n = int(raw.count)
         if n == 0:
-            return []
+            return [], [], [], [[] for _ in kinds]
         starts = ffi.unpack(ffi.cast("uint64_t *", raw.payloads), n)
         lengths = ffi.unpack(raw.payload_lens, n)
         base = min(starts)
         end = max(map(sum, zip(starts, lengths)))
         span = ffi.buffer(ffi.cast("uint8_t *", base), end - base)
-        return [span[a - base : a - base + length] for a, length in zip(starts, lengths)]
-
-    def payload(self, index: int) -> bytes:
-        """Payload ``index`` as bytes."""
-        raw = self._raw
-        return ffi.buffer(raw.payloads[index], raw.payload_lens[index])[:]
-
-    def cache_ids(self) -> list[int]:
-        """The samples' cache ids."""
-        return ffi.unpack(self._raw.cache_ids, int(self._raw.count))
-
-    def sample_ids(self) -> list[int]:
-        """The samples' sample ids."""
-        return ffi.unpack(self._raw.sample_ids, int(self._raw.count))
-
-    def column_values(self, index: int, kind: int) -> list[Any]:
-        """Metadata column ``index`` (of ``kind``) as a list of Python values.
-
-        A handful of C-level ``ffi.unpack`` calls (no numpy: batches are small, and its
-        per-call overhead would dominate)."""
-        column = self._raw.columns[index]
-        n = int(self._raw.count)
-        if kind == Kind.INT:
-            return ffi.unpack(ffi.cast("int64_t *", column.values), n)
-        if kind == Kind.FLOAT:
-            return ffi.unpack(ffi.cast("double *", column.values), n)
-        if kind == Kind.BOOL:
-            return ffi.unpack(ffi.cast("_Bool *", column.values), n)
-        offsets = ffi.unpack(column.offsets, n + 1)
-        data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
-        return [data[a:b].decode("utf-8") for a, b in pairwise(offsets)]
+        payloads = [span[a - base : a - base + length] for a, length in zip(starts, lengths)]
+        columns = raw.columns
+        values = [_column_values(columns[i], kind, n) for i, kind in enumerate(kinds)]
+        return payloads, ffi.unpack(raw.cache_ids, n), ffi.unpack(raw.sample_ids, n), values
 
     def arrays(self, copy: bool) -> tuple[Any, Any, Any, Any]:
         """A contiguous batch (``BatchFlag.CONTIGUOUS``) as numpy arrays ``(data,
@@ -848,6 +825,19 @@ class Lookup(_Handle):
 
 
 _INT, _FLOAT, _BOOL = int(Kind.INT), int(Kind.FLOAT), int(Kind.BOOL)
+
+
+def _column_values(column: Any, kind: int, n: int) -> list[Any]:
+    """The ``n`` values of a batch column (plain-int ``kind``) as Python values."""
+    if kind == _INT:
+        return ffi.unpack(ffi.cast("int64_t *", column.values), n)
+    if kind == _FLOAT:
+        return ffi.unpack(ffi.cast("double *", column.values), n)
+    if kind == _BOOL:
+        return ffi.unpack(ffi.cast("_Bool *", column.values), n)
+    offsets = ffi.unpack(column.offsets, n + 1)
+    data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
+    return [data[a:b].decode("utf-8") for a, b in pairwise(offsets)]
 
 
 def _first_value(column: Any, kind: int) -> Any:

@@ -204,10 +204,7 @@ class CachedDataset:
         Per-batch work is a handful of C-level copies (see ``_native.Batch``);
         per-sample work is one payload slice, one dict and one tuple.
         """
-        payloads = batch.payloads()
-        cache_ids = batch.cache_ids()
-        sample_ids = batch.sample_ids()
-        columns = [batch.column_values(i, kind) for i, (_, kind) in enumerate(self._columns)]
+        payloads, cache_ids, sample_ids, columns = batch.rows(self._kinds)
         rows = self._make_dicts(len(payloads), *columns)
         return list(
             map(_new_sample, repeat(CachedSample), zip(payloads, rows, cache_ids, sample_ids))
