@@ -198,13 +198,21 @@ def _plan_sources(
         except ValueError as exc:
             errors[position] = CacheWriteError(label, str(exc))
         else:
-            if key in seen:
-                if not parallel:
-                    raise ValueError(f"duplicate generated cache path: {base / name}")
-                duplicate = CacheWriteError(name, f"duplicate generated cache path: {name}")
-                return [], {i: errors.get(i, duplicate) for i in range(len(sources))}
+            if key in seen and not parallel:
+                raise ValueError(f"duplicate generated cache path: {base / name}")
             seen.add(key)
             plans.append(_Plan(position, source, name, fingerprint))
+    if parallel:
+        # As the reference: every name is read and checked first, then the first name
+        # that collides with an earlier one fails every source, each under its own name.
+        folded: set[str] = set()
+        for plan in plans:
+            if _fold(plan.name) in folded:
+                message = f"duplicate generated cache path: {plan.name}"
+                for other in plans:
+                    errors[other.position] = CacheWriteError(other.name, message)
+                return [], errors
+            folded.add(_fold(plan.name))
     return plans, errors
 
 
