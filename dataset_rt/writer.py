@@ -264,6 +264,8 @@ def write_planned(
             finally:
                 profiles.append({"source_name": plan.name, "stages": timings.report()})
     finally:
+        # Sources by name (byte order), as 0.4.8 lists them.
+        profiles.sort(key=lambda entry: entry["source_name"].encode("utf-8", "surrogatepass"))
         _write_profile(Path(profiler.path), time.perf_counter_ns() - started, profiles)
     return results
 
@@ -411,10 +413,14 @@ class _Ingest:
             try:
                 item = pull()
             except StopIteration:
+                if timings:  # the call that ends the source is a next() too (as 0.4.8)
+                    timings.add("python_next", started)
                 break
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:
+                if timings:
+                    timings.add("python_next", started)
                 raise SourceFailure(python_error(exc)) from exc
             if timings:
                 timings.add("python_next", started)
