@@ -430,7 +430,7 @@ class _Ingest:
                 type(item) is CacheInput
                 and type(item[0]) is bytes
                 and type(item[1]) is dict
-                and self.keys
+                and self.keys is not None
             ):
                 payloads.append(item[0])
                 rows.append(item[1])
@@ -474,12 +474,9 @@ class _Ingest:
         for key in metadata:
             if not isinstance(key, str):
                 raise SourceFailure("metadata keys must be strings")
+        # No keys at all is a schema too: such caches have a metadata.arrow with one row
+        # per sample and no columns, which 0.4.8 reads back (it fails to write them).
         keys = sorted(metadata, key=lambda k: k.encode("utf-8", "surrogatepass"))
-        if not keys:
-            raise SourceFailure(
-                "Arrow error: Invalid argument error: "
-                "must either specify a row count or at least one column"
-            )
         self.set_schema(keys, [value_kind(metadata[key]) for key in keys])
 
     def set_schema(self, keys: list[str], kinds: list[Kind]) -> None:
@@ -626,11 +623,16 @@ class _Ingest:
                     arrow_type = pa.float64()
             arrays.append(array)
             fields.append(pa.field(key, arrow_type, nullable=False))
-        batch = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+        if arrays:
+            table = pa.Table.from_batches(
+                [pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))]
+            )
+        else:  # no metadata keys: one batch of `count` rows and no columns
+            table = pa.table({"rows": pa.nulls(self.count)}).drop_columns(["rows"])
         target = os.path.join(self.writer.staging_path(), "metadata.arrow")
         try:
-            with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, batch.schema) as ipc:
-                ipc.write_batch(batch)
+            with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, table.schema) as ipc:
+                ipc.write_table(table)
         except OSError as exc:  # e.g. ENOSPC: a failed write, reported like the native ones
             code = exc.errno or 0
             raise SourceFailure(
