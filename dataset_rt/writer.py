@@ -32,7 +32,30 @@ from typing import Any
 from dataset_rt import _native
 from dataset_rt._native import KIND_NAMES, Kind
 from dataset_rt.config import WriterConfig
-from dataset_rt.records import CacheInput, CacheWriteError, CacheWriteResult, CacheWriteSuccess
+from dataset_rt.records import (
+    CacheInput,
+    CacheSource,
+    CacheWriteError,
+    CacheWriteResult,
+    CacheWriteSuccess,
+    Err,
+    Ok,
+    Result,
+)
+
+# The names 0.4.8's ``dataset_rt.writer`` module path offers its users (the rest of this
+# module is this project's engine).
+__all__ = [
+    "CacheInput",
+    "CacheSource",
+    "CacheWriteError",
+    "CacheWriteResult",
+    "CacheWriteSuccess",
+    "Err",
+    "Ok",
+    "Result",
+    "validate_source_name",
+]
 
 _PLAIN_TYPES: dict[int, type] = {
     Kind.BOOL: bool,
@@ -54,6 +77,32 @@ class SourceFailure(Exception):
 def python_error(exc: BaseException) -> str:
     """The reference's text for an exception raised by user code."""
     return f"Python error: {type(exc).__name__}: {exc}"
+
+
+def validate_source_name(name: str) -> Result[str, str]:
+    """``Ok(name)`` if ``name`` can be a source's cache directory name, else ``Err(reason)``:
+    dataset-rt 0.4.8's public check (its ``dataset_rt.writer.validate_source_name``), with
+    its rules and messages. Touches no file.
+
+    Rules, in order: not empty and not ``.``, ``..`` or ``tmp`` in any case
+    (``"CacheSource.name must be a non-reserved plain path segment"``); no ``/`` or NUL
+    (``"CacheSource.name must be a plain path segment"``); encodable as UTF-8
+    (``"CacheSource.name must be valid UTF-8"``); at most 255 bytes
+    (``"CacheSource.name exceeds the supported filesystem component limit"``).
+    dataset_rt's writers apply these and also refuse a backslash (see the
+    compatibility page).
+    """
+    if not name or name.casefold() in (".", "..", "tmp"):
+        return Err("CacheSource.name must be a non-reserved plain path segment")
+    if "/" in name or "\x00" in name:
+        return Err("CacheSource.name must be a plain path segment")
+    try:
+        encoded = name.encode()
+    except UnicodeEncodeError:
+        return Err("CacheSource.name must be valid UTF-8")
+    if len(encoded) > 255:
+        return Err("CacheSource.name exceeds the supported filesystem component limit")
+    return Ok(name)
 
 
 def _byte_view(data: object) -> Any:
