@@ -185,6 +185,17 @@ class MigrateOutcome(enum.IntEnum):
     DURABILITY_UNKNOWN = lib.DRT_MIGRATE_DURABILITY_UNKNOWN
 
 
+class ManifestMigration(NamedTuple):
+    """What ``drt_dataset_migrate_manifests`` did. ``entries``: (resolved manifest path,
+    cache id, outcome) of every cache finished, in dataset order (all of them on
+    success, none when a check failed). On failure, ``failed`` is the index of the cache
+    whose manifest the ``message`` is about; both are None on success."""
+
+    entries: list[tuple[str, int, MigrateOutcome]]
+    failed: int | None
+    message: str | None
+
+
 class PublishFlag(enum.IntFlag):
     """``drt_file_publish`` flags (``DRT_PUBLISH_*``)."""
 
@@ -585,6 +596,26 @@ class Dataset(_Handle):
         return IoStats(
             int(out.uring_reads), int(out.pool_reads), int(out.lookup_reads), int(out.bytes_read)
         )
+
+    def migrate_manifests(self) -> ManifestMigration:
+        """``drt_dataset_migrate_manifests``: migrate every cache's manifest to format 3,
+        all or nothing (checked against the manifests loaded at open). A failure of a
+        manifest (I/O, JSON, changed, downgraded, duplicate) is returned, not raised;
+        others raise (``RuntimeError`` in a forked child, ``MemoryError``, ...)."""
+        count = self.cache_count()
+        native = ffi.new("drt_manifest_entry[]", count)
+        done = ffi.new("uint64_t *")
+        failed = ffi.new("uint64_t *")
+        status = lib.drt_dataset_migrate_manifests(self._ptr, native, count, done, failed)
+        entries = [
+            (os.fsdecode(_text(entry.path)), int(entry.cache_id), MigrateOutcome(entry.outcome))
+            for entry in native[0 : int(done[0])]
+        ]
+        if status == Status.OK:
+            return ManifestMigration(entries, None, None)
+        if status not in (Status.E_IO, Status.E_JSON, Status.E_INVALID_CACHE) or failed[0] >= count:
+            raise_status(status)
+        return ManifestMigration(entries, int(failed[0]), last_error())
 
     def cache_info(self, index: int) -> CacheInfo:
         """``drt_dataset_cache_info``: facts about cache ``index`` (strings copied)."""

@@ -397,8 +397,11 @@ class CachedDataset:
     def update_manifests(self, version: int) -> Any:
         """Rewrite format-2 manifests of this dataset's caches as format 3 (atomically).
 
-        Returns ``Ok(ManifestUpdateReport)`` or ``Err(ManifestUpdateError)``; see the
-        storage-format docs. Sample files, the active table and cursors are unchanged.
+        All or nothing: every manifest is first checked against the one this dataset
+        loaded (missing, invalid, downgraded, re-identified, changed, or the same file
+        twice), and the first failure returns ``Err(ManifestUpdateError(path, message,
+        ()))`` with no file written. Otherwise returns ``Ok(ManifestUpdateReport)``; see
+        the storage-format docs. Sample files, the active table and cursors are unchanged.
         """
         _native.check_owner(self._runtime.pid)
         return manifests.update_manifests(self, version)

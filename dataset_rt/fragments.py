@@ -228,8 +228,9 @@ class _ArrowColumns:
         if self.keys is None:
             if not keys:
                 raise SourceFailure(
-                    "Arrow error: Invalid argument error: "
-                    "must either specify a row count or at least one column"
+                    f"a fragment table needs at least one metadata column besides "
+                    f"'{self.data_column}'; write samples without metadata with "
+                    "DatasetRuntime.write_cache"
                 )
             ingest.set_schema(keys, kinds)
             self.keys, self.kinds = keys, kinds

@@ -1,9 +1,10 @@
-"""``update_manifests``: migrate format-2 manifests to format 3 in place.
+"""``update_manifests``: migrate format-2 manifests to format 3 in place, all or nothing.
 
 A format-2 cache's id is its position in the dataset's path list; migration writes that
 id into the manifest as ``cache_id`` so the cache keeps it wherever it is loaded later.
-The rewrite itself is the library's (``drt_manifest_migrate``: the text, and an atomic
-replacement of the resolved target), so a crash leaves either the old or the new manifest.
+The library does the work (``drt_dataset_migrate_manifests``): it checks every cache's
+manifest against the one the dataset loaded before writing any file, then rewrites each
+format-2 manifest atomically. This module only turns its result into 0.4.8's values.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dataset_rt import _native
 from dataset_rt.records import (
     AbsentManifestTarget,
     Err,
@@ -23,7 +23,14 @@ from dataset_rt.records import (
 
 
 def update_manifests(dataset: Any, version: object) -> Any:
-    """See ``CachedDataset.update_manifests``."""
+    """See ``CachedDataset.update_manifests``.
+
+    ``Ok(ManifestUpdateReport(entries))``: one entry per cache, in dataset order, with
+    its resolved manifest path. ``Err(ManifestUpdateError(path, message, entries))``:
+    ``path`` is ``<cache path>/manifest.json`` of the cache that failed, as the dataset
+    names it; ``entries`` are the caches finished before it (none when a check failed:
+    then no file was written).
+    """
     if type(version) is not int or version != 3:
         return Err(
             ManifestUpdateError(
@@ -32,13 +39,12 @@ def update_manifests(dataset: Any, version: object) -> Any:
                 (),
             )
         )
-    entries: list[ManifestUpdateEntry] = []
-    for index, cache_path in enumerate(dataset.cache_paths):
-        cache_id = dataset._handle.cache_info(index).cache_id
-        target = (Path(cache_path) / "manifest.json").resolve()
-        try:
-            outcome = _native.manifest_migrate(target, cache_id)
-        except (ValueError, RuntimeError) as exc:
-            return Err(ManifestUpdateError(target, str(exc), tuple(entries)))
-        entries.append(ManifestUpdateEntry(target, cache_id, outcome.name.lower()))
-    return Ok(ManifestUpdateReport(tuple(entries)))
+    outcome = dataset._handle.migrate_manifests()
+    entries = tuple(
+        ManifestUpdateEntry(Path(path), cache_id, status.name.lower())
+        for path, cache_id, status in outcome.entries
+    )
+    if outcome.failed is None:
+        return Ok(ManifestUpdateReport(entries))
+    target = Path(dataset.cache_paths[outcome.failed]) / "manifest.json"
+    return Err(ManifestUpdateError(target, outcome.message, entries))

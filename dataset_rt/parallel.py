@@ -1,25 +1,36 @@
-"""Writing sources in spawned processes (``WriterConfig(num_processes=N)``).
+"""Writing sources in a pool of spawned processes (``WriterConfig(num_processes=N)``).
 
-Each source is pickled and written by its own child process (spawn start method, so no
-native state crosses a fork); at most N children run at once. Each child opens its own
-native runtime of ``num_workers`` threads and writes with the serial writer
-(``dataset_rt.writer``, ``show_progress`` off), staging exactly as a serial write does,
-so a killed child leaves only a staging directory whose lock died with it, which the
-parent sweeps.
+``min(N, number of sources)`` worker processes are spawned (spawn start method, so no
+native state crosses a fork) and each is reused for many sources: a worker opens one
+native runtime of ``num_workers`` threads, says it is ready, then writes the sources the
+parent hands it one at a time with the serial writer (``dataset_rt.writer``,
+``show_progress`` off), staging exactly as a serial write does. Sources are handed out
+dynamically, in source order, to whichever worker is idle, so a slow source holds back
+only its own worker. A killed worker leaves only a staging directory whose lock died with
+it, which the parent sweeps.
 
-Results keep source order. A child that does not finish within
-``process_timeout_seconds`` is killed, and it and every unfinished source report
-``writer process timeout exceeded``. A ``KeyboardInterrupt`` or ``SystemExit`` in a child
-(or in the parent while waiting) stops every child and is re-raised in the parent.
+Each source is pickled when it is handed out (``source serialization failed: ...`` if it
+cannot be) and unpickled in its worker. Results keep source order and carry the same
+values and bytes as in-process writing. Failures of the pool:
+
+* a source that does not finish within ``process_timeout_seconds`` of being handed out (or
+  a worker not ready within that time of being spawned) stops the pool: every child is
+  killed and every source not finished reports ``writer process timeout exceeded``;
+* a worker that dies stops the pool: every child is killed and every source not
+  finished reports ``writer child exited with code N`` (nothing is retried), as 0.4.8;
+* a ``KeyboardInterrupt`` or ``SystemExit`` in a worker (or in the parent while waiting)
+  stops every child and is raised again in the parent, with the same arguments.
 """
 
 from __future__ import annotations
 
+import collections
 import multiprocessing
 import os
 import pickle
 import sys
 import time
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
@@ -30,135 +41,224 @@ from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSucc
 from dataset_rt.writer import write_sources
 
 TIMEOUT_MESSAGE = "writer process timeout exceeded"
+# How long an idle worker gets to exit after being told to stop, before it is killed.
+STOP_GRACE_SECONDS = 2.0
 
 
-def _child(payload: bytes, base: str, config_json: str, num_workers: int, conn: Connection) -> None:
-    """Child process entry: unpickle the source, write it, send the result back."""
+def _worker(conn: Connection, base: str, config_json: str, num_workers: int) -> None:
+    """Worker process entry: open one runtime, report ready, then write each source the
+    parent sends (a pickled source; an empty message means stop) and send its result."""
     try:
-        try:
-            source = pickle.loads(payload)
-        except Exception as exc:
-            conn.send(("error", f"source deserialization failed: {type(exc).__name__}: {exc}"))
-            return
         config = WriterConfig.model_validate_json(config_json).model_copy(
             update={"show_progress": False, "num_processes": 0}
         )
         with _native.Runtime.open(num_workers) as runtime:
-            [result] = write_sources(runtime, source, base, config)
-        conn.send(("result", tuple(result), type(result).__name__))
+            conn.send(("ready",))
+            while True:
+                try:
+                    payload = conn.recv_bytes()
+                except EOFError:  # the parent went away
+                    return
+                if not payload:
+                    return
+                conn.send(_write_job(runtime, payload, base, config))
     except (KeyboardInterrupt, SystemExit) as exc:
-        conn.send(("interrupt", type(exc).__name__, exc.args))
-    except BaseException as exc:
-        conn.send(("error", f"Python error: {type(exc).__name__}: {exc}"))
+        try:
+            conn.send(("interrupt", type(exc).__name__, exc.args))
+        except (OSError, pickle.PicklingError):
+            pass  # the parent is gone or the arguments cannot travel: it sees EOF instead
     finally:
         conn.close()
 
 
-class _Running:
-    def __init__(self, position: int, name: str, process: Any, conn: Connection) -> None:
-        self.position = position
-        self.name = name
-        self.process = process
-        self.conn = conn
-        self.started = time.monotonic()
+def _write_job(
+    runtime: _native.Runtime, payload: bytes, base: str, config: WriterConfig
+) -> tuple[Any, ...]:
+    """Write one pickled source; the message for the parent (interrupts propagate)."""
+    try:
+        source = pickle.loads(payload)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        return ("error", f"source deserialization failed: {type(exc).__name__}: {exc}")
+    try:
+        [result] = write_sources(runtime, source, base, config)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:
+        return ("error", f"Python error: {type(exc).__name__}: {exc}")
+    return ("result", tuple(result), type(result).__name__)
 
 
-def _stop(running: list[_Running]) -> None:
-    for job in running:
-        if job.process.is_alive():
-            job.process.kill()
-    for job in running:
-        job.process.join()
-        job.conn.close()
+@dataclass
+class _Worker:
+    """One pool process, its end of the pipe, and the source it is writing."""
+
+    process: Any
+    conn: Connection
+    deadline: float  # the start deadline, then the current job's
+    ready: bool = False
+    job: Any = None  # the _Plan being written
+    closed: bool = field(default=False)
+
+    @property
+    def waiting(self) -> bool:
+        """Starting or writing: a deadline applies."""
+        return not self.closed and (not self.ready or self.job is not None)
+
+
+def _start(context: Any, base: Path, config_json: str, num_workers: int, timeout: float) -> _Worker:
+    parent_end, child_end = context.Pipe(duplex=True)
+    process = context.Process(
+        target=_worker,
+        args=(child_end, os.fspath(base), config_json, num_workers),
+        name="dataset-rt-writer",
+        daemon=True,
+    )
+    try:
+        process.start()
+    finally:
+        child_end.close()
+    return _Worker(process, parent_end, time.monotonic() + timeout)
+
+
+def _stop(workers: list[_Worker], *, graceful: bool) -> None:
+    """End every worker: idle ones (also those still starting) are asked to exit
+    (``graceful``); the rest, and any not gone after ``STOP_GRACE_SECONDS``, are killed."""
+    if graceful:
+        for worker in workers:
+            if not worker.closed and worker.job is None:
+                try:
+                    worker.conn.send_bytes(b"")
+                except OSError:
+                    pass
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+    for worker in workers:
+        if worker.process.is_alive():
+            worker.process.kill()
+    for worker in workers:
+        worker.process.join()
+        worker.conn.close()
+        worker.closed = True
 
 
 def _sweep(base: Path) -> None:
     _native.staging_sweep(base)  # best effort: a failed sweep is retried by the next writer
 
 
+def _result(message: tuple[Any, ...], plan: Any, base: Path) -> CacheWriteResult:
+    """A worker's message about ``plan`` as the result of that source."""
+    if message[0] == "error":
+        return CacheWriteError(plan.name, message[1])
+    fields, kind = message[1], message[2]
+    if kind == "CacheWriteSuccess":
+        return CacheWriteSuccess(fields[0], base / fields[0])
+    return CacheWriteError(*fields)
+
+
 def write_in_processes(
     plans: list[Any], base: Path, config: Any, num_workers: int
 ) -> dict[int, CacheWriteResult]:
-    """Write planned sources in up to ``config.num_processes`` spawned processes."""
+    """Write planned sources with a pool of ``config.num_processes`` spawned workers;
+    returns their results by source position (see the module docstring)."""
+    if not plans:
+        return {}
     context = multiprocessing.get_context("spawn")
-    limit = int(config.num_processes)
     timeout = float(config.process_timeout_seconds)
     config_json = config.model_dump_json()
     results: dict[int, CacheWriteResult] = {}
-    pending = list(plans)
-    running: list[_Running] = []
-    completed = 0
+    pending = collections.deque(plans)
+    workers: list[_Worker] = []
     interrupt: tuple[str, tuple[Any, ...]] | None = None
+    killed = False
+
+    def report(position: int, result: CacheWriteResult) -> None:
+        results[position] = result
+        if config.show_progress:
+            print(f"DatasetRT sources completed: {len(results)}/{len(plans)}", file=sys.stderr)
+
+    def fail_all(message: str) -> None:
+        for worker in workers:
+            if worker.job is not None:
+                results[worker.job.position] = CacheWriteError(worker.job.name, message)
+                worker.job = None
+        while pending:
+            plan = pending.popleft()
+            results[plan.position] = CacheWriteError(plan.name, message)
+
     try:
-        while pending or running:
-            while pending and len(running) < limit and interrupt is None:
-                plan = pending.pop(0)
-                try:
-                    payload = pickle.dumps(plan.source)
-                except Exception as exc:
-                    results[plan.position] = CacheWriteError(
-                        plan.name, f"source serialization failed: {type(exc).__name__}: {exc}"
-                    )
-                    continue
-                receive, send = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=_child,
-                    args=(payload, os.fspath(base), config_json, num_workers, send),
-                    name=f"dataset-rt-writer-{plan.name}",
-                    daemon=True,
-                )
-                process.start()
-                send.close()
-                running.append(_Running(plan.position, plan.name, process, receive))
-            if not running:
+        for _ in range(min(int(config.num_processes), len(plans))):
+            workers.append(_start(context, base, config_json, num_workers, timeout))
+        while interrupt is None:
+            # Hand the next sources, in order, to idle workers.
+            for worker in workers:
+                while not worker.closed and worker.ready and worker.job is None and pending:
+                    plan = pending.popleft()
+                    try:
+                        payload = pickle.dumps(plan.source)
+                    except Exception as exc:
+                        report(
+                            plan.position,
+                            CacheWriteError(
+                                plan.name,
+                                f"source serialization failed: {type(exc).__name__}: {exc}",
+                            ),
+                        )
+                        continue
+                    worker.job = plan
+                    worker.deadline = time.monotonic() + timeout
+                    try:
+                        worker.conn.send_bytes(payload)
+                    except OSError:
+                        break  # it died: its end of file is read below
+            busy = [worker for worker in workers if worker.waiting]
+            if not busy:
                 break
             now = time.monotonic()
-            deadline = min(job.started + timeout for job in running)
-            ready = wait([job.conn for job in running], timeout=max(0.0, deadline - now))
-            if not ready:
-                # A source ran out of time: it and every unfinished source fail.
-                for job in running:
-                    results[job.position] = CacheWriteError(job.name, TIMEOUT_MESSAGE)
-                for plan in pending:
-                    results[plan.position] = CacheWriteError(plan.name, TIMEOUT_MESSAGE)
-                pending = []
-                _stop(running)
-                running = []
-                _sweep(base)
+            expired = [worker for worker in busy if worker.deadline <= now]
+            if expired:
+                fail_all(TIMEOUT_MESSAGE)
+                killed = True
                 break
-            for job in [j for j in running if j.conn in ready]:
+            deadline = min(worker.deadline for worker in busy)
+            ready = wait([worker.conn for worker in busy], timeout=max(0.0, deadline - now))
+            for worker in [w for w in busy if w.conn in ready]:
                 try:
-                    message = job.conn.recv()
-                except EOFError:
-                    message = ("error", f"writer process exited with code {job.process.exitcode}")
-                running.remove(job)
-                job.process.join()
-                job.conn.close()
-                if message[0] == "interrupt":
+                    message = worker.conn.recv()
+                except (EOFError, OSError):
+                    message = None
+                if message is None:  # it died: the pool stops, nothing is retried (0.4.8)
+                    worker.process.join()
+                    fail_all(f"writer child exited with code {worker.process.exitcode}")
+                    killed = True
+                    break
+                if message[0] == "ready":
+                    worker.ready = True
+                elif message[0] == "interrupt":
                     interrupt = (message[1], tuple(message[2]))
-                    results[job.position] = CacheWriteError(
-                        job.name, f"{message[1]} in writer process"
-                    )
-                elif message[0] == "error":
-                    results[job.position] = CacheWriteError(job.name, message[1])
+                    if worker.job is not None:
+                        results[worker.job.position] = CacheWriteError(
+                            worker.job.name, f"{message[1]} in writer process"
+                        )
+                        worker.job = None
+                    break
                 else:
-                    fields, kind = message[1], message[2]
-                    if kind == "CacheWriteSuccess":
-                        results[job.position] = CacheWriteSuccess(fields[0], base / fields[0])
-                    else:
-                        results[job.position] = CacheWriteError(*fields)
-                completed += 1
-                if config.show_progress:
-                    print(f"DatasetRT sources completed: {completed}/{len(plans)}", file=sys.stderr)
-            if interrupt is not None and not running:
+                    plan, worker.job = worker.job, None
+                    report(plan.position, _result(message, plan, base))
+            if killed:
                 break
     except BaseException:
-        _stop(running)
+        _stop(workers, graceful=False)
         _sweep(base)
         raise
-    if interrupt is not None:
-        _stop(running)
+    if interrupt is not None or killed:
+        _stop(workers, graceful=False)
         _sweep(base)
+    else:
+        _stop(workers, graceful=True)
+    if interrupt is not None:
         kind, args = interrupt
         raise (KeyboardInterrupt(*args) if kind == "KeyboardInterrupt" else SystemExit(*args))
     return results

@@ -32,7 +32,30 @@ from typing import Any
 from dataset_rt import _native
 from dataset_rt._native import KIND_NAMES, Kind
 from dataset_rt.config import WriterConfig
-from dataset_rt.records import CacheInput, CacheWriteError, CacheWriteResult, CacheWriteSuccess
+from dataset_rt.records import (
+    CacheInput,
+    CacheSource,
+    CacheWriteError,
+    CacheWriteResult,
+    CacheWriteSuccess,
+    Err,
+    Ok,
+    Result,
+)
+
+# The names 0.4.8's ``dataset_rt.writer`` module path offers its users (the rest of this
+# module is this project's engine).
+__all__ = [
+    "CacheInput",
+    "CacheSource",
+    "CacheWriteError",
+    "CacheWriteResult",
+    "CacheWriteSuccess",
+    "Err",
+    "Ok",
+    "Result",
+    "validate_source_name",
+]
 
 _PLAIN_TYPES: dict[int, type] = {
     Kind.BOOL: bool,
@@ -54,6 +77,32 @@ class SourceFailure(Exception):
 def python_error(exc: BaseException) -> str:
     """The reference's text for an exception raised by user code."""
     return f"Python error: {type(exc).__name__}: {exc}"
+
+
+def validate_source_name(name: str) -> Result[str, str]:
+    """``Ok(name)`` if ``name`` can be a source's cache directory name, else ``Err(reason)``:
+    dataset-rt 0.4.8's public check (its ``dataset_rt.writer.validate_source_name``), with
+    its rules and messages. Touches no file.
+
+    Rules, in order: not empty and not ``.``, ``..`` or ``tmp`` in any case
+    (``"CacheSource.name must be a non-reserved plain path segment"``); no ``/`` or NUL
+    (``"CacheSource.name must be a plain path segment"``); encodable as UTF-8
+    (``"CacheSource.name must be valid UTF-8"``); at most 255 bytes
+    (``"CacheSource.name exceeds the supported filesystem component limit"``).
+    dataset_rt's writers apply these and also refuse a backslash (see the
+    compatibility page).
+    """
+    if not name or name.casefold() in (".", "..", "tmp"):
+        return Err("CacheSource.name must be a non-reserved plain path segment")
+    if "/" in name or "\x00" in name:
+        return Err("CacheSource.name must be a plain path segment")
+    try:
+        encoded = name.encode()
+    except UnicodeEncodeError:
+        return Err("CacheSource.name must be valid UTF-8")
+    if len(encoded) > 255:
+        return Err("CacheSource.name exceeds the supported filesystem component limit")
+    return Ok(name)
 
 
 def _byte_view(data: object) -> Any:
@@ -198,13 +247,21 @@ def _plan_sources(
         except ValueError as exc:
             errors[position] = CacheWriteError(label, str(exc))
         else:
-            if key in seen:
-                if not parallel:
-                    raise ValueError(f"duplicate generated cache path: {base / name}")
-                duplicate = CacheWriteError(name, f"duplicate generated cache path: {name}")
-                return [], {i: errors.get(i, duplicate) for i in range(len(sources))}
+            if key in seen and not parallel:
+                raise ValueError(f"duplicate generated cache path: {base / name}")
             seen.add(key)
             plans.append(_Plan(position, source, name, fingerprint))
+    if parallel:
+        # As the reference: every name is read and checked first, then the first name
+        # that collides with an earlier one fails every source, each under its own name.
+        folded: set[str] = set()
+        for plan in plans:
+            if _fold(plan.name) in folded:
+                message = f"duplicate generated cache path: {plan.name}"
+                for other in plans:
+                    errors[other.position] = CacheWriteError(other.name, message)
+                return [], errors
+            folded.add(_fold(plan.name))
     return plans, errors
 
 
@@ -256,6 +313,8 @@ def write_planned(
             finally:
                 profiles.append({"source_name": plan.name, "stages": timings.report()})
     finally:
+        # Sources by name (byte order), as 0.4.8 lists them.
+        profiles.sort(key=lambda entry: entry["source_name"].encode("utf-8", "surrogatepass"))
         _write_profile(Path(profiler.path), time.perf_counter_ns() - started, profiles)
     return results
 
@@ -403,10 +462,14 @@ class _Ingest:
             try:
                 item = pull()
             except StopIteration:
+                if timings:  # the call that ends the source is a next() too (as 0.4.8)
+                    timings.add("python_next", started)
                 break
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:
+                if timings:
+                    timings.add("python_next", started)
                 raise SourceFailure(python_error(exc)) from exc
             if timings:
                 timings.add("python_next", started)
@@ -416,7 +479,7 @@ class _Ingest:
                 type(item) is CacheInput
                 and type(item[0]) is bytes
                 and type(item[1]) is dict
-                and self.keys
+                and self.keys is not None
             ):
                 payloads.append(item[0])
                 rows.append(item[1])
@@ -460,12 +523,9 @@ class _Ingest:
         for key in metadata:
             if not isinstance(key, str):
                 raise SourceFailure("metadata keys must be strings")
+        # No keys at all is a schema too: such caches have a metadata.arrow with one row
+        # per sample and no columns, which 0.4.8 reads back (it fails to write them).
         keys = sorted(metadata, key=lambda k: k.encode("utf-8", "surrogatepass"))
-        if not keys:
-            raise SourceFailure(
-                "Arrow error: Invalid argument error: "
-                "must either specify a row count or at least one column"
-            )
         self.set_schema(keys, [value_kind(metadata[key]) for key in keys])
 
     def set_schema(self, keys: list[str], kinds: list[Kind]) -> None:
@@ -612,11 +672,16 @@ class _Ingest:
                     arrow_type = pa.float64()
             arrays.append(array)
             fields.append(pa.field(key, arrow_type, nullable=False))
-        batch = pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
+        if arrays:
+            table = pa.Table.from_batches(
+                [pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))]
+            )
+        else:  # no metadata keys: one batch of `count` rows and no columns
+            table = pa.table({"rows": pa.nulls(self.count)}).drop_columns(["rows"])
         target = os.path.join(self.writer.staging_path(), "metadata.arrow")
         try:
-            with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, batch.schema) as ipc:
-                ipc.write_batch(batch)
+            with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, table.schema) as ipc:
+                ipc.write_table(table)
         except OSError as exc:  # e.g. ENOSPC: a failed write, reported like the native ones
             code = exc.errno or 0
             raise SourceFailure(

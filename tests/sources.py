@@ -49,3 +49,13 @@ class SelfSignal(Numbers):
             if i == self.count // 2:
                 os.kill(os.getpid(), signal.SIGINT)
             yield sample
+
+
+class Exiting(Numbers):
+    """Ends its process with exit code 3 half way through (a writer process dying)."""
+
+    def __iter__(self):
+        for i, sample in enumerate(super().__iter__()):
+            if i == self.count // 2:
+                os._exit(3)
+            yield sample

@@ -31,13 +31,21 @@ GENERATED = "dataset_rt._ffi"  # written by hatch_build.py; not parsed
 
 # Lowest first. A module may import modules of its own layer or of layers below it.
 LAYERS: list[tuple[str, set[str]]] = [
-    # Plain Python: configuration models, records and results. No native code.
-    ("foundation", {"dataset_rt.config", "dataset_rt.records"}),
+    # Plain Python: configuration models, records and results, CPU budgets. No native code.
+    ("foundation", {"dataset_rt.config", "dataset_rt.records", "dataset_rt.resources"}),
     # The binding: the only module that talks to the library (and cffi's module).
     ("binding", {BINDING, GENERATED}),
     # Files beside the native core: metadata.arrow and the active table, manifest
-    # migration, dataset.json snapshots.
-    ("files", {"dataset_rt.metadata", "dataset_rt.manifests", "dataset_rt.snapshot"}),
+    # migration, dataset.json snapshots (and 0.4.8's module path for them).
+    (
+        "files",
+        {
+            "dataset_rt.metadata",
+            "dataset_rt.manifests",
+            "dataset_rt.snapshot",
+            "dataset_rt.reconstruction",
+        },
+    ),
     # Reading and writing: datasets, the writer, spawned writer processes.
     ("engines", {"dataset_rt.dataset", "dataset_rt.writer", "dataset_rt.parallel"}),
     # DatasetRuntime: where sources are written and which caches are reused.

@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 3
+    DRT_ABI_VERSION_MINOR = 4
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -549,12 +549,45 @@ enum {
  * file in the same directory, fsync, rename, directory fsync) as `format_version`,
  * `cache_id`, the known fields in order, then unknown keys sorted, in the layout the
  * writer uses; a format-3 manifest is left byte-identical. *out = DRT_MIGRATE_*.
+ * The file is parsed as at load, and its messages leave out the file name (1.4).
  * Returns DRT_E_IO ("I/O error: No such file or directory (os error 2)", ...),
  * DRT_E_JSON ("JSON error: ..."; "JSON error: unsupported format version 4"),
  * DRT_E_INVALID_CACHE ("manifest cache_id changed since dataset construction"),
  * DRT_E_INVALID_ARGUMENT. Thread-safe (callers serialize migrations of one file). */
 int32_t drt_manifest_migrate(const char *manifest_path, uint64_t manifest_path_len,
                              uint64_t cache_id, int32_t *out);
+
+/* One cache's manifest after drt_dataset_migrate_manifests (ABI 1.4). */
+typedef struct drt_manifest_entry {
+    drt_str path;      /* the resolved manifest file (symlinks followed); valid until the
+                        * next drt_dataset_migrate_manifests on the dataset, or its close */
+    uint64_t cache_id; /* the cache's id in the dataset (written into a format-2 manifest) */
+    int32_t outcome;   /* DRT_MIGRATE_* */
+    uint32_t reserved;
+} drt_manifest_entry;
+
+/* Migrates the manifests of every cache of `dataset` to format 3
+ * (CachedDataset.update_manifests(3)), all or nothing, as dataset-rt 0.4.8 does. First
+ * every cache, in dataset order, is checked against the manifest the dataset loaded:
+ * `<path>/manifest.json` resolved and read (DRT_E_IO, "I/O error: No such file or
+ * directory (os error 2)"), parsed as at load (DRT_E_JSON / DRT_E_INVALID_CACHE, the
+ * load's messages without the file name), then DRT_E_INVALID_CACHE with "manifest was
+ * downgraded since dataset construction" (format 3 at load, format 2 now), "manifest
+ * cache_id changed since dataset construction", "manifest changed since dataset
+ * construction" (any field, or an unknown top-level key, differs), "duplicate migration
+ * target or cache_id" (the same resolved file twice). The first failure is returned and
+ * no file has been written. Then each format-2 manifest is rewritten as
+ * drt_manifest_migrate does (atomically; a symlink's target is replaced); one that is no
+ * longer the file that was checked stops the migration with DRT_E_INVALID_CACHE
+ * ("manifest changed during migration").
+ * `entries` holds `entry_count` (= the cache count) elements, filled for every cache
+ * done. *out_done = caches finished (entry_count on success; 0 when a check failed);
+ * *out_failed = the cache whose failure the status describes (entry_count on success).
+ * Returns DRT_E_INVALID_ARGUMENT (wrong entry_count), DRT_E_FORKED and the errors above.
+ * Thread-safe: migrations of one dataset run one at a time. */
+int32_t drt_dataset_migrate_manifests(drt_dataset *dataset, drt_manifest_entry *entries,
+                                      uint64_t entry_count, uint64_t *out_done,
+                                      uint64_t *out_failed);
 
 enum {
     DRT_PUBLISH_REPLACE = 1 /* replace an existing file instead of failing with DRT_E_EXISTS */

@@ -489,7 +489,6 @@ export fn drt_lookup_close(lk: ?*LookupHandle) void {
     if (lk) |h| h.close();
 }
 
-
 // -------------------------------------------------------------- fragments
 
 const Commit = @import("../write/fragment.zig").Commit;
@@ -542,7 +541,6 @@ export fn drt_commit_close(c: ?*Commit) void {
     if (c) |commit| commit.close();
 }
 
-
 // ----------------------------------------------------------- files on disk
 
 export fn drt_source_name_check(name: ?[*]const u8, name_len: u64) Rc {
@@ -561,6 +559,38 @@ export fn drt_manifest_migrate(manifest_path: ?[*]const u8, manifest_path_len: u
         .updated => abi.migrate_updated,
         .durability_unknown => abi.migrate_durability_unknown,
     };
+    return ok();
+}
+
+export fn drt_dataset_migrate_manifests(ds: ?*Dataset, entries: ?[*]abi.ManifestEntry, entry_count: u64, out_done: ?*u64, out_failed: ?*u64) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const done = out_done orelse return nullArgument("out_done");
+    const failed = out_failed orelse return nullArgument("out_failed");
+    if (entry_count > 0 and entries == null) return nullArgument("entries");
+    status.clear();
+    done.* = 0;
+    failed.* = entry_count;
+    if (entry_count != d.caches.len) return fromError(status.fail(error.InvalidArgument, "entry_count {d} is not the cache count {d}", .{ entry_count, d.caches.len }));
+    const zig_entries = gpa.alloc(migrate.Entry, d.caches.len) catch return fromError(error.OutOfMemory);
+    defer gpa.free(zig_entries);
+    @memset(zig_entries, .{});
+    var progress: migrate.Progress = .{};
+    const result = d.migrateManifests(zig_entries, &progress);
+    for (zig_entries, 0..) |entry, i| {
+        entries.?[i] = .{
+            .path = abi.Str.from(entry.path),
+            .cache_id = entry.cache_id,
+            .outcome = switch (entry.outcome) {
+                .unchanged => abi.migrate_unchanged,
+                .updated => abi.migrate_updated,
+                .durability_unknown => abi.migrate_durability_unknown,
+            },
+            .reserved = 0,
+        };
+    }
+    done.* = progress.done;
+    if (progress.failed) |i| failed.* = i;
+    result catch |err| return fromError(err);
     return ok();
 }
 

@@ -121,7 +121,15 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 3;
+pub const abi_version_minor = 4;
+
+/// drt_manifest_entry.
+pub const ManifestEntry = extern struct {
+    path: Str,
+    cache_id: u64,
+    outcome: i32,
+    reserved: u32,
+};
 
 pub const migrate_unchanged = 0;
 pub const migrate_updated = 1;
@@ -150,6 +158,7 @@ test "structs and constants match dataset_rt.h" {
         .{ IoStats, c.drt_io_stats },
         .{ Stream, c.drt_stream },
         .{ IterRange, c.drt_iter_range },
+        .{ ManifestEntry, c.drt_manifest_entry },
     };
     inline for (pairs) |pair| {
         const Z = pair[0];

@@ -49,10 +49,21 @@ pub const Manifest = struct {
     /// This project's extension key: the source's fingerprint, when it had one. The
     /// reference ignores unknown keys, so such caches stay readable by it.
     fingerprint: ?[]const u8 = null,
+    /// Top-level keys that are not fields of this format version (including
+    /// `fingerprint`, and a `cache_id` in format 2), sorted by key bytes. They take part
+    /// in `sameContent` and are carried over by `writeMigrated`, as in the reference;
+    /// unknown keys nested in known fields are ignored.
+    extras: []const Extra = &.{},
 
     pub fn deinit(self: *Manifest) void {
         self.arena.deinit();
     }
+};
+
+/// An unknown top-level key of a manifest and its JSON value (numbers kept as written).
+pub const Extra = struct {
+    key: []const u8,
+    value: std.json.Value,
 };
 
 /// The reference's cache id: the first 8 bytes of SHA-256(name), big-endian, top bit cleared.
@@ -168,9 +179,22 @@ pub fn parse(gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status
 
     const fingerprint: ?[]const u8 = if (object.get("fingerprint")) |v| try getString(v, "fingerprint", path) else null;
 
+    // Format 2 has no cache_id field: a `cache_id` key there is an unknown key.
+    const known: []const []const u8 = if (version == 3) &field_order else &field_order_v2;
+    var extras: std.ArrayList(Extra) = .empty;
+    for (object.keys(), object.values()) |key, value| {
+        if (!isKnown(known, key)) try extras.append(a, .{ .key = key, .value = value });
+    }
+    std.mem.sort(Extra, extras.items, {}, struct {
+        fn less(_: void, x: Extra, y: Extra) bool {
+            return std.mem.order(u8, x.key, y.key) == .lt;
+        }
+    }.less);
+
     return .{
         .arena = arena,
         .fingerprint = fingerprint,
+        .extras = extras.items,
         .format_version = @intCast(version),
         .cache_id = cache_id,
         .source_name = source_name,
@@ -304,6 +328,146 @@ pub fn write(gpa: std.mem.Allocator, out: *std.ArrayList(u8), info: WriteInfo) e
 
 /// Keys of a format-3 manifest in the order they are written; unknown keys follow, sorted.
 const field_order = [_][]const u8{ "format_version", "cache_id", "source_name", "sample_count", "metadata_schema", "metadata_sha256", "index_sha256", "shards" };
+/// The fields of a format-2 manifest (no cache_id).
+const field_order_v2 = [_][]const u8{ "format_version", "source_name", "sample_count", "metadata_schema", "metadata_sha256", "index_sha256", "shards" };
+
+fn isKnown(known: []const []const u8, key: []const u8) bool {
+    for (known) |k| {
+        if (std.mem.eql(u8, k, key)) return true;
+    }
+    return false;
+}
+
+/// Whether two parsed manifests describe the same cache, as the reference compares a
+/// manifest on disk with the one a dataset loaded (update_manifests): every field except
+/// `format_version` and a format-3 `cache_id` (typed: `1` and `1.0` are the same ratio),
+/// and the unknown top-level keys with serde_json value equality (`1` and `1.0` differ,
+/// object key order does not matter). Unknown keys nested in known fields are ignored.
+pub fn sameContent(a: *const Manifest, b: *const Manifest) bool {
+    if (!std.mem.eql(u8, a.source_name, b.source_name) or a.sample_count != b.sample_count) return false;
+    if (!std.mem.eql(u8, a.metadata_sha256, b.metadata_sha256) or !std.mem.eql(u8, a.index_sha256, b.index_sha256)) return false;
+    if (a.fields.len != b.fields.len or a.shards.len != b.shards.len or a.extras.len != b.extras.len) return false;
+    for (a.fields, b.fields) |x, y| {
+        if (x.kind != y.kind or !std.mem.eql(u8, x.name, y.name)) return false;
+    }
+    for (a.shards, b.shards) |x, y| {
+        if (!std.mem.eql(u8, x.name, y.name) or !std.mem.eql(u8, x.sha256, y.sha256)) return false;
+        if (x.uncompressed_byte_len != y.uncompressed_byte_len or x.byte_len != y.byte_len) return false;
+        if (x.compression != y.compression or x.ratio != y.ratio) return false;
+    }
+    for (a.extras, b.extras) |x, y| {
+        if (!std.mem.eql(u8, x.key, y.key) or !sameValue(x.value, y.value)) return false;
+    }
+    return true;
+}
+
+/// serde_json's number classes: an integer literal that fits u64 (or, negative, i64) is an
+/// integer; `-0`, larger integers and literals with a fraction or exponent are floats.
+const Number = union(enum) {
+    pos: u64,
+    neg: i64,
+    float: f64,
+
+    fn of(text: []const u8) Number {
+        if (std.mem.indexOfAny(u8, text, ".eE") == null and !std.mem.eql(u8, text, "-0")) {
+            if (std.fmt.parseInt(u64, text, 10)) |v| return .{ .pos = v } else |_| {}
+            if (std.fmt.parseInt(i64, text, 10)) |v| return .{ .neg = v } else |_| {}
+        }
+        return .{ .float = std.fmt.parseFloat(f64, text) catch std.math.nan(f64) };
+    }
+
+    fn eql(x: Number, y: Number) bool {
+        return switch (x) {
+            .pos => |v| y == .pos and y.pos == v,
+            .neg => |v| y == .neg and y.neg == v,
+            .float => |v| y == .float and y.float == v,
+        };
+    }
+};
+
+/// serde_json `Value` equality for values parsed with `parse_numbers = false`.
+fn sameValue(x: std.json.Value, y: std.json.Value) bool {
+    return switch (x) {
+        .null => y == .null,
+        .bool => |v| y == .bool and y.bool == v,
+        .number_string => |v| y == .number_string and Number.of(v).eql(Number.of(y.number_string)),
+        .string => |v| y == .string and std.mem.eql(u8, v, y.string),
+        .array => |v| y == .array and sameArray(v.items, y.array.items),
+        .object => |v| y == .object and sameObject(v, y.object),
+        // parseJson keeps numbers as written: these never occur.
+        .integer, .float => false,
+    };
+}
+
+fn sameArray(x: []const std.json.Value, y: []const std.json.Value) bool {
+    if (x.len != y.len) return false;
+    for (x, y) |p, q| {
+        if (!sameValue(p, q)) return false;
+    }
+    return true;
+}
+
+fn sameObject(x: std.json.ObjectMap, y: std.json.ObjectMap) bool {
+    if (x.count() != y.count()) return false;
+    for (x.keys(), x.values()) |key, value| {
+        const other = y.get(key) orelse return false;
+        if (!sameValue(value, other)) return false;
+    }
+    return true;
+}
+
+/// Appends `m` as a format-3 manifest with `cache_id`, as the reference writes a migrated
+/// manifest: the known fields in order from their parsed values (in the writer's layout),
+/// then the unknown top-level keys sorted (a format-2 `cache_id` key is dropped), in
+/// serde_json's pretty layout with object keys sorted.
+pub fn writeMigrated(gpa: std.mem.Allocator, out: *std.ArrayList(u8), m: *const Manifest, cache_id: u64) error{OutOfMemory}!void {
+    try out.print(gpa, "{{\n  \"format_version\": 3,\n  \"cache_id\": {d},\n  \"source_name\": ", .{cache_id});
+    try metadata_json.appendString(gpa, out, m.source_name);
+    try out.print(gpa, ",\n  \"sample_count\": {d},\n  \"metadata_schema\": ", .{m.sample_count});
+    if (m.fields.len == 0) {
+        try out.appendSlice(gpa, "[]");
+    } else {
+        try out.appendSlice(gpa, "[\n");
+        for (m.fields, 0..) |field, i| {
+            try out.appendSlice(gpa, "    {\n      \"name\": ");
+            try metadata_json.appendString(gpa, out, field.name);
+            try out.print(gpa, ",\n      \"kind\": \"{s}\"\n    }}", .{field.kind.name()});
+            try out.appendSlice(gpa, if (i + 1 < m.fields.len) ",\n" else "\n");
+        }
+        try out.appendSlice(gpa, "  ]");
+    }
+    try out.appendSlice(gpa, ",\n  \"metadata_sha256\": ");
+    try metadata_json.appendString(gpa, out, m.metadata_sha256);
+    try out.appendSlice(gpa, ",\n  \"index_sha256\": ");
+    try metadata_json.appendString(gpa, out, m.index_sha256);
+    try out.appendSlice(gpa, ",\n  \"shards\": ");
+    if (m.shards.len == 0) {
+        try out.appendSlice(gpa, "[]");
+    } else {
+        try out.appendSlice(gpa, "[\n");
+        for (m.shards, 0..) |shard, i| {
+            try out.appendSlice(gpa, "    {\n      \"name\": ");
+            try metadata_json.appendString(gpa, out, shard.name);
+            try out.print(gpa, ",\n      \"uncompressed_byte_len\": {d},\n      \"byte_len\": {d},\n      \"compression\": {{\n        \"algo\": \"{s}\",\n        \"ratio\": ", .{
+                shard.uncompressed_byte_len, shard.byte_len, shard.compression.name(),
+            });
+            try metadata_json.appendFloat(gpa, out, shard.ratio);
+            try out.appendSlice(gpa, "\n      },\n      \"sha256\": ");
+            try metadata_json.appendString(gpa, out, shard.sha256);
+            try out.appendSlice(gpa, "\n    }");
+            try out.appendSlice(gpa, if (i + 1 < m.shards.len) ",\n" else "\n");
+        }
+        try out.appendSlice(gpa, "  ]");
+    }
+    for (m.extras) |extra| {
+        if (std.mem.eql(u8, extra.key, "cache_id")) continue;
+        try out.appendSlice(gpa, ",\n  ");
+        try metadata_json.appendString(gpa, out, extra.key);
+        try out.appendSlice(gpa, ": ");
+        try writeValue(gpa, out, extra.value, 1);
+    }
+    try out.appendSlice(gpa, "\n}");
+}
 
 pub const Migration = union(enum) {
     /// Already format 3 with the expected cache id: leave the file as it is.
@@ -312,76 +476,38 @@ pub const Migration = union(enum) {
     text: []u8,
 };
 
-/// Migrates a manifest to format 3 (update_manifests): a format-2 manifest becomes
-/// `format_version: 3, cache_id, <known fields in order>, <unknown keys sorted>` in
-/// serde_json's pretty layout (what dataset-rt 0.4.8 writes); a format-3 one must already
-/// carry `cache_id`.
-/// Errors: error.Json ("JSON error: ...") for syntax, duplicate keys and versions other
-/// than 2 and 3; error.InvalidCache when a format-3 manifest's cache_id differs.
+/// Migrates one manifest to format 3 (drt_manifest_migrate): it is parsed as at load
+/// (the same errors); a format-2 manifest becomes `writeMigrated`'s text with `cache_id`;
+/// a format-3 one must already carry `cache_id`.
+/// Errors: those of `parse`; error.InvalidCache ("manifest cache_id changed since
+/// dataset construction") when a format-3 manifest's cache_id differs.
 pub fn migrate(gpa: std.mem.Allocator, bytes: []const u8, cache_id: u64, path: []const u8) status.Error!Migration {
-    var arena = std.heap.ArenaAllocator.init(gpa);
-    defer arena.deinit();
-    const a = arena.allocator();
-    const root = try parseJson(a, bytes, path);
-    const object = switch (root) {
-        .object => |o| o,
-        else => return status.fail(error.Json, "JSON error: unsupported format version None", .{}),
-    };
-    const version: []const u8 = if (object.get("format_version")) |v| switch (v) {
-        .number_string => |n| n,
-        .string => |t| t,
-        .bool => |b| if (b) "True" else "False",
-        else => "None",
-    } else "None";
-    if (std.mem.eql(u8, version, "3")) {
-        const stored = object.get("cache_id") orelse return status.fail(error.InvalidCache, "manifest cache_id changed since dataset construction", .{});
-        const same = stored == .number_string and if (std.fmt.parseInt(u64, stored.number_string, 10)) |id| id == cache_id else |_| false;
-        if (!same) return status.fail(error.InvalidCache, "manifest cache_id changed since dataset construction", .{});
+    var m = try parse(gpa, bytes, path);
+    defer m.deinit();
+    if (m.format_version == 3) {
+        if (m.cache_id.? != cache_id) return status.fail(error.InvalidCache, "manifest cache_id changed since dataset construction", .{});
         return .unchanged;
     }
-    if (!std.mem.eql(u8, version, "2")) return status.fail(error.Json, "JSON error: unsupported format version {s}", .{version});
-
     var out: std.ArrayList(u8) = .empty;
     errdefer out.deinit(gpa);
-    try out.print(gpa, "{{\n  \"format_version\": 3,\n  \"cache_id\": {d}", .{cache_id});
-    for (field_order[2..]) |key| {
-        if (object.get(key)) |v| try writeMember(gpa, &out, key, v);
-    }
-    var extra: std.ArrayList([]const u8) = .empty;
-    for (object.keys()) |key| {
-        for (field_order) |known| {
-            if (std.mem.eql(u8, key, known)) break;
-        } else try extra.append(a, key);
-    }
-    std.mem.sort([]const u8, extra.items, {}, struct {
-        fn less(_: void, x: []const u8, y: []const u8) bool {
-            return std.mem.order(u8, x, y) == .lt;
-        }
-    }.less);
-    for (extra.items) |key| try writeMember(gpa, &out, key, object.get(key).?);
-    try out.appendSlice(gpa, "\n}");
+    try writeMigrated(gpa, &out, &m, cache_id);
     return .{ .text = try out.toOwnedSlice(gpa) };
 }
 
-fn writeMember(gpa: std.mem.Allocator, out: *std.ArrayList(u8), key: []const u8, value: std.json.Value) error{OutOfMemory}!void {
-    try out.appendSlice(gpa, ",\n  ");
-    try metadata_json.appendString(gpa, out, key);
-    try out.appendSlice(gpa, ": ");
-    try writeValue(gpa, out, value, 1);
-}
-
-/// Appends `value` as serde_json's pretty printer does: two spaces per level, `[]`/`{}`
-/// for empty containers, floats in serde's shortest form, integers as written.
+/// Appends `value` as serde_json's pretty printer writes a `Value` without
+/// `preserve_order`: two spaces per level, `[]`/`{}` for empty containers, object keys
+/// sorted by bytes, numbers by their serde_json class (`Number`): integers in decimal,
+/// floats in serde's shortest form (`-0` is `-0.0`, `1e400` cannot occur: parse refuses it).
 fn writeValue(gpa: std.mem.Allocator, out: *std.ArrayList(u8), value: std.json.Value, depth: usize) error{OutOfMemory}!void {
     switch (value) {
         .null => try out.appendSlice(gpa, "null"),
         .bool => |b| try out.appendSlice(gpa, if (b) "true" else "false"),
         .integer => |i| try out.print(gpa, "{d}", .{i}),
         .float => |f| try metadata_json.appendFloat(gpa, out, f),
-        .number_string => |n| {
-            const is_float = std.mem.indexOfAny(u8, n, ".eE") != null;
-            const f = if (is_float) std.fmt.parseFloat(f64, n) catch null else null;
-            if (f) |x| try metadata_json.appendFloat(gpa, out, x) else try out.appendSlice(gpa, n);
+        .number_string => |n| switch (Number.of(n)) {
+            .pos => |v| try out.print(gpa, "{d}", .{v}),
+            .neg => |v| try out.print(gpa, "{d}", .{v}),
+            .float => |v| try metadata_json.appendFloat(gpa, out, v),
         },
         .string => |t| try metadata_json.appendString(gpa, out, t),
         .array => |items| {
@@ -397,13 +523,20 @@ fn writeValue(gpa: std.mem.Allocator, out: *std.ArrayList(u8), value: std.json.V
         },
         .object => |o| {
             if (o.count() == 0) return out.appendSlice(gpa, "{}");
+            const keys = try gpa.dupe([]const u8, o.keys());
+            defer gpa.free(keys);
+            std.mem.sort([]const u8, keys, {}, struct {
+                fn less(_: void, x: []const u8, y: []const u8) bool {
+                    return std.mem.order(u8, x, y) == .lt;
+                }
+            }.less);
             try out.appendSlice(gpa, "{\n");
-            for (o.keys(), o.values(), 0..) |k, v, i| {
+            for (keys, 0..) |k, i| {
                 try out.appendNTimes(gpa, ' ', 2 * (depth + 1));
                 try metadata_json.appendString(gpa, out, k);
                 try out.appendSlice(gpa, ": ");
-                try writeValue(gpa, out, v, depth + 1);
-                try out.appendSlice(gpa, if (i + 1 < o.count()) ",\n" else "\n");
+                try writeValue(gpa, out, o.get(k).?, depth + 1);
+                try out.appendSlice(gpa, if (i + 1 < keys.len) ",\n" else "\n");
             }
             try out.appendNTimes(gpa, ' ', 2 * depth);
             try out.append(gpa, '}');
@@ -579,20 +712,23 @@ test "fuzz: mutated manifests parse or fail cleanly" {
 
 test "migrate rewrites format 2 in the reference's layout and leaves format 3 alone" {
     const gpa = testing.allocator;
-    // The fixture is format 3: as format 2 (no cache_id, an unknown key) it migrates to
-    // the same text plus the unknown key, with the given id.
+    // The fixture is format 3: as format 2 (no cache_id, unknown keys, an unknown key
+    // nested in a shard) it migrates to the same text plus the unknown top-level keys,
+    // sorted and with their objects' keys sorted, with the given id (what 0.4.8 writes).
     var v2: std.ArrayList(u8) = .empty;
     defer v2.deinit(gpa);
     const body_start = std.mem.indexOf(u8, fixture_manifest, "\"source_name\"").?;
-    try v2.appendSlice(gpa, "{\"zz\": [1, {\"b\": 2.50, \"a\": {}}], \"format_version\": 2, \"cache_id\": 9,\n  ");
+    try v2.appendSlice(gpa, "{\"zz\": [1, {\"b\": 2.50, \"a\": {}}], \"format_version\": 2, \"cache_id\": 9, \"n\": -0, \"big\": 18446744073709551616,\n  ");
     try v2.appendSlice(gpa, fixture_manifest[body_start..]);
-    const migrated = try migrate(gpa, v2.items, 7, "m");
+    const nested = try std.mem.replaceOwned(u8, gpa, v2.items, "\"name\": \"000000.bin\",", "\"name\": \"000000.bin\", \"nested\": 1,");
+    defer gpa.free(nested);
+    const migrated = try migrate(gpa, nested, 7, "m");
     defer gpa.free(migrated.text);
     const tail_at = std.mem.lastIndexOfScalar(u8, fixture_manifest, '}').?;
     const want = try std.mem.concat(gpa, u8, &.{
         "{\n  \"format_version\": 3,\n  \"cache_id\": 7,\n  ",
         fixture_manifest[body_start .. tail_at - 1],
-        ",\n  \"zz\": [\n    1,\n    {\n      \"b\": 2.5,\n      \"a\": {}\n    }\n  ]\n}",
+        ",\n  \"big\": 1.8446744073709552e+19,\n  \"n\": -0.0,\n  \"zz\": [\n    1,\n    {\n      \"a\": {},\n      \"b\": 2.5\n    }\n  ]\n}",
     });
     defer gpa.free(want);
     try testing.expectEqualStrings(want, migrated.text);
@@ -601,8 +737,57 @@ test "migrate rewrites format 2 in the reference's layout and leaves format 3 al
     try testing.expectError(error.InvalidCache, migrate(gpa, fixture_manifest, 1, "m"));
     try testing.expectEqualStrings("manifest cache_id changed since dataset construction", status.lastMessage());
     try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 4}", 1, "m"));
-    try testing.expectEqualStrings("JSON error: unsupported format version 4", status.lastMessage());
+    try testing.expectEqualStrings("JSON error: unsupported format version 4 in m", status.lastMessage());
+    try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": \"2\"}", 1, "m"));
+    try testing.expectEqualStrings("JSON error: manifest requires integer format_version in m", status.lastMessage());
     try testing.expectError(error.Json, migrate(gpa, "[]", 1, "m"));
     try testing.expectError(error.Json, migrate(gpa, "{\"format_version\": 2, \"format_version\": 2}", 1, "m"));
     try testing.expectError(error.Json, migrate(gpa, "{", 1, "m"));
+}
+
+test "sameContent compares fields and unknown keys as the reference does" {
+    const gpa = testing.allocator;
+    const Case = struct { from: []const u8, to: []const u8, same: bool };
+    const cases = [_]Case{
+        .{ .from = "\"ratio\": 1.0", .to = "\"ratio\": 1", .same = true },
+        .{ .from = "\n  \"shards\"", .to = "\n  \"zz\": {\"a\": 1, \"b\": [2]},\n  \"shards\"", .same = false },
+        .{ .from = "\"sample_count\": 120", .to = "\"sample_count\": 121", .same = false },
+        .{ .from = "\"source_name\": \"plain_one_shard\"", .to = "\"source_name\": \"plain_one_shard\\u0020\"", .same = false },
+        .{ .from = "\"kind\": \"bool\"", .to = "\"kind\": \"int\"", .same = false },
+        .{ .from = "\"algo\": \"none\"", .to = "\"algo\": \"none\", \"nested\": 5", .same = true },
+        .{ .from = "\"cache_id\": 4233350989699285984", .to = "\"cache_id\": 5", .same = true },
+    };
+    var base = try parse(gpa, fixture_manifest, "m");
+    defer base.deinit();
+    for (cases) |case| {
+        const text = try std.mem.replaceOwned(u8, gpa, fixture_manifest, case.from, case.to);
+        defer gpa.free(text);
+        var other = try parse(gpa, text, "m");
+        defer other.deinit();
+        try testing.expectEqual(case.same, sameContent(&base, &other));
+    }
+    // Unknown keys: serde_json value equality (1 and 1.0 differ, key order does not).
+    const with = struct {
+        fn extra(value: []const u8) ![]u8 {
+            return std.mem.concat(testing.allocator, u8, &.{ "{\"format_version\": 2, \"zz\": ", value, ",", fixture_manifest[std.mem.indexOf(u8, fixture_manifest, "\"source_name\"").?..] });
+        }
+    };
+    const pairs = [_]struct { []const u8, []const u8, bool }{
+        .{ "1", "1.0", false },
+        .{ "{\"p\": 1, \"q\": [1, \"x\"]}", "{\"q\": [1, \"x\"], \"p\": 1}", true },
+        .{ "2.50", "2.5", true },
+        .{ "-0", "0", false },
+        .{ "[1, 2]", "[2, 1]", false },
+    };
+    for (pairs) |pair| {
+        const x_text = try with.extra(pair[0]);
+        defer gpa.free(x_text);
+        const y_text = try with.extra(pair[1]);
+        defer gpa.free(y_text);
+        var x = try parse(gpa, x_text, "m");
+        defer x.deinit();
+        var y = try parse(gpa, y_text, "m");
+        defer y.deinit();
+        try testing.expectEqual(pair[2], sameContent(&x, &y));
+    }
 }

@@ -18,6 +18,7 @@ const status = @import("../base/status.zig");
 const sampler = @import("sampler.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
 const Cache = @import("../store/cache.zig").Cache;
+const migrate = @import("../store/migrate.zig");
 const io = @import("../io/backend.zig");
 const files = @import("../io/files.zig");
 const runtime_mod = @import("../base/runtime.zig");
@@ -92,6 +93,11 @@ pub const Dataset = struct {
     epoch_len: u64,
     table: *Table,
 
+    /// `migrateManifests` runs one at a time; the resolved paths of the last one live in
+    /// `migration_arena` until the next one or close.
+    migration_mutex: std.Thread.Mutex = .{},
+    migration_arena: std.heap.ArenaAllocator,
+
     pub fn open(gpa: std.mem.Allocator, rt: *Runtime, paths: []const []const u8, options: Options) status.Error!*Dataset {
         try rt.checkPid();
         if (paths.len == 0) return status.fail(error.InvalidArgument, "CachedDataset requires at least one cache path", .{});
@@ -144,6 +150,7 @@ pub const Dataset = struct {
             .ids = ids,
             .epoch_len = prefix[paths.len],
             .table = table,
+            .migration_arena = .init(gpa),
         };
         return ds;
     }
@@ -170,8 +177,35 @@ pub const Dataset = struct {
         gpa.free(ds.caches);
         gpa.free(ds.prefix);
         ds.ids.deinit(gpa);
+        ds.migration_arena.deinit();
         ds.runtime.release();
         gpa.destroy(ds);
+    }
+
+    /// update_manifests(3): migrates every cache's manifest to format 3, all or nothing
+    /// (`store/migrate.zig` `migrateAll`), checking each against the manifest this
+    /// dataset loaded. `entries` has one element per cache; their paths stay valid until
+    /// the next call or close. See `migrate.Progress` for what an error leaves done.
+    pub fn migrateManifests(ds: *Dataset, entries: []migrate.Entry, progress: *migrate.Progress) status.Error!void {
+        try ds.runtime.checkPid();
+        std.debug.assert(entries.len == ds.caches.len);
+        ds.migration_mutex.lock();
+        defer ds.migration_mutex.unlock();
+        _ = ds.migration_arena.reset(.retain_capacity);
+        const targets = try ds.gpa.alloc(migrate.Target, ds.caches.len);
+        defer ds.gpa.free(targets);
+        var made: usize = 0;
+        defer for (targets[0..made]) |t| ds.gpa.free(t.path);
+        for (ds.caches, targets) |*c, *t| {
+            const sep = if (c.path.len > 0 and c.path[c.path.len - 1] == '/') "" else "/";
+            t.* = .{
+                .path = try std.fmt.allocPrint(ds.gpa, "{s}{s}manifest.json", .{ c.path, sep }),
+                .loaded = &c.manifest,
+                .cache_id = c.cache_id,
+            };
+            made += 1;
+        }
+        return migrate.migrateAll(ds.gpa, ds.migration_arena.allocator(), targets, entries, progress);
     }
 
     /// Opens shard files for an I/O descriptor cache (io/files.zig).
@@ -376,7 +410,6 @@ pub const Dataset = struct {
         ds.mutex.unlock();
         old.release();
     }
-
 };
 
 // ---------------------------------------------------------------- tests
