@@ -162,7 +162,7 @@ def test_config_module_never_imports_torch(bench_env: ExtraEnv, tmp_path: Path) 
 CASES: list[dict[str, Any]] = [
     {"args": []},
     {"args": ["--ranks", "2", "--no-shuffle", "--drop-last", "--pin-memory", "--quiet"]},
-    {"args": ["--cache-paths", "/", "--cache-paths", "/tmp", "--output", "r/out.json"]},
+    {"args": ["--cache-paths", '["/", "/tmp"]', "--output", "r/out.json"]},
     {"args": ["--samples-per-epoch", str(1 << 53), "--seed", str((1 << 64) - 1)]},
     {"args": [], "env": {"DATASETRT_BENCH_BATCH_SIZE": "64", "DATASETRT_BENCH_SHUFFLE": "0"}},
     {"args": ["--batch-size", "16"], "env": {"DATASETRT_BENCH_BATCH_SIZE": "64"}},
@@ -193,6 +193,7 @@ CASES: list[dict[str, Any]] = [
     {"args": ["--worker-timeout", "0"]},
     {"args": ["--worker-timeout", "inf"]},
     {"args": ["--batch-size", "many"]},
+    {"args": ["--cache-paths", "/", "--cache-paths", "/tmp"]},  # a tuple takes JSON
     {"args": [], "env": {"DATASETRT_BENCH_PAYLOAD_BYTES": "3"}},
     # The workload checks, in their order.
     {"args": ["--input-features", "33"]},
@@ -232,6 +233,7 @@ def test_options_and_messages_match_0_4_8(
         "Value error, rank does not belong to its launcher topology",
     ):
         assert expected in messages
+    assert ours["cases"][2]["ok"]["cache_paths"] == ["/", "/tmp"]
     assert ours["cases"][4]["ok"]["batch_size"] == 64
     assert ours["cases"][4]["ok"]["shuffle"] is False
     assert ours["cases"][5]["ok"]["batch_size"] == 16

@@ -645,9 +645,7 @@ def execute(config: BenchmarkConfig, topology: Topology, device: torch.device) -
             network, device_ids=[topology.local_rank] if device.type == "cuda" else None
         )
         optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
-        run = Run(
-            config, topology, device, loader, plans, model, optimizer, population, synthetic
-        )
+        run = Run(config, topology, device, loader, plans, model, optimizer, population, synthetic)
         consumers = max(1, config.num_workers)
         counters = [0] * consumers
         passes: list[PassResult] = []

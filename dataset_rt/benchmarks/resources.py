@@ -45,9 +45,7 @@ def resource_snapshot(process: psutil.Process) -> Resources:
         threads += member_threads
         descriptors += member_descriptors
         count += 1
-    return Resources(
-        rss_bytes=rss, threads=threads, file_descriptors=descriptors, processes=count
-    )
+    return Resources(rss_bytes=rss, threads=threads, file_descriptors=descriptors, processes=count)
 
 
 def combine_resources(left: Resources, right: Resources) -> Resources:

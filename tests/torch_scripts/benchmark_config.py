@@ -77,6 +77,7 @@ def run_case(case: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> None:
     cases = json.loads(sys.argv[1])
+    sys.argv[0] = "run_benchmark"  # argparse names the program in its errors
     result = {
         "fields": field_table(),
         "help": options_help(),
