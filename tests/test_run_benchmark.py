@@ -51,8 +51,9 @@ sys.argv = ["run_benchmark", *sys.argv[2:]]
 runpy.run_module("dataset_rt.run_benchmark", run_name="__main__", alter_sys=True)
 """
 
-# Two ranks, 2 caches of 40 samples, a budget of 50 (25 per rank: batches 8, 8, 8, 1),
-# sequential "split" reading (every sample checked against its planned position).
+# Two ranks with one (forked, persistent) loader worker each, 2 caches of 40 samples, a
+# budget of 50 (25 per rank: batches 8, 8, 8, 1), sequential "split" reading (every sample
+# checked against its planned position; the worker continues its rows in the second pass).
 RUN_ARGS = [
     "--ranks",
     "2",
@@ -67,6 +68,10 @@ RUN_ARGS = [
     "--samples-per-epoch",
     "50",
     "--no-shuffle",
+    "--num-workers",
+    "1",
+    "--worker-context",
+    "fork",
     "--input-features",
     "32",
     "--model-width",
@@ -247,6 +252,7 @@ def check_report(report: dict[str, Any]) -> None:
     with the workload."""
     settings = report["settings"]
     assert settings["repeats"] == 2 and settings["ranks"] == 2 and settings["shuffle"] is False
+    assert settings["num_workers"] == 1
     assert (report["world_size"], report["backend"], report["synthetic"]) == (2, "gloo", True)
     ranks = report["ranks"]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
@@ -267,7 +273,7 @@ def check_report(report: dict[str, Any]) -> None:
             assert 0 < result["first_batch_seconds"] <= result["elapsed_seconds"]
             total = result["batch_wait_seconds"] + result["training_seconds"]
             assert total <= result["elapsed_seconds"]
-            assert result["resources"]["processes"] >= 1
+            assert result["resources"]["processes"] >= 2  # the rank and its worker
             assert result["resources"]["rss_bytes"] > 0
             assert result["gpu_peak_allocated_bytes"] == 0
         # The two passes read different samples (the consumer continues its rows).
@@ -309,6 +315,49 @@ def our_run(bench_env: ExtraEnv, tmp_path_factory: pytest.TempPathFactory) -> di
     printed = last_json(proc)
     assert json.loads(output.read_text()) == printed
     return printed
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes containing ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text in command:
+            found.append(command)
+    return found
+
+
+def test_timeout_kills_the_whole_launch(bench_env: ExtraEnv, tmp_path: Path) -> None:
+    """``--timeout-seconds`` ends torchrun, its ranks (each in a session of its own) and
+    their loader workers: the command fails, no report is written and none of its
+    processes is left. (0.4.8 kills torchrun's process group only; its ranks live on.)"""
+    output = tmp_path / "never.json"
+    args = ["--ranks", "2", "--timeout-seconds", "30", "--repeats", "1000000"]
+    args += ["--num-workers", "1", "--worker-context", "fork", "--samples-per-cache", "64"]
+    proc = bench_env.run(
+        [
+            "-m",
+            "dataset_rt.run_benchmark",
+            *args,
+            "--input-features",
+            "32",
+            "--output",
+            str(output),
+        ],
+        cwd=tmp_path,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
+    # The ranks (and their workers) were measuring when the timeout struck: rank 0
+    # prints each pass it starts.
+    assert "pass 1/1000000" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 1
+    assert "TimeoutExpired" in proc.stderr
+    assert not output.exists()
+    assert processes_mentioning(str(output)) == []
 
 
 def test_two_cpu_ranks_report(our_run: dict[str, Any]) -> None:
