@@ -7,8 +7,9 @@ Covers every name of ``dataset_rt.__all__`` (names not placed in ``GROUPS`` belo
 section "Other public names", so a new public name is never left out), the public members of
 ``CachedDataset`` and ``DatasetRuntime``, ``SampleBatch``, the fields of the config
 models with their defaults and constraints, and the extra aliases and defaults of
-``dataset_rt.api``, and the integration modules (``dataset_rt.fragments`` and the torch
-and ray adapters, read from their source so torch and ray need not be installed). The
+``dataset_rt.api``, and the integration modules (``dataset_rt.fragments``, the torch
+and ray adapters and ``dataset_rt.benchmarks.config``, read from their source so their
+extras need not be installed). The
 output depends only on the code, so it is deterministic.
 """
 
@@ -460,6 +461,7 @@ INTEGRATION_MODULES = {
     "dataset_rt.fragments": "",
     "dataset_rt.integrations.torch": "torch",
     "dataset_rt.integrations.ray": "ray",
+    "dataset_rt.benchmarks.config": "benchmark",
 }
 
 
@@ -598,8 +600,9 @@ def generate() -> str:
         "## Integrations",
         "",
         "Modules imported on their own (`import dataset_rt` imports none of them): the",
-        "fragment API for distributed cache building, and the PyTorch and Ray adapters. See",
-        "[the PyTorch guide](guide-torch.md) and [the cluster guide](guide-ray.md).",
+        "fragment API for distributed cache building, the PyTorch and Ray adapters, and the",
+        "benchmark's options. See [the PyTorch guide](guide-torch.md), [the cluster",
+        "guide](guide-ray.md) and [the benchmark](benchmark.md).",
         "",
     ]
     for module, extra in INTEGRATION_MODULES.items():

@@ -62,6 +62,12 @@ LAYERS: list[tuple[str, set[str]]] = [
             "dataset_rt.integrations.ray",
             "dataset_rt.cli",
             "dataset_rt.__main__",
+            # python -m dataset_rt.run_benchmark (the benchmark extra; torch imported lazily).
+            "dataset_rt.run_benchmark",
+            "dataset_rt.benchmarks",
+            "dataset_rt.benchmarks.config",
+            "dataset_rt.benchmarks.resources",
+            "dataset_rt.benchmarks.distributed",
         },
     ),
 ]
