@@ -20,7 +20,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -68,9 +67,9 @@ def test_provided_module_paths_import() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_modules_expected_from_other_work_import_when_present() -> None:
-    """Present ones must import (0.4.8's optional dependencies, such as torch or psutil,
-    may be missing, as they may be for 0.4.8); absent ones are reported as a warning."""
+def test_modules_with_optional_dependencies_import() -> None:
+    """Every one is present and imports, except for a missing optional dependency of
+    its own (torch, psutil: 0.4.8 needs them there too)."""
     absent = []
     for name in sorted(FROM_BENCHMARK_WORK | FROM_INTEGRATIONS_WORK):
         try:
@@ -84,11 +83,7 @@ def test_modules_expected_from_other_work_import_when_present() -> None:
             importlib.import_module(name)
         except ModuleNotFoundError as exc:
             assert exc.name and not exc.name.startswith("dataset_rt"), exc
-    if absent:
-        warnings.warn(
-            f"0.4.8 module paths not provided yet (expected from other work): {absent}",
-            stacklevel=1,
-        )
+    assert absent == [], f"0.4.8 module paths missing here: {absent}"
 
 
 def test_public_names_of_the_writer_module() -> None:

@@ -58,6 +58,10 @@ LAYERS: list[tuple[str, set[str]]] = [
         {
             "dataset_rt.integrations",
             "dataset_rt.integrations._loading",
+            "dataset_rt.integrations.loader",
+            "dataset_rt.integrations.loader_logging",
+            "dataset_rt.integrations.loader_options",
+            "dataset_rt.integrations.loading",
             "dataset_rt.integrations.torch",
             "dataset_rt.integrations.ray",
             "dataset_rt.cli",
