@@ -19,6 +19,7 @@ import io
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -74,12 +75,16 @@ def check(wheel: Path, platform: str) -> list[str]:
                 problems.append(f"libdataset_rt.so is {machine}, not {tag['arch']}")
             if elf.get_section_by_name(".debug_info") is not None:
                 problems.append("libdataset_rt.so has debug info (not stripped)")
-    shown = subprocess.run(
-        [sys.executable, "-m", "auditwheel", "show", str(wheel)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    # No library search path: the wheel may need nothing but the policy's system libraries,
+    # and this machine's are for another libc or architecture (glibc's libc.so is a linker
+    # script that auditwheel cannot read when it looks for musl's libc.so).
+    with tempfile.TemporaryDirectory() as nowhere:
+        shown = subprocess.run(
+            [sys.executable, "-m", "auditwheel", "show", "--ldpaths", nowhere, str(wheel)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     found = AUDITWHEEL_TAG.search(shown.stdout)
     if shown.returncode != 0 or found is None:
         problems.append(f"auditwheel show failed:\n{shown.stdout}{shown.stderr}")
