@@ -23,6 +23,13 @@ pub fn build(b: *std.Build) void {
     const target = b.standardTargetOptions(.{ .default_target = .{ .cpu_model = .baseline } });
     // ReleaseSafe unless asked otherwise: the shipped library keeps safety checks.
     const optimize = b.option(std.builtin.OptimizeMode, "optimize", "Optimization mode (default ReleaseSafe)") orelse .ReleaseSafe;
+    // Release wheels strip debug info (the library shrinks several times); a checkout's
+    // build keeps it for debuggers and valgrind.
+    const strip = b.option(bool, "strip", "Strip debug info from the libraries (default: keep it, except in ReleaseSmall)");
+    // A wheel cannot hold symlinks, so the library it ships is one file whose soname is
+    // its own name (libdataset_rt.so); a C program linked against it then finds it by
+    // rpath. A system install keeps the versioned soname and its symlinks.
+    const versioned_soname = b.option(bool, "versioned-soname", "Shared library soname libdataset_rt.so.0 with symlinks (default true)") orelse true;
 
     const version_text = b.allocator.dupeZ(u8, b.fmt("{d}.{d}.{d}", .{ lib_version.major, lib_version.minor, lib_version.patch })) catch @panic("OOM");
     const options = b.addOptions();
@@ -33,6 +40,7 @@ pub fn build(b: *std.Build) void {
         .target = target,
         .optimize = optimize,
         .link_libc = true,
+        .strip = strip,
     });
     root.addOptions("build_options", options);
 
@@ -44,7 +52,7 @@ pub fn build(b: *std.Build) void {
         .name = "dataset_rt",
         .linkage = .dynamic,
         .root_module = root,
-        .version = lib_version,
+        .version = if (versioned_soname) lib_version else null,
     });
     shared_lib.installHeader(b.path("native/include/dataset_rt.h"), "dataset_rt.h");
     b.installArtifact(static_lib);

@@ -5,7 +5,7 @@ or a deterministic weighted shuffle, steered by a Polars metadata table. Storage
 with dataset-rt 0.4.8. See ``docs/`` for guides and the storage format.
 """
 
-from dataset_rt import _native
+from dataset_rt import _distribution, _native
 from dataset_rt.api import (
     AbsentManifestTarget,
     CachedDataset,
@@ -31,6 +31,11 @@ from dataset_rt.api import (
     WriterConfig,
     WriterProfilerConfig,
 )
+from dataset_rt.sdk import get_include, get_library_dir
+
+# Before anything is used: the reference release installed over the same directory
+# would leave a mix of both packages' files (see _distribution).
+_distribution.check_single_owner()
 
 
 def native_info() -> dict[str, object]:
@@ -70,5 +75,7 @@ __all__ = [
     "SizedTorchIterableDataset",
     "WriterConfig",
     "WriterProfilerConfig",
+    "get_include",
+    "get_library_dir",
     "native_info",
 ]

@@ -7,7 +7,9 @@ Subcommands:
   ``metadata.arrow``, with progress and MB/s; exit status 0 only when every cache is
   intact, and each bad file is named;
 * ``head PATH [-n N]``: the first samples' identities, payload sizes and metadata;
-* ``stats PATH``: per-column summaries of the metadata table (Polars).
+* ``stats PATH``: per-column summaries of the metadata table (Polars);
+* ``config --cflags --libs [--static]``: flags to build C programs against the C SDK
+  inside the installed package (see ``dataset_rt.sdk``).
 
 Exit status: 0 success, 1 a cache is damaged or cannot be read, 2 usage errors.
 """
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from dataset_rt import _native
+from dataset_rt import _native, sdk
 from dataset_rt.api import CachedDataset, DatasetRuntime, ReaderConfig
 
 VERIFY_BATCH = 4096
@@ -210,6 +212,9 @@ def parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="per-column metadata summaries")
     stats.add_argument("path", metavar="PATH")
     stats.set_defaults(run=cmd_stats)
+    config = sub.add_parser("config", help="flags to build C programs against this package")
+    sdk.add_arguments(config)
+    config.set_defaults(run=sdk.cmd_config)
     return p
 
 

@@ -430,7 +430,7 @@ class CachedDataset:
         0.4.8 (which raises), it also works in DataLoader workers: worker ``w`` of ``W``
         reads its contiguous part of each window (``len(dataset)`` positions) of the
         stream from the dataset's position when this was called, one window per epoch,
-        from its own reader. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
+        from its own reader. Needs PyTorch (``pip install 'dataset-rt-zig[torch]'``).
         """
         adapters = _torch_adapters("to_torch_iterable_dataset")
         _native.check_owner(self._runtime.pid)
@@ -476,7 +476,7 @@ class CachedDataset:
 
         The loader has ``state_dict()`` / ``load_state_dict()`` for exact mid-epoch
         resume ("global" also across world sizes). Validation and messages follow
-        dataset-rt 0.4.8. Needs PyTorch (``pip install 'dataset-rt[torch]'``).
+        dataset-rt 0.4.8. Needs PyTorch (``pip install 'dataset-rt-zig[torch]'``).
         """
         adapters = _torch_adapters("to_torch_dataloader")
         _native.check_owner(self._runtime.pid)

@@ -89,6 +89,13 @@ GROUPS: list[tuple[str, str, list[str]]] = [
         "Facts about the loaded native library (an extension of dataset_rt).",
         ["native_info"],
     ),
+    (
+        "The C SDK",
+        "Where the installed package keeps the header and the libraries for C, C++ or Rust "
+        "builds (an extension of dataset_rt; see [install.md](install.md#the-c-sdk) and "
+        "`dataset-rt config`).",
+        ["get_include", "get_library_dir"],
+    ),
 ]
 
 # Names of dataset_rt.api that are not in dataset_rt.__all__.

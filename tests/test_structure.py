@@ -31,8 +31,18 @@ GENERATED = "dataset_rt._ffi"  # written by hatch_build.py; not parsed
 
 # Lowest first. A module may import modules of its own layer or of layers below it.
 LAYERS: list[tuple[str, set[str]]] = [
-    # Plain Python: configuration models, records and results, CPU budgets. No native code.
-    ("foundation", {"dataset_rt.config", "dataset_rt.records", "dataset_rt.resources"}),
+    # Plain Python: configuration models, records and results, CPU budgets; which
+    # distribution is installed; where the C SDK's files are. No native code.
+    (
+        "foundation",
+        {
+            "dataset_rt.config",
+            "dataset_rt.records",
+            "dataset_rt.resources",
+            "dataset_rt._distribution",
+            "dataset_rt.sdk",
+        },
+    ),
     # The binding: the only module that talks to the library (and cffi's module).
     ("binding", {BINDING, GENERATED}),
     # Files beside the native core: metadata.arrow and the active table, manifest

@@ -1,4 +1,4 @@
-"""Build caches on a Ray cluster (``pip install 'dataset-rt[ray]'``). Importing this module
+"""Build caches on a Ray cluster (``pip install 'dataset-rt-zig[ray]'``). Importing this module
 imports ray; ``import dataset_rt`` never does.
 
 Two ways, both producing the same immutable, checksummed caches as ``write_cache``:
