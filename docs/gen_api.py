@@ -506,7 +506,7 @@ def integration_section(module: str, extra: str) -> list[str]:
             isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
         ):
             names = list(ast.literal_eval(node.value))
-    needs = f" (needs `pip install 'dataset-rt[{extra}]'`)" if extra else ""
+    needs = f" (needs `pip install 'dataset-rt-zig[{extra}]'`)" if extra else ""
     out = [f"### `{module}`", "", source_doc(tree).split("\n\n")[0] + needs, ""]
     for name in names:
         node = nodes[name]

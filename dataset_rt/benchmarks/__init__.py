@@ -1,7 +1,7 @@
 """The input-pipeline benchmark behind ``python -m dataset_rt.run_benchmark`` (the same
 modules, options and report as dataset-rt 0.4.8).
 
-Needs the optional ``benchmark`` extra (``pip install 'dataset-rt[benchmark]'``: torch,
+Needs the optional ``benchmark`` extra (``pip install 'dataset-rt-zig[benchmark]'``: torch,
 pydantic-settings, psutil). Importing this package imports none of them, and
 ``import dataset_rt`` never imports this package. The submodules:
 
