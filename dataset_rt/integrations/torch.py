@@ -539,16 +539,14 @@ def _tensor_batches(
     block_len: int,
     block_stride: int,
     size: int,
-    drop_last: bool,
     ring: bool,
 ) -> Iterator[TensorBatch]:
     """The ``TensorBatch`` es of ``count`` stream positions (as ``_iter_range`` numbers
-    them) cut into batches of ``size``, the last one shorter or, with ``drop_last``,
-    never read: the batches torch's auto-batching makes of the same samples. Each is
-    one native batch (a contiguous native batch holds every sample asked for, unless
-    the range ends or a read fails)."""
-    if drop_last:
-        count -= count % size
+    them) cut into batches of ``size``, the last one shorter: the batches torch's
+    auto-batching makes of the same samples (with ``drop_last`` the plans give every
+    consumer whole batches, so there is no short one to drop). Each is one native batch
+    (a contiguous native batch holds every sample asked for, unless the range ends or a
+    read fails)."""
     if count <= 0:
         return
     shared: bool | str = get_worker_info() is not None
@@ -730,7 +728,6 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
                 block_len,
                 block_stride,
                 layout.batch_size,
-                layout.drop_last,
                 # A transform's result is shared the way torch shares tensors.
                 ring=self.batch_transform is None,
             )
