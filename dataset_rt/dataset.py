@@ -112,9 +112,6 @@ class CachedDataset:
         self._active: Any = None
         self._active_arrow: Any = None  # a pyarrow active table not yet seen by Polars
         self._custom_table = False
-        # The budget dataset-rt 0.4.8's loaders default to: the epoch length at open or
-        # after the last update_metadata (set_epoch_len does not change it).
-        self._recipe_count = len(self)
         # Progress of the latest iterator, for state_dict(): [start, count, base, rest,
         # closed] (see _Progress).
         self._progress: _Progress | None = None
@@ -197,6 +194,15 @@ class CachedDataset:
         if count <= 0:
             return iter(())
         return self._generate(_native.IterRange(start, count, block_len, block_stride))
+
+    def _range_batches(
+        self, start: int, count: int, block_len: int = 0, block_stride: int = 0
+    ) -> _RangeBatches:
+        """Contiguous native batches at explicit stream positions (as :meth:`_iter_range`
+        numbers them), for adapters that build their own batch types without per-sample
+        objects. Opens the native iterator now; close it (or use ``with``)."""
+        positions = _native.IterRange(start, count, block_len, block_stride)
+        return _RangeBatches(_native.Iterator.open_range(self._handle, positions), self._columns)
 
     def _samples(self, batch: _native.Batch) -> list[CachedSample]:
         """Python records for one native batch (copies everything out of it).
@@ -374,20 +380,19 @@ class CachedDataset:
         _native.check_owner(self._runtime.pid)
         with self._state_lock:
             metadata.validate_and_set(self, df)
-            self._table_replaced(df, None, df.height)
+            self._table_replaced(df, None)
 
     def _set_arrow_table(self, table: Any) -> None:
         """``update_metadata`` for a pyarrow table from a snapshot, without Polars."""
         with self._state_lock:
             metadata.set_arrow_table(self, table)
-            self._table_replaced(None, table, table.num_rows)
+            self._table_replaced(None, table)
 
-    def _table_replaced(self, frame: Any, arrow: Any, rows: int) -> None:
+    def _table_replaced(self, frame: Any, arrow: Any) -> None:
         """Python-side state after the native table was replaced (under _state_lock)."""
         self._active = frame
         self._active_arrow = arrow
         self._custom_table = True
-        self._recipe_count = rows
         self._progress = None
 
     def set_samples_metadata(self, df: Any) -> None:
@@ -458,6 +463,8 @@ class CachedDataset:
         persistent_workers: bool | Literal["auto"] = "auto",
         verbose: bool = True,
         dataloader_kwargs: Mapping[str, Any] | None = None,
+        batch_format: Literal["samples", "tensors"] = "samples",
+        batch_transform_fn: Callable[[Any], Any] | None = None,
     ) -> Any:
         """A ``torch.utils.data.DataLoader`` (a ``DatasetRTDataLoader``) over a snapshot
         of this dataset (``dump_config`` into ``work_dir``, or a temporary directory
@@ -472,7 +479,18 @@ class CachedDataset:
         batch ``b`` of a pass goes to consumer ``b mod (ranks x workers)``, so all ranks
         and workers together read every batch of the pass exactly once. Ranks come from
         ``torch.distributed`` when initialized. The budget ``samples_per_epoch`` defaults
-        to the dataset's length; ``len(loader)`` is this rank's batches per pass.
+        to the dataset's length (``len(dataset)``, including a ``set_epoch_len`` override);
+        ``len(loader)`` is this rank's batches per pass.
+
+        ``batch_format="tensors"`` (an extension; the default ``"samples"`` is dataset-rt
+        0.4.8's per-sample path) builds each batch from one native batch, without
+        per-sample objects: a ``dataset_rt.integrations.torch.TensorBatch`` (payloads as a
+        ``uint8`` tensor with offsets, or ``[batch, length]`` when all payloads have the same
+        length; identities and numeric metadata as tensors, string metadata as lists),
+        the same samples in the same batches and order as the per-sample path. Workers
+        build whole batches in shared memory; ``batch_transform_fn`` (picklable with
+        workers) runs there on each batch and its result is what the loop receives. It
+        takes no ``sample_transform_fn`` or ``collate_fn``.
 
         The loader has ``state_dict()`` / ``load_state_dict()`` for exact mid-epoch
         resume ("global" also across world sizes). Validation and messages follow
@@ -501,6 +519,8 @@ class CachedDataset:
             persistent_workers=persistent_workers,
             verbose=verbose,
             dataloader_kwargs=dataloader_kwargs,
+            batch_format=batch_format,
+            batch_transform_fn=batch_transform_fn,
         )
 
 
@@ -567,6 +587,54 @@ class SampleBatch(NamedTuple):
     def payload(self, i: int) -> bytes:
         """Sample ``i``'s payload as bytes."""
         return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes()
+
+
+class RawBatch(NamedTuple):
+    """One contiguous native batch of :class:`_RangeBatches`: ``data`` (uint8),
+    ``cache_id`` and ``sample_id`` (uint64) are views of native memory valid until the
+    next batch is requested; ``offsets`` (uint64, ``count + 1``) and the ``columns``
+    (metadata name to an int64/float64/bool array, or a list of str) are owned."""
+
+    data: Any
+    offsets: Any
+    cache_id: Any
+    sample_id: Any
+    columns: dict[str, Any]
+
+
+class _RangeBatches:
+    """A native range iterator handing out :class:`RawBatch` es of any size."""
+
+    __slots__ = ("_columns", "_iterator")
+
+    def __init__(self, iterator: _native.Iterator, columns: list[tuple[str, int]]) -> None:
+        self._iterator = iterator
+        self._columns = columns
+
+    def next(self, max_count: int) -> RawBatch | None:
+        """Up to ``max_count`` (>= 1) next samples, None at the end. A batch is shorter
+        only at the end of the range or right before a read error (which the next call
+        raises)."""
+        batch = self._iterator.next_batch(max_count, _native.BatchFlag.CONTIGUOUS)
+        if batch.count == 0:
+            return None
+        data, offsets, cache_id, sample_id = batch.arrays(False)
+        columns = {
+            name: batch.column_values(i, kind)
+            if kind == _native.Kind.STRING
+            else batch.column_array(i, kind)
+            for i, (name, kind) in enumerate(self._columns)
+        }
+        return RawBatch(data, offsets, cache_id, sample_id, columns)
+
+    def close(self) -> None:
+        self._iterator.close()
+
+    def __enter__(self) -> _RangeBatches:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _sample_batch(batch: _native.Batch, columns: list[tuple[str, int]], copy: bool) -> SampleBatch:

@@ -11,8 +11,14 @@ only when pip cannot reach the package registry.
   without (persistent) workers; state errors; ``to_torch_iterable_dataset`` in workers
   (fork and spawn); the reference's validation messages.
 - ``reference_batches.py``: "split"/"replicate" give dataset-rt 0.4.8's batches.
+- ``batch_checks.py``: the tensor path (``batch_format="tensors"``) yields the per-sample
+  path's batches (payload bytes, identities, metadata) in every mode with 0 and 2
+  workers, fork and spawn; fixed-length payloads as ``[batch, length]``;
+  ``batch_transform_fn`` in the workers; exact resume; pinning one buffer per batch;
+  validation.
 - ``ddp_global.py`` under ``torchrun`` with the gloo backend: 2 ranks cover each pass
-  exactly once in global order; a job interrupted on 2 ranks resumes on 1 and on 3.
+  exactly once in global order (per-sample and tensor path); a job interrupted on 2
+  ranks resumes on 1 and on 3.
 """
 
 from __future__ import annotations
@@ -63,6 +69,44 @@ def caches(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [str(p) for p in result.dataset.cache_paths]
 
 
+class Mixed:
+    """Payloads of 0 to 8 bytes; int, float, bool and str metadata."""
+
+    def __init__(self, name: str, count: int) -> None:
+        self.name = name
+        self.count = count
+
+    def __iter__(self):
+        for i in range(self.count):
+            payload = bytes((i * 7 + k) % 256 for k in range(i % 9))
+            metadata = {"n": i - 5, "x": i / 4, "odd": bool(i % 2), "label": f"{self.name}-{i}"}
+            yield drt.CacheInput(payload, metadata)
+
+
+class Tokens:
+    """Twelve records of 4 little-endian int64 tokens ``i .. i + 3``."""
+
+    name = "tokens"
+
+    def __iter__(self):
+        for i in range(12):
+            tokens = b"".join((i + k).to_bytes(8, "little") for k in range(4))
+            yield drt.CacheInput(tokens, {"label": i % 3})
+
+
+@pytest.fixture(scope="module")
+def batch_caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], list[str]]:
+    base = tmp_path_factory.mktemp("torch-batches")
+    runtime = drt.DatasetRuntime(num_workers=2)
+    config = drt.ReaderConfig(seed=0)
+    mixed = runtime.from_cache_sources([Mixed("m", 13), Mixed("n", 8)], base, reader_config=config)
+    fixed = runtime.from_cache_sources(Tokens(), base, reader_config=config)
+    return (
+        [str(p) for p in mixed.dataset.cache_paths],
+        [str(p) for p in fixed.dataset.cache_paths],
+    )
+
+
 def run_json(env: ExtraEnv, args: list[str], cwd: Path, timeout: float = 600) -> Any:
     proc = env.run(args, cwd=cwd, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -79,6 +123,17 @@ def test_importing_dataset_rt_never_imports_torch(torch_env: ExtraEnv, tmp_path:
 def test_loader_checks(torch_env: ExtraEnv, caches: list[str], tmp_path: Path) -> None:
     results = run_json(torch_env, [str(SCRIPTS / "loader_checks.py"), *caches], tmp_path)
     assert len(results) > 50
+    failures = {name: detail for name, (ok, detail) in results.items() if not ok}
+    assert not failures, json.dumps(failures, indent=1)[:8000]
+
+
+def test_tensor_batches(
+    torch_env: ExtraEnv, batch_caches: tuple[list[str], list[str]], tmp_path: Path
+) -> None:
+    mixed, fixed = batch_caches
+    script = str(SCRIPTS / "batch_checks.py")
+    results = run_json(torch_env, [script, json.dumps(mixed), json.dumps(fixed)], tmp_path)
+    assert len(results) > 60
     failures = {name: detail for name, (ok, detail) in results.items() if not ok}
     assert not failures, json.dumps(failures, indent=1)[:8000]
 
@@ -136,6 +191,54 @@ def test_reference_modes_match_0_4_8(
     theirs = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(ours) == len(theirs) == len(configs)
     for config, mine, ref in zip(configs, ours, theirs):
+        assert mine == ref, config
+
+
+@pytest.mark.compat
+def test_budget_follows_set_epoch_len_as_0_4_8(
+    torch_env: ExtraEnv, caches: list[str], tmp_path: Path
+) -> None:
+    """Issue 15, item 1: without samples_per_epoch the budget is len(dataset), including
+    a set_epoch_len override; an inherited budget outside 1..2**53 raises 0.4.8's error."""
+    configs: list[dict[str, Any]] = [
+        {"epoch_len": 3, "shuffle": False, "num_workers": 0, "batch_size": 1},
+        {"epoch_len": 3, "shuffle": False, "num_workers": 0, "batch_size": 2, "passes": 3},
+        {"epoch_len": 5, "seed": 42, "num_workers": 0, "batch_size": 2},
+        {"epoch_len": 4, "table": "filtered", "shuffle": False, "num_workers": 0},
+        {"epoch_len": 30, "seed": 42, "worker_partition": "split", "num_workers": 0},
+        {
+            "epoch_len": 7,
+            "shuffle": False,
+            "num_workers": 2,
+            "persistent_workers": True,
+            "multiprocessing_context": "fork",
+            "batch_size": 2,
+        },
+        {"epoch_len": 2**53, "shuffle": False, "num_workers": 0, "passes": 0},
+        {"epoch_len": 2**53 + 1, "shuffle": False, "num_workers": 0},
+        {"epoch_len": 2**63 - 1, "seed": 1, "num_workers": 0},
+    ]
+    for config in configs:
+        config["native_num_workers"] = 1
+    script = SCRIPTS / "reference_batches.py"
+    argument = json.dumps(configs)
+    ours = run_json(torch_env, [str(script), argument, *caches], tmp_path)
+    # What 0.4.8 does, written out: 3 samples a pass, continuing the ordered cursor.
+    first = ours[0]["batches"][0][0][0][0]  # the first cache's id
+    expected = [[[[first, i]] for i in range(k, k + 3)] for k in (0, 3)]
+    assert ours[0]["batches"] == expected
+    assert ours[0]["len"] == 3 and ours[2]["len"] == 3
+    message = "ValueError: inherited samples_per_epoch must be between 1 and 9007199254740992"
+    assert ours[7] == ours[8] == {"error": message}
+    assert ours[6]["len"] == 2**53
+    try:
+        reference = ensure_reference(extra=(TORCH,))
+    except ReferenceUnavailable as exc:
+        skip_or_fail(f"dataset-rt 0.4.8 with PyTorch unavailable: {exc}")
+    proc = reference.run(script.read_text(), argument, *caches, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    for config, mine, ref in zip(configs, ours, theirs, strict=True):
         assert mine == ref, config
 
 
@@ -221,6 +324,18 @@ def test_torchrun_global_mode_reads_each_batch_once(
         assert [b["pass"] for b in result["batches"]] == [0] * 6 + [1] * 6
     end = check_ranks(ranks, stream, 0, (12, 12))
     assert end == 24  # two passes of 12 global batches, none skipped or repeated
+
+
+def test_torchrun_global_tensor_batches_read_each_batch_once(
+    torch_env: ExtraEnv, caches: list[str], stream: list[list[list[int]]], tmp_path: Path
+) -> None:
+    ranks = torchrun(torch_env, tmp_path / "tensors", 2, caches, batch_format="tensors")
+    assert [r["len"] for r in ranks] == [6, 6]
+    for result in ranks:
+        assert [b["pass"] for b in result["batches"]] == [0] * 6 + [1] * 6
+        assert {b["type"] for b in result["batches"]} == {"TensorBatch"}
+    end = check_ranks(ranks, stream, 0, (12, 12))
+    assert end == 24
 
 
 def test_torchrun_elastic_resume_from_2_ranks_into_1_and_3(

@@ -61,6 +61,9 @@ RESERVED_KWARGS = frozenset(
         "persistent_workers",
         "verbose",
         "dataloader_kwargs",
+        # This project's tensor path.
+        "batch_format",
+        "batch_transform_fn",
     }
 )
 

@@ -9,6 +9,12 @@ crossing a process boundary carry only the recipe (paths, options, counts). Whic
 positions a consumer reads in a pass is plain arithmetic (``_loading``), read by the
 native range iterator, so it never depends on timing, prefetch or how far another
 consumer got; that is what makes ``state_dict()`` / ``load_state_dict()`` exact.
+
+Two paths read those positions. The per-sample path (dataset-rt 0.4.8's) yields
+``CachedSample`` records that torch batches and collates. The tensor path
+(``batch_format="tensors"``) cuts the same positions into the same batches itself, builds
+each from native batches as a ``TensorBatch`` (one buffer of tensors; a worker's go
+through its ring of shared memory) and hands torch built batches (its auto-batching off).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import logging
+import mmap
 import os
 import pickle
 import shutil
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -40,9 +48,12 @@ LOGGER_NAME = "dataset_rt.loader"
 LOADER_STATE_FORMAT = "dataset_rt.loader_state/1"
 ORDER_NAME = "partition-order.npy"
 
+BATCH_FORMATS = ("samples", "tensors")
+
 __all__ = [
     "DatasetRTDataLoader",
     "DatasetRTIterableDataset",
+    "TensorBatch",
     "to_torch_dataloader",
     "to_torch_iterable_dataset",
 ]
@@ -242,6 +253,321 @@ def to_torch_iterable_dataset(dataset: Any) -> DatasetRTIterableDataset:
     return DatasetRTIterableDataset(dataset)
 
 
+# ------------------------------------------------------------------ tensor batches
+
+# Metadata columns held in a batch's buffer: numpy kind -> (torch dtype, bytes per value).
+_NUMERIC = {"i": (torch.int64, 8), "f": (torch.float64, 8), "b": (torch.bool, 1)}
+
+
+class TensorBatch:
+    """A batch of the loader's ``batch_format="tensors"`` path: ``len(batch)`` samples
+    built from one native batch, without per-sample Python objects.
+
+    - ``data``: the payloads, a ``uint8`` tensor: ``[batch, length]`` when every payload
+      of this batch has the same length, else 1-D, all payloads back to back; sample
+      ``i``'s bytes are ``data.flatten()[offsets[i]:offsets[i + 1]]`` either way.
+    - ``offsets``: ``int64``, ``len(batch) + 1`` entries, starting at 0.
+    - ``cache_id``, ``sample_id``: ``int64`` tensors (the per-sample path's collated
+      values).
+    - ``metadata``: column name to an ``int64``, ``float64`` or ``bool`` tensor, or a list
+      of ``str`` for string columns, in the caches' column order.
+
+    Every tensor is a view of one ``uint8`` tensor, ``buffer``, so ``pin_memory()``
+    pins it once and ``to(device)`` copies it once. A DataLoader worker builds it in its
+    ring of shared memory and the training process copies it out into its own buffer
+    (or, when the ring is full, it is shared as torch shares a tensor). A batch is sent
+    between processes as (buffer, layout, strings): attributes replaced on it or keys
+    added to ``metadata`` are not carried; a ``batch_transform_fn`` returns its own
+    structure instead.
+    """
+
+    __slots__ = (
+        "_layout",
+        "_ring",
+        "_strings",
+        "buffer",
+        "cache_id",
+        "data",
+        "metadata",
+        "offsets",
+        "sample_id",
+    )
+
+    def __init__(
+        self, buffer: torch.Tensor, layout: tuple[Any, ...], strings: dict[str, list[str]]
+    ) -> None:
+        count, width, head, nbytes, order, numeric = layout
+        ids = 8 * (count + 1)
+        self.buffer = buffer
+        self._layout = layout
+        self._strings = strings
+        self._ring: tuple[Any, ...] | None = None
+        self.offsets = buffer[:ids].view(torch.int64)
+        self.cache_id = buffer[ids : ids + 8 * count].view(torch.int64)
+        self.sample_id = buffer[ids + 8 * count : ids + 16 * count].view(torch.int64)
+        data = buffer[head : head + nbytes]
+        self.data = data.view(count, width) if width >= 0 else data
+        metadata: dict[str, Any] = {}
+        for name in order:
+            if name in strings:
+                metadata[name] = strings[name]
+            else:
+                kind, position = numeric[name]
+                dtype, size = _NUMERIC[kind]
+                metadata[name] = buffer[position : position + size * count].view(dtype)
+        self.metadata = metadata
+
+    def __reduce__(self) -> Any:
+        if self._ring is not None:
+            # Built in a worker's ring: the receiver copies it out (see _Ring).
+            return _from_ring, (*self._ring, self._layout, self._strings)
+        return TensorBatch, (self.buffer, self._layout, self._strings)
+
+    def __len__(self) -> int:
+        return int(self._layout[0])
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorBatch(len={len(self)}, data={tuple(self.data.shape)}, "
+            f"metadata={list(self.metadata)}, device={self.buffer.device})"
+        )
+
+    def payload(self, index: int) -> bytes:
+        """Sample ``index``'s payload as bytes (a copy; for inspection, not a loop)."""
+        count, _, head, _, _, _ = self._layout
+        if not -count <= index < count:
+            raise IndexError(f"sample {index} is out of range for a batch of {count}")
+        index %= count
+        start, end = self.offsets[index : index + 2].tolist()
+        return bytes(self.buffer[head + start : head + end].cpu().numpy())
+
+    def pin_memory(self) -> TensorBatch:
+        """This batch in page-locked memory: one ``pin_memory()`` of ``buffer`` (the
+        DataLoader's ``pin_memory=True`` calls it once per batch)."""
+        return TensorBatch(self.buffer.pin_memory(), self._layout, self._strings)
+
+    def is_pinned(self) -> bool:
+        """Whether ``buffer`` (so every field) is in page-locked memory."""
+        return bool(self.buffer.is_pinned())
+
+    def to(self, device: Any, non_blocking: bool = False) -> TensorBatch:
+        """This batch on ``device``: one copy of ``buffer`` (asynchronous from pinned
+        memory with ``non_blocking=True``); every field is a view of the copy."""
+        buffer = self.buffer.to(device, non_blocking=non_blocking)
+        return TensorBatch(buffer, self._layout, self._strings)
+
+
+def _pass_batch(batch: Any) -> Any:
+    """The loader's collate on the tensor path: batches arrive built."""
+    return batch
+
+
+def _padded(nbytes: int) -> int:
+    return (nbytes + 7) & ~7
+
+
+def _allocate(nbytes: int, shared: bool) -> torch.Tensor:
+    """A ``uint8`` tensor of ``nbytes``; in shared memory when ``shared`` (a DataLoader
+    worker's batch then reaches the training process without another copy, as torch's
+    own collate does)."""
+    if not shared:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
+
+
+# A worker's batches without a batch transform travel through a ring of shared memory
+# (one per worker process): torch shares a tensor by passing a file descriptor through a
+# socket handshake per tensor (about a millisecond each on a small VM, more than building
+# a batch of small records); a ring is mapped once, and a batch then costs one copy out
+# in the receiver.
+_RING_HEADER = 64  # the receiver's "consumed" counter (u64) at offset 0
+_RING_MIN_BYTES = 16 << 20
+_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+_RING: _Ring | None = None
+_MAPPED: dict[str, tuple[int, mmap.mmap]] = {}  # receiver: ring path -> (writer pid, map)
+
+
+class _Ring:
+    """A single-producer, single-consumer byte ring in a shared file, written by one
+    DataLoader worker; the training process copies each batch out and releases it in
+    the order written (it receives a worker's batches in order), by advancing the
+    ``consumed`` counter to the batch's end. The writer never waits: a batch that does
+    not fit now goes the way torch shares tensors instead."""
+
+    def __init__(self, capacity: int) -> None:
+        fd, path = tempfile.mkstemp(prefix=f"dataset_rt-batches-{os.getpid()}-", dir=_SHM_DIR)
+        try:
+            os.ftruncate(fd, _RING_HEADER + capacity)
+            self._map = mmap.mmap(fd, _RING_HEADER + capacity)
+        finally:
+            os.close(fd)
+        # The receiver unlinks it once mapped; this covers a ring nobody mapped.
+        weakref.finalize(self, _unlink_quietly, path)
+        self.path = path
+        self.pid = os.getpid()
+        self.capacity = capacity
+        self.produced = 0
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+
+    def reserve(self, nbytes: int) -> int | None:
+        """The ring position of ``nbytes`` contiguous bytes free now, or None."""
+        capacity = self.capacity
+        start = self.produced
+        offset = start % capacity
+        if offset + nbytes > capacity:
+            start += capacity - offset  # wrap: the skipped tail is released with this batch
+        consumed = int(self.array[:8].view(np.uint64)[0])
+        if nbytes > capacity or start + nbytes - consumed > capacity:
+            return None
+        self.produced = start + nbytes
+        return start
+
+    def region(self, start: int, nbytes: int) -> np.ndarray:
+        at = _RING_HEADER + start % self.capacity
+        return self.array[at : at + nbytes]
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _worker_ring(nbytes: int) -> _Ring:
+    """This worker process's ring (made on its first batch, sized for several)."""
+    global _RING
+    if _RING is None or _RING.pid != os.getpid():
+        _RING = _Ring(max(_RING_MIN_BYTES, _padded(8 * nbytes)))
+    return _RING
+
+
+def _from_ring(
+    path: str,
+    pid: int,
+    capacity: int,
+    start: int,
+    nbytes: int,
+    layout: tuple[Any, ...],
+    strings: dict[str, list[str]],
+) -> TensorBatch:
+    """Unpickling a ring batch in the receiver: copy it into an owned tensor and
+    release its ring space."""
+    entry = _MAPPED.get(path)
+    if entry is None:
+        for known, (writer, _) in list(_MAPPED.items()):
+            if not _alive(writer):
+                del _MAPPED[known]  # that worker has exited: drop its mapping
+        fd = os.open(path, os.O_RDWR)
+        try:
+            entry = (pid, mmap.mmap(fd, _RING_HEADER + capacity))
+        finally:
+            os.close(fd)
+        _unlink_quietly(path)  # both sides have it mapped; nothing else opens it
+        _MAPPED[path] = entry
+    ring = np.frombuffer(entry[1], dtype=np.uint8)
+    at = _RING_HEADER + start % capacity
+    buffer = torch.empty(nbytes, dtype=torch.uint8)
+    buffer.numpy()[:] = ring[at : at + nbytes]
+    ring[:8].view(np.uint64)[0] = start + nbytes
+    return TensorBatch(buffer, layout, strings)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _pack(piece: Any, shared: bool | str) -> TensorBatch:
+    """One ``TensorBatch`` from a native batch (``RawBatch``, its views valid now): the
+    payloads, offsets, identities and numeric metadata copied once into one buffer
+    (8-byte aligned sections, the payloads last): this worker's ring when ``shared`` is
+    ``"ring"`` and it fits, torch shared memory when ``shared``, else ordinary memory."""
+    data, offsets, cache_id, sample_id, columns = piece
+    count = len(cache_id)
+    nbytes = int(offsets[-1])
+    lengths = np.diff(offsets)
+    width = int(lengths[0]) if count and not np.any(lengths != lengths[0]) else -1
+    ids = 8 * (count + 1)
+    position = ids + 16 * count
+    numeric: dict[str, tuple[str, int]] = {}
+    strings: dict[str, list[str]] = {}
+    arrays = []
+    for name, values in columns.items():
+        if isinstance(values, list):
+            strings[name] = values
+            continue
+        numeric[name] = (values.dtype.kind, position)
+        arrays.append((position, values))
+        position += _padded(values.nbytes)
+    total = position + nbytes
+    ring = None
+    if shared == "ring":
+        ring = _worker_ring(total)
+        start = ring.reserve(total)
+        if start is None:
+            ring = None
+    if ring is not None:
+        raw = ring.region(start, total)
+        buffer = torch.from_numpy(raw)
+    else:
+        buffer = _allocate(total, bool(shared))
+        raw = buffer.numpy()
+    raw[:ids].view(np.uint64)[:] = offsets
+    raw[ids : ids + 8 * count].view(np.uint64)[:] = cache_id
+    raw[ids + 8 * count : ids + 16 * count].view(np.uint64)[:] = sample_id
+    for at, values in arrays:
+        raw[at : at + values.nbytes] = values.view(np.uint8)
+    raw[position:] = data
+    layout = (count, width, position, nbytes, tuple(columns), numeric)
+    batch = TensorBatch(buffer, layout, strings)
+    if ring is not None:
+        batch._ring = (ring.path, ring.pid, ring.capacity, start, total)
+    return batch
+
+
+def _tensor_batches(
+    dataset: Any,
+    start: int,
+    count: int,
+    block_len: int,
+    block_stride: int,
+    size: int,
+    ring: bool,
+) -> Iterator[TensorBatch]:
+    """The ``TensorBatch`` es of ``count`` stream positions (as ``_iter_range`` numbers
+    them) cut into batches of ``size``, the last one shorter: the batches torch's
+    auto-batching makes of the same samples (with ``drop_last`` the plans give every
+    consumer whole batches, so there is no short one to drop). Each is one native batch
+    (a contiguous native batch holds every sample asked for, unless the range ends or a
+    read fails)."""
+    if count <= 0:
+        return
+    shared: bool | str = get_worker_info() is not None
+    if shared and ring:
+        shared = "ring"
+    with dataset._range_batches(start, count, block_len, block_stride) as reader:
+        remaining = count
+        while remaining:
+            wanted = min(size, remaining)
+            piece = reader.next(wanted)
+            if piece is None:
+                return
+            if len(piece.cache_id) < wanted:
+                # Short before a read error, which the next call raises: raise it now,
+                # where the per-sample path would, not after a short batch.
+                reader.next(wanted)
+                raise RuntimeError("a native batch ended early without an error")
+            yield _pack(piece, shared)
+            remaining -= wanted
+
+
 # ------------------------------------------------------------------ to_torch_dataloader
 
 
@@ -286,11 +612,15 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
         recipe: _Recipe,
         transform: Callable[[CachedSample], Any] | None,
         verbose: bool,
+        batch_format: str = "samples",
+        batch_transform: Callable[[TensorBatch], Any] | None = None,
     ) -> None:
         self.layout = layout
         self.recipe = recipe
         self.transform = transform
         self.verbose = verbose
+        self.tensors = batch_format == "tensors"
+        self.batch_transform = batch_transform
         self.resume = _Resume()
         self.pass_base = 0  # pass index of the consumer's first iter() in this process
         self._passes = 0
@@ -303,6 +633,16 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
         return state
 
     def __len__(self) -> int:
+        """Per-sample path: samples per pass (torch batches them). Tensor path: the
+        batches torch would count for those samples (torch's DataLoader receives them
+        built)."""
+        samples = self.sample_count()
+        if not self.tensors:
+            return samples
+        return _batch_count(samples, self.layout)
+
+    def sample_count(self) -> int:
+        """This rank's samples per pass."""
         layout = self.layout
         if layout.mode == "global":
             return layout.batches_per_rank * layout.batch_size
@@ -380,6 +720,20 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
             )
         if dataset is None:
             return iter(())
+        if self.tensors:
+            batches = _tensor_batches(
+                dataset,
+                start % 2**64,
+                count,
+                block_len,
+                block_stride,
+                layout.batch_size,
+                # A transform's result is shared the way torch shares tensors.
+                ring=self.batch_transform is None,
+            )
+            if self.batch_transform is None:
+                return batches
+            return map(self.batch_transform, batches)
         samples = dataset._iter_range(start % 2**64, count, block_len, block_stride)
         if self.transform is None:
             return samples
@@ -618,13 +972,39 @@ class _PickleSink:
         return len(data)
 
 
-def _check_picklable(transform: Callable[..., Any] | None, processes: int) -> None:
+def _check_picklable(
+    transform: Callable[..., Any] | None, processes: int, name: str = "sample_transform_fn"
+) -> None:
     if transform is None or processes == 0:
         return
     try:
         ForkingPickler(_PickleSink(), pickle.HIGHEST_PROTOCOL).dump(transform)
     except Exception as error:
-        raise TypeError("sample_transform_fn must be picklable for multiprocess loading") from error
+        raise TypeError(f"{name} must be picklable for multiprocess loading") from error
+
+
+def _check_batch_format(kwargs: Mapping[str, Any]) -> bool:
+    """Validate the tensor-path options (extensions, checked after every option of
+    dataset-rt 0.4.8); True for ``batch_format="tensors"``."""
+    batch_format = kwargs["batch_format"]
+    if not isinstance(batch_format, str) or batch_format not in BATCH_FORMATS:
+        raise ValueError("batch_format must be 'samples' or 'tensors'")
+    if batch_format == "samples":
+        if kwargs["batch_transform_fn"] is not None:
+            raise ValueError("batch_transform_fn requires batch_format='tensors'")
+        return False
+    for name, instead in (
+        ("sample_transform_fn", "batch_transform_fn"),
+        ("collate_fn", "batch_transform_fn"),
+    ):
+        if kwargs[name] is not None:
+            raise ValueError(
+                f"batch_format='tensors' builds whole batches without per-sample objects, "
+                f"so it takes no {name}; use {instead} (it receives each TensorBatch)"
+            )
+    if kwargs["batch_transform_fn"] is not None and not callable(kwargs["batch_transform_fn"]):
+        raise ValueError("batch_transform_fn must be callable or None")
+    return True
 
 
 @dataclass(frozen=True)
@@ -692,6 +1072,9 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
     workers = plan.resolve_workers(options, world_size)
     transform = kwargs["sample_transform_fn"]
     _check_picklable(transform, workers.processes)
+    tensors = _check_batch_format(kwargs)
+    batch_transform = kwargs["batch_transform_fn"]
+    _check_picklable(batch_transform, workers.processes, "batch_transform_fn")
     if workers.processes and not workers.persistent and options.resolved_partition != "global":
         warnings.warn(
             "persistent_workers=False restarts DatasetRT readers on every DataLoader pass "
@@ -704,7 +1087,11 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
         )
     samples = options.samples_per_epoch
     if samples is None:
-        samples = dataset._recipe_count
+        # dataset-rt 0.4.8 inherits len(dataset): the table's rows, or set_epoch_len's.
+        try:
+            samples = len(dataset)
+        except OverflowError:  # an epoch length of 2**63 or more
+            samples = plan.MAX_SAMPLE_BUDGET + 1
     if not 1 <= samples <= plan.MAX_SAMPLE_BUDGET:
         raise ValueError(
             f"inherited samples_per_epoch must be between 1 and {plan.MAX_SAMPLE_BUDGET}"
@@ -748,13 +1135,21 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
             use_table=use_table,
             order_path=order_path,
         )
-        adapter = _LoaderDataset(layout, recipe, transform, options.verbose)
+        adapter = _LoaderDataset(
+            layout,
+            recipe,
+            transform,
+            options.verbose,
+            kwargs["batch_format"],
+            batch_transform,
+        )
         loader = DatasetRTDataLoader(
             adapter,
-            batch_size=options.batch_size,
+            # The tensor path hands torch built batches (torch's auto-batching off).
+            batch_size=None if tensors else options.batch_size,
             num_workers=workers.processes,
-            collate_fn=kwargs["collate_fn"],
-            drop_last=options.drop_last,
+            collate_fn=_pass_batch if tensors else kwargs["collate_fn"],
+            drop_last=False if tensors else options.drop_last,
             pin_memory=options.pin_memory,
             timeout=options.timeout,
             multiprocessing_context=workers.context,
@@ -787,7 +1182,7 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
             workers.persistent,
             workers.prefetch if workers.prefetch is not None else "disabled",
             samples,
-            len(adapter),
+            adapter.sample_count(),
             options.batch_size,
             world_size,
             options.shuffle,

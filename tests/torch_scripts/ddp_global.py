@@ -3,7 +3,8 @@ tests/test_torch.py): records every batch it receives with its pass and step.
 
     torchrun --nproc-per-node N ddp_global.py CONFIG_JSON
 CONFIG: paths, out (directory), seed, batch_size, samples, workers, passes,
-load_state (file or null), stop_after (steps or null; rank 0 then saves state.json).
+load_state (file or null), stop_after (steps or null; rank 0 then saves state.json),
+batch_format (optional, the loader's; default "samples").
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> None:
             multiprocessing_context="fork",
             native_num_workers=1,
             verbose=False,
+            batch_format=config.get("batch_format", "samples"),
         )
     if config["load_state"]:
         loader.load_state_dict(json.loads(Path(config["load_state"]).read_text()))
@@ -52,6 +54,7 @@ def main() -> None:
                     "pass": pass_number,
                     "step": step,
                     "ids": [[int(c), int(s)] for c, s in zip(batch.cache_id, batch.sample_id)],
+                    "type": type(batch).__name__,
                 }
             )
             steps += 1

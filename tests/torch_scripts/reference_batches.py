@@ -1,4 +1,7 @@
-"""Print the batches of to_torch_dataloader for configurations given as JSON.
+"""Print the batches of to_torch_dataloader for configurations given as JSON (or the
+error making the loader raised). A config may set ``table`` ("filtered"), ``epoch_len``
+(``set_epoch_len`` before the loader is made), ``passes`` and ``reader_seed``; the rest
+are the loader's arguments.
 
 Uses only the public API shared by dataset_rt and dataset-rt 0.4.8, so the same script
 runs against both (tests/test_torch.py compares the output).
@@ -37,10 +40,17 @@ def main() -> None:
                     weight=(pl.col("sample_id") % 4 + 1).cast(pl.Float64)
                 )
             )
+        epoch_len = config.pop("epoch_len", None)
+        if epoch_len is not None:
+            dataset.set_epoch_len(epoch_len)
         passes = config.pop("passes", 2)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            loader = dataset.to_torch_dataloader(verbose=False, **config)
+            try:
+                loader = dataset.to_torch_dataloader(verbose=False, **config)
+            except Exception as error:
+                results.append({"error": f"{type(error).__name__}: {error}"})
+                continue
             batches = [[ids(batch) for batch in loader] for _ in range(passes)]
         results.append(
             {

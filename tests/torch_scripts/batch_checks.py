@@ -1,0 +1,304 @@
+"""Checks of the loader's tensor path, ``batch_format="tensors"`` (run by
+tests/test_torch.py in a virtualenv with torch). Prints one JSON object: check name ->
+[ok, detail].
+
+    python batch_checks.py MIXED_CACHES_JSON FIXED_CACHES_JSON
+
+MIXED: caches with payloads of varying length and int, float, bool and str metadata.
+FIXED: caches whose payloads are 4 little-endian int64 each, with an int ``label``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import sys
+import warnings
+from typing import Any
+
+import torch
+from torch.utils.data._utils.pin_memory import pin_memory
+
+import dataset_rt as drt
+from dataset_rt.integrations.torch import TensorBatch
+
+MIXED: list[str] = []
+FIXED: list[str] = []
+RESULTS: dict[str, list[Any]] = {}
+
+MODES = [
+    {"worker_partition": "global", "shuffle": True, "seed": 5},
+    {"worker_partition": "global", "shuffle": False},
+    {"worker_partition": "replicate", "shuffle": True, "seed": 5},
+    {"worker_partition": "split", "shuffle": True, "seed": 5},
+    {"worker_partition": "split", "shuffle": False},
+]
+SETUPS = [
+    {"num_workers": 0},
+    {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "fork"},
+    {"num_workers": 2, "persistent_workers": True, "multiprocessing_context": "spawn"},
+]
+
+
+def check(name: str, ok: bool, detail: object = "") -> None:
+    RESULTS[name] = [bool(ok), "" if ok else str(detail)[:3000]]
+
+
+def open_dataset(paths: list[str]) -> Any:
+    runtime = drt.DatasetRuntime(num_workers=1)
+    return runtime.cached_dataset(paths, reader_config=drt.ReaderConfig(seed=0))
+
+
+def loader(paths: list[str], **kwargs: Any) -> Any:
+    kwargs.setdefault("verbose", False)
+    kwargs.setdefault("native_num_workers", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return open_dataset(paths).to_torch_dataloader(**kwargs)
+
+
+def plain(value: Any) -> Any:
+    """A collated metadata column as (type tag, values)."""
+    if isinstance(value, torch.Tensor):
+        return [str(value.dtype), value.tolist()]
+    return ["list", list(value)]
+
+
+def from_samples(batch: Any) -> dict[str, Any]:
+    """What the per-sample path's batch (torch's default collate of CachedSample) holds."""
+    return {
+        "payloads": [bytes(p).hex() for p in batch.data],
+        "ids": [[int(c), int(s)] for c, s in zip(batch.cache_id, batch.sample_id)],
+        "id_dtypes": [str(batch.cache_id.dtype), str(batch.sample_id.dtype)],
+        "metadata": {name: plain(v) for name, v in batch.metadata.items()},
+    }
+
+
+def from_tensors(batch: TensorBatch) -> dict[str, Any]:
+    count = len(batch)
+    flat = batch.data.reshape(-1)
+    offsets = batch.offsets.tolist()
+    assert len(offsets) == count + 1 and offsets[0] == 0, offsets
+    return {
+        "payloads": [bytes(flat[offsets[i] : offsets[i + 1]].numpy()).hex() for i in range(count)],
+        "ids": [[int(c), int(s)] for c, s in zip(batch.cache_id, batch.sample_id)],
+        "id_dtypes": [str(batch.cache_id.dtype), str(batch.sample_id.dtype)],
+        "metadata": {name: plain(v) for name, v in batch.metadata.items()},
+    }
+
+
+def passes(data: Any, count: int, render: Any) -> list[list[Any]]:
+    return [[render(batch) for batch in data] for _ in range(count)]
+
+
+def check_same_batches() -> None:
+    """The tensor path yields the per-sample path's batches (payload bytes, identities,
+    metadata and its dtypes), for every mode, with 0 and 2 workers, fork and spawn."""
+    variants = [{"drop_last": False}, {"drop_last": True}]
+    for mode, setup, variant in itertools.product(MODES, SETUPS, variants):
+        if variant["drop_last"] and setup.get("multiprocessing_context") == "spawn":
+            continue  # spawn is slow; drop_last is covered with fork and in-process
+        kwargs = {**mode, **setup, **variant, "batch_size": 4, "samples_per_epoch": 23}
+        name = f"same batches {mode} {setup} {variant}"
+        samples = loader(MIXED, **kwargs)
+        tensors = loader(MIXED, **kwargs, batch_format="tensors")
+        expected = passes(samples, 2, from_samples)
+        got = passes(tensors, 2, from_tensors)
+        check(name, got == expected and len(expected[0]) > 3, (got[:1], expected[:1]))
+        check(name + ": len", len(tensors) == len(samples), (len(tensors), len(samples)))
+        kinds = {type(b).__name__ for b in tensors}
+        check(name + ": type", kinds == {"TensorBatch"}, kinds)
+
+
+def check_fixed_length_and_transform() -> None:
+    """Equal-length payloads come as [batch, length]; batch_transform_fn runs on each
+    whole batch in the process that builds it (a worker), and its result is the batch."""
+    plain_batches = list(
+        loader(FIXED, batch_size=5, shuffle=False, num_workers=0, batch_format="tensors")
+    )
+    shapes = [tuple(b.data.shape) for b in plain_batches]
+    check(
+        "fixed-length payloads are [batch, length]",
+        shapes == [(5, 32), (5, 32), (2, 32)],
+        shapes,
+    )
+    for setup in SETUPS:
+        expected = [
+            [list(range(i, i + 4)) for i in batch.sample_id.tolist()]
+            for batch in loader(FIXED, batch_size=5, shuffle=False, **setup)
+        ]
+        data = loader(
+            FIXED,
+            batch_size=5,
+            shuffle=False,
+            batch_format="tensors",
+            batch_transform_fn=decode_tokens,
+            **setup,
+        )
+        results = list(data)
+        tokens = [r["tokens"].tolist() for r in results]
+        pids = {int(r["pid"]) for r in results}
+        in_workers = os.getpid() not in pids if setup["num_workers"] else pids == {os.getpid()}
+        check(f"batch_transform_fn {setup}: decoded", tokens == expected, (tokens, expected))
+        check(f"batch_transform_fn {setup}: runs in the consumer", in_workers, pids)
+
+
+def decode_tokens(batch: TensorBatch) -> dict[str, torch.Tensor]:
+    """A batch transform: the fixed-size records as int64 tokens (importable by spawn)."""
+    return {"tokens": batch.data.view(torch.int64), "pid": torch.tensor(os.getpid())}
+
+
+def check_resume() -> None:
+    """A tensor-path loader interrupted mid-pass and restored continues exactly."""
+    rng = random.Random(11)
+    for mode, setup in itertools.product(MODES, SETUPS[:2]):
+        kwargs = {**mode, **setup, "batch_size": 3, "samples_per_epoch": 20}
+        kwargs["batch_format"] = "tensors"
+        full = passes(loader(MIXED, **kwargs), 3, from_tensors)
+        per_sample = passes(
+            loader(MIXED, **{k: v for k, v in kwargs.items() if k != "batch_format"}),
+            3,
+            from_samples,
+        )
+        check(f"resume {mode} {setup}: uninterrupted equals per-sample", full == per_sample)
+        expected = [b for one_pass in full for b in one_pass]
+        for cut in sorted(rng.sample(range(1, len(expected)), 2)):
+            first = loader(MIXED, **kwargs)
+            got: list[Any] = []
+            state = None
+            for _ in range(3):
+                for batch in first:
+                    got.append(from_tensors(batch))
+                    if len(got) == cut:
+                        state = json.loads(json.dumps(first.state_dict()))
+                        break
+                if state is not None:
+                    break
+            del first
+            second = loader(MIXED, **kwargs)
+            second.load_state_dict(state)
+            while len(got) < len(expected):
+                before = len(got)
+                got.extend(from_tensors(b) for b in second)
+                if len(got) == before:
+                    break
+            name = f"resume {mode} {setup} cut={cut}/{len(expected)}"
+            check(name, got == expected, (cut, state))
+
+
+def check_pin_memory() -> None:
+    """Pinning a batch pins its one buffer once and keeps every field a view of it.
+
+    This machine has no accelerator, where torch refuses to pin; ``Tensor.pin_memory``
+    is replaced by a counting copy to check the structure (real pinning is torch's)."""
+    data = loader(MIXED, batch_size=4, shuffle=False, num_workers=0, batch_format="tensors")
+    batch = next(iter(data))
+    calls = []
+    original = torch.Tensor.pin_memory
+
+    def fake_pin(self: torch.Tensor, *args: Any) -> torch.Tensor:
+        calls.append(self.numel())
+        return self.clone()
+
+    torch.Tensor.pin_memory = fake_pin  # type: ignore[method-assign]
+    try:
+        pinned = pin_memory(batch)
+    finally:
+        torch.Tensor.pin_memory = original  # type: ignore[method-assign]
+    base = pinned.buffer.data_ptr()
+    end = base + pinned.buffer.numel()
+    fields = [pinned.data, pinned.offsets, pinned.cache_id, pinned.sample_id]
+    fields += [v for v in pinned.metadata.values() if isinstance(v, torch.Tensor)]
+    check(
+        "pin_memory pins one buffer per batch",
+        calls == [batch.buffer.numel()]
+        and isinstance(pinned, TensorBatch)
+        and all(base <= f.data_ptr() < end or f.numel() == 0 for f in fields)
+        and from_tensors(pinned) == from_tensors(batch),
+        calls,
+    )
+    moved = batch.to("cpu", non_blocking=True)
+    check("to(device) keeps the batch", from_tensors(moved) == from_tensors(batch))
+    check("payload(i)", batch.payload(-1).hex() == from_tensors(batch)["payloads"][-1])
+
+
+def check_raises(name: str, call: Any, error: type[Exception], text: str) -> None:
+    try:
+        call()
+    except error as exc:
+        check(name, str(exc) == text, exc)
+    else:
+        check(name, False, "no error")
+
+
+def check_validation() -> None:
+    dataset = open_dataset(MIXED)
+
+    def make(**kwargs: Any) -> Any:
+        return dataset.to_torch_dataloader(verbose=False, num_workers=0, **kwargs)
+
+    cases = [
+        ({"batch_format": "arrow"}, ValueError, "batch_format must be 'samples' or 'tensors'"),
+        (
+            {"batch_transform_fn": decode_tokens},
+            ValueError,
+            "batch_transform_fn requires batch_format='tensors'",
+        ),
+        (
+            {"batch_format": "tensors", "sample_transform_fn": decode_tokens},
+            ValueError,
+            "batch_format='tensors' builds whole batches without per-sample objects, so it "
+            "takes no sample_transform_fn; use batch_transform_fn (it receives each "
+            "TensorBatch)",
+        ),
+        (
+            {"batch_format": "tensors", "collate_fn": list},
+            ValueError,
+            "batch_format='tensors' builds whole batches without per-sample objects, so it "
+            "takes no collate_fn; use batch_transform_fn (it receives each TensorBatch)",
+        ),
+        (
+            {"dataloader_kwargs": {"batch_format": "tensors"}},
+            ValueError,
+            "dataloader_kwargs contains reserved arguments: batch_format",
+        ),
+    ]
+    for kwargs, error, text in cases:
+        check_raises(f"validation {sorted(kwargs)}", lambda k=kwargs: make(**k), error, text)
+    check_raises(
+        "unpicklable batch_transform_fn",
+        lambda: dataset.to_torch_dataloader(
+            verbose=False,
+            num_workers=1,
+            batch_format="tensors",
+            batch_transform_fn=lambda b: b,
+        ),
+        TypeError,
+        "batch_transform_fn must be picklable for multiprocess loading",
+    )
+
+
+def main() -> None:
+    MIXED.extend(json.loads(sys.argv[1]))
+    FIXED.extend(json.loads(sys.argv[2]))
+    torch.set_num_threads(1)
+    for step in (
+        check_same_batches,
+        check_fixed_length_and_transform,
+        check_resume,
+        check_pin_memory,
+        check_validation,
+    ):
+        try:
+            step()
+        except Exception:  # report, keep checking
+            import traceback
+
+            check(step.__name__ + " raised", False, traceback.format_exc())
+    print(json.dumps(RESULTS))
+
+
+if __name__ == "__main__":
+    main()
