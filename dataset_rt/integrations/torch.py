@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import logging
 import mmap
 import os
 import pickle
@@ -41,10 +40,10 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from dataset_rt.config import DatasetConfiguration
 from dataset_rt.integrations import _loading as plan
+from dataset_rt.integrations.loader_logging import loader_event as _event
 from dataset_rt.records import CachedSample
 from dataset_rt.runtime import DatasetRuntime
 
-LOGGER_NAME = "dataset_rt.loader"
 LOADER_STATE_FORMAT = "dataset_rt.loader_state/1"
 ORDER_NAME = "partition-order.npy"
 
@@ -57,23 +56,6 @@ __all__ = [
     "to_torch_dataloader",
     "to_torch_iterable_dataset",
 ]
-
-
-def _event(message: str, *args: object) -> None:
-    """INFO to ``dataset_rt.loader`` through the application's handlers, or to stderr
-    (prefixed ``[dataset_rt.loader]``) when none is configured."""
-    logger = logging.getLogger(LOGGER_NAME)
-    if logger.hasHandlers():
-        logger.info(message, *args)
-        return
-    if logger.level != logging.NOTSET and not logger.isEnabledFor(logging.INFO):
-        return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("[%(name)s] %(message)s"))
-    try:
-        handler.handle(logger.makeRecord(LOGGER_NAME, logging.INFO, "", 0, message, args, None))
-    finally:
-        handler.close()
 
 
 # ------------------------------------------------------------------ snapshots and readers
