@@ -721,6 +721,11 @@ class Batch:
         values = [_column_values(columns[i], kind, n) for i, kind in enumerate(kinds)]
         return payloads, ffi.unpack(raw.cache_ids, n), ffi.unpack(raw.sample_ids, n), values
 
+    def column_values(self, index: int, kind: int) -> list[Any]:
+        """Metadata column ``index`` (of ``kind``) as a list of Python values."""
+        raw = self._raw
+        return _column_values(raw.columns[index], int(kind), int(raw.count))
+
     def arrays(self, copy: bool) -> tuple[Any, Any, Any, Any]:
         """A contiguous batch (``BatchFlag.CONTIGUOUS``) as numpy arrays ``(data,
         offsets, cache_id, sample_id)``: ``data`` uint8 with ``count + 1`` uint64
