@@ -12,6 +12,14 @@
 //! reads meet failures in another order, so a failed planned call is redone one identity
 //! at a time in the caller's order (errors are rare; the retry names the right one).
 //!
+//! Small reads (under `mapped_read_max` bytes: single records of small-record caches)
+//! are copied out of a read-only shared mapping of the shard, made on first use, instead
+//! of a pread each: no system call per record. A shard is mapped only when its file is
+//! at least as long as the manifest says (rows are checked against that length first),
+//! else it is read with pread, which reports a short file as the reference does; cache
+//! files are never changed once published, so a mapping stays valid. `MADV_RANDOM`: a
+//! fault reads one page, as a pread of a small record would.
+//!
 //! Invariant: batch pointers into `raw` and `reads` are taken only after every record of
 //! the call was read, so neither moves any more; they stay valid until the next call on
 //! the lookup.
@@ -32,6 +40,12 @@ const index = @import("../format/index.zig");
 /// A planned call with at most this many identities sorts 128-bit keys holding the
 /// identity and its position (32 bits); larger calls are split into such parts.
 const planned_count_max = std.math.maxInt(u32);
+
+/// Reads shorter than this are copied from the shard's mapping (see the top comment).
+const mapped_read_max = 16 << 10;
+
+/// A shard's mapping, or null when it is read with pread (see `Lookup.shardMap`).
+const ShardMap = ?[]align(std.heap.page_size_min) const u8;
 
 /// One positioned read of a planned call: `len` bytes at `offset` of a shard, into
 /// `reads[at..]`.
@@ -54,6 +68,8 @@ pub const Lookup = struct {
     record_at: std.ArrayList(u64) = .empty,
     span_reads: std.ArrayList(SpanRead) = .empty,
     reads: std.ArrayList(u8) = .empty,
+    /// Shards mapped on first small read (null: not mappable, read with pread).
+    maps: std.AutoHashMapUnmanaged(files_mod.Key, ShardMap) = .empty,
     batch: batch_mod.Buffers,
 
     pub fn open(ds: *Dataset) status.Error!*Lookup {
@@ -90,9 +106,41 @@ pub const Lookup = struct {
         return row;
     }
 
-    /// Reads `buf.len` bytes at `offset` of a shard, counted as one lookup read.
+    /// The shard's mapping, made on first use: null when its file is shorter than the
+    /// manifest says or cannot be mapped (pread then reads it, and reports what is wrong).
+    fn shardMap(lk: *Lookup, key: files_mod.Key) ShardMap {
+        if (lk.maps.get(key)) |m| return m;
+        const entry = lk.maps.getOrPut(lk.ds.gpa, key) catch return null;
+        entry.value_ptr.* = lk.mapShard(key);
+        return entry.value_ptr.*;
+    }
+
+    fn mapShard(lk: *Lookup, key: files_mod.Key) ShardMap {
+        const ds = lk.ds;
+        const want = ds.caches[key.cache].manifest.shards[@intCast(key.shard_id)].byte_len;
+        if (want == 0 or want > std.math.maxInt(usize)) return null;
+        const handle = lk.files.acquire(key, Dataset.ShardOpener{ .ds = ds }) catch return null;
+        defer lk.files.release(handle);
+        const st = std.posix.fstat(handle.fd) catch return null;
+        if (st.size < 0 or @as(u64, @intCast(st.size)) < want) return null;
+        const map = std.posix.mmap(null, @intCast(want), std.posix.PROT.READ, .{ .TYPE = .SHARED }, handle.fd, 0) catch return null;
+        std.posix.madvise(map.ptr, map.len, std.posix.MADV.RANDOM) catch {};
+        return map;
+    }
+
+    /// Reads `buf.len` bytes at `offset` of a shard, counted as one lookup read. The
+    /// caller checked the range against the manifest's shard length.
     fn readAt(lk: *Lookup, cache: u32, shard_id: u64, buf: []u8, offset: u64) status.Error!void {
         const ds = lk.ds;
+        if (buf.len < mapped_read_max) {
+            if (lk.shardMap(.{ .cache = cache, .shard_id = shard_id })) |map| {
+                if (offset <= map.len and buf.len <= map.len - offset) {
+                    @memcpy(buf, map[@intCast(offset)..][0..buf.len]);
+                    ds.countRead(null, buf.len);
+                    return;
+                }
+            }
+        }
         const path = ds.caches[cache].shard_paths[@intCast(shard_id)];
         const handle = try lk.files.acquire(.{ .cache = cache, .shard_id = shard_id }, Dataset.ShardOpener{ .ds = ds });
         defer lk.files.release(handle);
@@ -253,6 +301,9 @@ pub const Lookup = struct {
         lk.record_at.deinit(gpa);
         lk.span_reads.deinit(gpa);
         lk.reads.deinit(gpa);
+        var maps = lk.maps.valueIterator();
+        while (maps.next()) |m| if (m.*) |map| std.posix.munmap(map);
+        lk.maps.deinit(gpa);
         lk.batch.deinit(gpa);
         gpa.destroy(lk);
         ds.release();
