@@ -147,7 +147,8 @@ class CachedDataset:
     @property
     def io_stats(self) -> dict[str, int]:
         """Read counters since the dataset was opened: ``uring_reads``, ``pool_reads``
-        (prefetch reads by backend), ``lookup_reads`` (``get_item``) and ``bytes_read``."""
+        (prefetch reads by backend), ``lookup_reads`` (``get_item``, ``get_items``) and
+        ``bytes_read``."""
         return self._handle.io_stats()._asdict()
 
     def __iter__(self) -> Iterator[CachedSample]:
