@@ -48,8 +48,8 @@ const mapped_read_max = 16 << 10;
 const ShardMap = ?[]align(std.heap.page_size_min) const u8;
 
 /// One positioned read of a planned call: `len` bytes at `offset` of a shard, into
-/// `reads[at..]`.
-const SpanRead = struct { cache: u32, shard_id: u64, offset: u64, len: u64, at: u64 };
+/// `reads[at..]`, or left where they are in the shard's mapping (`mapped`).
+const SpanRead = struct { cache: u32, shard_id: u64, offset: u64, len: u64, at: u64, mapped: ?[*]const u8 = null };
 
 pub const Lookup = struct {
     ds: *Dataset,
@@ -128,18 +128,24 @@ pub const Lookup = struct {
         return map;
     }
 
+    /// The `len` bytes at `offset` of a shard in its mapping, for a small read (counted
+    /// as one lookup read), or null: then read them with `readAt`. The caller checked the
+    /// range against the manifest's shard length.
+    fn mappedAt(lk: *Lookup, cache: u32, shard_id: u64, len: u64, offset: u64) ?[]const u8 {
+        if (len >= mapped_read_max) return null;
+        const map = lk.shardMap(.{ .cache = cache, .shard_id = shard_id }) orelse return null;
+        if (offset > map.len or len > map.len - offset) return null;
+        lk.ds.countRead(null, len);
+        return map[@intCast(offset)..][0..@intCast(len)];
+    }
+
     /// Reads `buf.len` bytes at `offset` of a shard, counted as one lookup read. The
     /// caller checked the range against the manifest's shard length.
     fn readAt(lk: *Lookup, cache: u32, shard_id: u64, buf: []u8, offset: u64) status.Error!void {
         const ds = lk.ds;
-        if (buf.len < mapped_read_max) {
-            if (lk.shardMap(.{ .cache = cache, .shard_id = shard_id })) |map| {
-                if (offset <= map.len and buf.len <= map.len - offset) {
-                    @memcpy(buf, map[@intCast(offset)..][0..buf.len]);
-                    ds.countRead(null, buf.len);
-                    return;
-                }
-            }
+        if (lk.mappedAt(cache, shard_id, buf.len, offset)) |bytes| {
+            @memcpy(buf, bytes);
+            return;
         }
         const path = ds.caches[cache].shard_paths[@intCast(shard_id)];
         const handle = try lk.files.acquire(.{ .cache = cache, .shard_id = shard_id }, Dataset.ShardOpener{ .ds = ds });
@@ -179,14 +185,14 @@ pub const Lookup = struct {
             }
             try lk.spans.append(gpa, .{ payload_at, lk.raw.items.len - payload_at });
         }
-        return lk.finishBatch(contiguous, null);
+        return lk.finishBatch(contiguous, false);
     }
 
     /// Pass 2 of both paths: parse and batch in the caller's order, now that `raw` (and
-    /// `base`, the planned reads) no longer move. `jsons` and `spans` index `raw`, or
-    /// `base` for the spans whose length has the top bit set (uncompressed payloads
-    /// left where they were read).
-    fn finishBatch(lk: *Lookup, contiguous: bool, base: ?[]const u8) status.Error!batch_mod.View {
+    /// the planned reads) no longer move. `jsons` and `spans` hold (start, len) in `raw`;
+    /// with `absolute` (planned calls), `jsons` and the `spans` whose length has the
+    /// `in_reads` bit hold addresses instead (bytes left where they were read or mapped).
+    fn finishBatch(lk: *Lookup, contiguous: bool, absolute: bool) status.Error!batch_mod.View {
         const ds = lk.ds;
         const gpa = ds.gpa;
         const n = lk.locs.items.len;
@@ -194,10 +200,9 @@ pub const Lookup = struct {
         const raw = lk.raw.items;
         try lk.batch.reset(gpa, ds.fields);
         for (lk.locs.items, lk.jsons.items, lk.spans.items) |loc, j, p| {
-            const json = if (base) |b| b[@intCast(j[0])..][0..@intCast(j[1])] else raw[@intCast(j[0])..][0..@intCast(j[1])];
-            const in_base = p[1] & in_reads != 0;
+            const json = if (absolute) at(j[0])[0..@intCast(j[1])] else raw[@intCast(j[0])..][0..@intCast(j[1])];
             const len: usize = @intCast(p[1] & ~in_reads);
-            const payload = if (in_base) base.?[@intCast(p[0])..][0..len] else raw[@intCast(p[0])..][0..len];
+            const payload = if (p[1] & in_reads != 0) at(p[0])[0..len] else raw[@intCast(p[0])..][0..len];
             try lk.batch.add(ds, loc, json, payload);
         }
         std.debug.assert(lk.raw.items.ptr == raw.ptr and lk.raw.items.len == raw.len);
@@ -205,8 +210,16 @@ pub const Lookup = struct {
         return lk.batch.view(ds.fields, contiguous);
     }
 
-    /// Marks a payload span of a planned call that lies in `reads`, not in `raw`.
+    /// Marks a payload span of a planned call that is an address, not in `raw`.
     const in_reads: u64 = 1 << 63;
+
+    fn at(addr: u64) [*]const u8 {
+        return @ptrFromInt(@as(usize, @intCast(addr)));
+    }
+
+    fn address(bytes: []const u8) u64 {
+        return @intFromPtr(bytes.ptr);
+    }
 
     /// Several identities, planned: validated in the caller's order, then each distinct
     /// record read once, in (cache, sample id) order, adjacent records coalesced.
@@ -256,10 +269,15 @@ pub const Lookup = struct {
             record_at[i] = total;
             total += row.byte_len;
         }
-        // Pass 3: read (the buffer is sized once, so it never moves afterwards).
+        // Pass 3: read (the buffer is sized once, so it never moves afterwards); small
+        // spans stay in the shard's mapping.
         try record.growUninit(&lk.reads, gpa, @intCast(total));
-        for (lk.span_reads.items) |s| {
-            try lk.readAt(s.cache, s.shard_id, lk.reads.items[@intCast(s.at)..][0..@intCast(s.len)], s.offset);
+        for (lk.span_reads.items) |*s| {
+            if (lk.mappedAt(s.cache, s.shard_id, s.len, s.offset)) |bytes| {
+                s.mapped = bytes.ptr;
+            } else {
+                try lk.readAt(s.cache, s.shard_id, lk.reads.items[@intCast(s.at)..][0..@intCast(s.len)], s.offset);
+            }
         }
         // Pass 4: split each record in the caller's order; LZ4 payloads into `raw`.
         const reads = lk.reads.items;
@@ -268,14 +286,20 @@ pub const Lookup = struct {
         lk.jsons.clearRetainingCapacity();
         try lk.spans.ensureTotalCapacity(gpa, n);
         try lk.jsons.ensureTotalCapacity(gpa, n);
-        for (lk.locs.items, record_at) |loc, at| {
+        const span_reads = lk.span_reads.items;
+        for (lk.locs.items, record_at) |loc, record_start| {
             const c = &ds.caches[loc.cache];
             const row = c.row(loc.sample_id);
-            const bytes = reads[@intCast(at)..][0..@intCast(row.byte_len)];
+            // The span holding the record: the last one starting at or before it.
+            const si = std.sort.upperBound(SpanRead, span_reads, record_start, spanOrder) - 1;
+            const s = span_reads[si];
+            const within: usize = @intCast(record_start - s.at);
+            const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
+            const bytes = base[within..][0..@intCast(row.byte_len)];
             const rec = try shard.split(bytes);
-            lk.jsons.appendAssumeCapacity(.{ at + rec.payload_offset - rec.json.len, rec.json.len });
+            lk.jsons.appendAssumeCapacity(.{ address(rec.json), rec.json.len });
             switch (c.manifest.shards[@intCast(row.shard_id)].compression) {
-                .none => lk.spans.appendAssumeCapacity(.{ at + rec.payload_offset, rec.stored_payload.len | in_reads }),
+                .none => lk.spans.appendAssumeCapacity(.{ address(rec.stored_payload), rec.stored_payload.len | in_reads }),
                 .lz4 => {
                     const payload_at = lk.raw.items.len;
                     const len = try record.appendDecompressed(&lk.raw, gpa, rec.stored_payload);
@@ -284,7 +308,11 @@ pub const Lookup = struct {
             }
         }
         std.debug.assert(lk.reads.items.ptr == reads.ptr);
-        return lk.finishBatch(contiguous, reads);
+        return lk.finishBatch(contiguous, true);
+    }
+
+    fn spanOrder(record_start: u64, s: SpanRead) std.math.Order {
+        return std.math.order(record_start, s.at);
     }
 
     pub fn close(lk: *Lookup) void {
