@@ -55,6 +55,7 @@ PERMUTATION_SEED = 7
 WORKLOAD_FORMAT = 1  # bump when the generated workloads change
 W1_BATCH = 4096
 W2_BATCH = 64  # 64 MiB per batch
+W1_GET_ITEMS = 4096  # identities per get_items call
 PREFETCH = 64
 CONFIG_BUDGET_S = 60.0  # no new timed run of one configuration starts after this
 
@@ -69,7 +70,8 @@ def _config(
     ref: bool = True,
     batch: int = 0,
 ) -> dict[str, Any]:
-    """One configuration: ``mode`` is "samples" (``for s in ds``), "get_item" or "batches"
+    """One configuration: ``mode`` is "samples" (``for s in ds``), "get_item",
+    "get_items" (the same identities, ``batch`` per call) or "batches"
     (``iter_batches(batch)``); ``ref`` says whether dataset-rt 0.4.8 runs it too."""
     return {
         "key": key,
@@ -87,6 +89,13 @@ CONFIGS: list[dict[str, Any]] = [
     _config("w1_ordered", "W1 ordered per-sample", "samples"),
     _config("w1_shuffled", "W1 shuffled per-sample", "samples", shuffle=True),
     _config("w1_get_item", "W1 get_item random order", "get_item"),
+    _config(
+        "w1_get_items",
+        f"W1 get_items({W1_GET_ITEMS}) random order",
+        "get_items",
+        ref=False,
+        batch=W1_GET_ITEMS,
+    ),
     _config(
         "w1_batches", f"W1 iter_batches({W1_BATCH}) ordered", "batches", ref=False, batch=W1_BATCH
     ),
@@ -120,7 +129,7 @@ def run_config(
     with open(spec["digests"][wl], "rb") as handle:
         digests = handle.read()
     perm = _array("Q")
-    if cfg["mode"] == "get_item":
+    if cfg["mode"] in ("get_item", "get_items"):
         with open(spec["perm"], "rb") as handle:
             perm.frombytes(handle.read())
     extra = {} if backend is None else {"io_backend": backend}
@@ -148,6 +157,26 @@ def run_config(
         for sid in perm:
             s = ds.get_item(cache_id, sid)
             check.add(s.data, s.metadata, s.cache_id, s.sample_id)
+    elif mode == "get_items":
+        import numpy as np
+
+        cache_id = next(iter(ds)).cache_id
+        perm_array = np.frombuffer(perm, dtype=np.uint64)
+        cache_ids = np.full(batch, cache_id, dtype=np.uint64)
+        for start in range(0, len(perm_array), batch):
+            sids = perm_array[start : start + batch]
+            b = ds.get_items(cache_ids[: len(sids)], sids)
+            offsets = [int(x) for x in b.offsets]
+            labels = b.metadata["label"].to_list()
+            splits = b.metadata["split"].to_list()
+            for i in range(len(sids)):
+                meta = {"label": labels[i], "split": splits[i]}
+                check.add(
+                    b.data[offsets[i] : offsets[i + 1]].tobytes(),
+                    meta,
+                    int(b.cache_id[i]),
+                    int(b.sample_id[i]),
+                )
     else:
         for b in ds.iter_batches(batch):
             offsets = [int(x) for x in b.offsets]
@@ -180,6 +209,18 @@ def run_config(
             total += len(get(cache_id, sid).data)
         return total
 
+    def consume_get_items(ds: Any) -> int:
+        import numpy as np
+
+        total = 0
+        get_items = ds.get_items
+        perm_array = np.frombuffer(perm, dtype=np.uint64)
+        cache_ids = np.full(batch, cache_id, dtype=np.uint64)
+        for start in range(0, len(perm_array), batch):
+            sids = perm_array[start : start + batch]
+            total += len(get_items(cache_ids[: len(sids)], sids).data)
+        return total
+
     def consume_batches(ds: Any) -> int:
         total = 0
         for b in ds.iter_batches(batch):
@@ -189,6 +230,7 @@ def run_config(
     consume = {
         "samples": consume_samples,
         "get_item": consume_get_item,
+        "get_items": consume_get_items,
         "batches": consume_batches,
     }[mode]
     resident = []
@@ -208,7 +250,7 @@ def run_config(
 
         warmup = 1
     best, times, total = best_of(consume, spec["repeat"], warmup, setup, spec["budget_s"])
-    samples = len(perm) if mode == "get_item" else spec["n"][wl]
+    samples = len(perm) if mode in ("get_item", "get_items") else spec["n"][wl]
     return {
         "best_s": best,
         "times": times,
@@ -342,7 +384,7 @@ def limit_for(cfg: dict[str, Any], limits: dict[str, float]) -> tuple[str, float
     key = cfg["key"]
     if key == "w1_ordered":
         return "py loop ordered", limits["py_ordered_rps"], "rps"
-    if key in ("w1_shuffled", "w1_get_item"):
+    if key in ("w1_shuffled", "w1_get_item", "w1_get_items"):
         return "py pread random", limits["py_random_rps"], "rps"
     if key == "w1_batches":
         return "page cache", limits["pagecache_bps"] / RECORD_BYTES["w1"], "rps"
@@ -373,6 +415,8 @@ def target_for(
         return ">=800k/s", yn(rps >= 800e3)
     if key == "w1_get_item":
         return ">=400k/s", yn(rps >= 400e3)
+    if key == "w1_get_items":
+        return ">=10M/s", yn(rps >= 10e6)
     if key == "w1_batches":
         return ">=10M/s", yn(rps >= 10e6)
     if key in ("w2_ordered_warm", "w2_batches_warm"):
@@ -398,15 +442,16 @@ def verify_status(
 ) -> str:
     """'ok' or what is wrong with one result's verification pass."""
     v = res["verify"]
-    n = len(spec["perm_list"]) if cfg["mode"] == "get_item" else spec["n"][cfg["wl"]]
+    by_identity = cfg["mode"] in ("get_item", "get_items")
+    n = len(spec["perm_list"]) if by_identity else spec["n"][cfg["wl"]]
     if v["bad"]:
         return f"FAIL: {v['bad']} bad ({v['first_bad']})"
     if v["count"] != n:
         return f"FAIL: {v['count']} samples, expected {n}"
-    if res["bytes"] != v["bytes"] and cfg["mode"] != "get_item":
+    if res["bytes"] != v["bytes"] and not by_identity:
         return f"FAIL: timed pass consumed {res['bytes']} bytes, verify pass {v['bytes']}"
     if not cfg["shuffle"]:
-        key = "get_item" if cfg["mode"] == "get_item" else cfg["wl"]
+        key = "get_item" if by_identity else cfg["wl"]
         stream, ids = expected[key]
         if v["stream"] != stream or v["ids"] != ids:
             return "FAIL: order/content differs from the expected stream"

@@ -841,23 +841,72 @@ class Lookup(_Handle):
         check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
         return Batch(self._batch)
 
+    def get_arrays(self, cache_ids: Any, sample_ids: Any, flags: int = 0) -> Batch:
+        """``drt_lookup_get`` for identities given as two C-contiguous numpy uint64 arrays
+        of the same length, passed by pointer (no copy). The batch is valid until the next
+        call or close."""
+        count = len(cache_ids)
+        first = ffi.from_buffer("uint64_t[]", cache_ids)
+        second = ffi.from_buffer("uint64_t[]", sample_ids)
+        check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
+        return Batch(self._batch)
+
     def get_one(
-        self, cache_id: int, sample_id: int, kinds: Sequence[int]
-    ) -> tuple[bytes, list[Any]]:
-        """``drt_lookup_get`` of one identity: its payload and its metadata values, one per
-        schema field of ``kinds``. The per-call cost of ``get_item`` is Python's, so this
-        path avoids every object it can (no Batch, plain-int kinds)."""
-        pointer = self._ptr
+        self, cache_id: int, sample_id: int, read_row: Callable[[Any], dict[str, Any]]
+    ) -> tuple[bytes, dict[str, Any]]:
+        """``drt_lookup_get`` of one identity: its payload and its metadata dict, built by
+        ``read_row`` (from :func:`row_reader`) from the batch's columns. The per-call cost
+        of ``get_item`` is Python's, so this path avoids every object it can (no Batch,
+        no intermediate list)."""
         ids = self._ids
         ids[0] = cache_id
         ids[1] = sample_id
         raw = self._batch
-        status = lib.drt_lookup_get(pointer, 1, ids, ids + 1, 0, raw)
+        status = lib.drt_lookup_get(self._ptr, 1, ids, ids + 1, 0, raw)
         if status:
             raise_status(status)
-        data = ffi.buffer(raw.payloads[0], raw.payload_lens[0])[:]
-        columns = raw.columns
-        return data, [_first_value(columns[i], kind) for i, kind in enumerate(kinds)]
+        return _unpack(_cast(_CHAR_P, raw.payloads[0]), raw.payload_lens[0]), read_row(raw.columns)
+
+
+_CHAR_P = ffi.typeof("char *")
+_I64_P = ffi.typeof("int64_t *")
+_F64_P = ffi.typeof("double *")
+_BOOL_P = ffi.typeof("_Bool *")
+_cast = ffi.cast
+_unpack = ffi.unpack
+
+
+def _first_string(column: Any) -> str:
+    """Row 0 of a string column of a batch."""
+    return _unpack(_cast(_CHAR_P, column.values), column.offsets[1]).decode("utf-8")
+
+
+def row_reader(names: Sequence[str], kinds: Sequence[int]) -> Callable[[Any], dict[str, Any]]:
+    """A function ``(drt_column array) -> dict``: row 0 of a batch's columns as the
+    metadata dict ``{names[i]: value}`` (``kinds`` plain ints, schema order).
+
+    Generated once per dataset with the names as constants (they enter the source only
+    through ``repr``, so any string is safe): one dict display, no loop, no list."""
+    readers = {
+        int(Kind.INT): "_cast(_I64_P, columns[{i}].values)[0]",
+        int(Kind.FLOAT): "_cast(_F64_P, columns[{i}].values)[0]",
+        int(Kind.BOOL): "_cast(_BOOL_P, columns[{i}].values)[0]",
+        int(Kind.STRING): "_first_string(columns[{i}])",
+    }
+    items = ", ".join(
+        f"{name!r}: " + readers[int(kind)].format(i=i)
+        for i, (name, kind) in enumerate(zip(names, kinds))
+    )
+    source = f"def read_row(columns):\n    return {{{items}}}\n"
+    namespace: dict[str, Any] = {
+        "_cast": _cast,
+        "_I64_P": _I64_P,
+        "_F64_P": _F64_P,
+        "_BOOL_P": _BOOL_P,
+        "_first_string": _first_string,
+    }
+    exec(compile(source, "<dataset_rt row reader>", "exec"), namespace)
+    return namespace["read_row"]  # type: ignore[no-any-return]
 
 
 _INT, _FLOAT, _BOOL = int(Kind.INT), int(Kind.FLOAT), int(Kind.BOOL)
@@ -874,18 +923,6 @@ def _column_values(column: Any, kind: int, n: int) -> list[Any]:
     offsets = ffi.unpack(column.offsets, n + 1)
     data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
     return [data[a:b].decode("utf-8") for a, b in pairwise(offsets)]
-
-
-def _first_value(column: Any, kind: int) -> Any:
-    """Row 0 of a batch column (plain-int ``kind``)."""
-    if kind == _INT:
-        return ffi.cast("int64_t *", column.values)[0]
-    if kind == _FLOAT:
-        return ffi.cast("double *", column.values)[0]
-    if kind == _BOOL:
-        return ffi.cast("_Bool *", column.values)[0]
-    end = column.offsets[1]
-    return ffi.buffer(ffi.cast("uint8_t *", column.values), end)[:].decode("utf-8")
 
 
 # ---------------------------------------------------------------- writing

@@ -108,6 +108,7 @@ class CachedDataset:
         self._field_names = [name for name, _ in self._columns]
         self._kinds = [int(kind) for _, kind in self._columns]
         self._make_dicts = _dict_builder(self._field_names)
+        self._read_row = _native.row_reader(self._field_names, self._kinds)
         self._state_lock = threading.RLock()
         self._active: Any = None
         self._active_arrow: Any = None  # a pyarrow active table not yet seen by Polars
@@ -146,7 +147,8 @@ class CachedDataset:
     @property
     def io_stats(self) -> dict[str, int]:
         """Read counters since the dataset was opened: ``uring_reads``, ``pool_reads``
-        (prefetch reads by backend), ``lookup_reads`` (``get_item``) and ``bytes_read``."""
+        (prefetch reads by backend), ``lookup_reads`` (``get_item``, ``get_items``) and
+        ``bytes_read``."""
         return self._handle.io_stats()._asdict()
 
     def __iter__(self) -> Iterator[CachedSample]:
@@ -330,18 +332,56 @@ class CachedDataset:
         """
         if type(cache_id) is not int or type(sample_id) is not int:
             raise TypeError("cache_id and sample_id must be integers")
-        if not 0 <= cache_id < 2**64:
+        if not 0 <= cache_id < _U64_END:
             raise IndexError(f"cache_id {cache_id} is out of range")
-        if not 0 <= sample_id < 2**64:
+        if not 0 <= sample_id < _U64_END:
             raise IndexError(f"sample_id {sample_id} is out of range")
         with self._lookup_lock:
-            if self._lookup is None:
+            lookup = self._lookup
+            if lookup is None:
                 # One lookup handle (with its call buffers) per dataset, reused by every call.
-                self._lookup = _native.Lookup.open(self._handle)
-            data, values = self._lookup.get_one(cache_id, sample_id, self._kinds)
-            return _new_sample(
-                CachedSample, (data, dict(zip(self._field_names, values)), cache_id, sample_id)
-            )
+                lookup = self._lookup = _native.Lookup.open(self._handle)
+            data, row = lookup.get_one(cache_id, sample_id, self._read_row)
+        return _new_sample(CachedSample, (data, row, cache_id, sample_id))
+
+    def get_items(self, cache_ids: Any, sample_ids: Any, *, copy: bool = True) -> SampleBatch:
+        """The stored samples ``(cache_ids[i], sample_ids[i])``, in this order, as one
+        :class:`SampleBatch` (the type :meth:`iter_batches` yields): what ``get_item``
+        returns for each identity, without a Python object per sample.
+
+        ``cache_ids`` and ``sample_ids`` are sequences of ``int`` or one-dimensional numpy
+        integer arrays of the same length (uint64 arrays are passed to the library by
+        pointer). Identities may repeat and mix caches; like ``get_item``, rows outside the
+        active table can be read and no cursor moves. The reads are planned like an
+        iterator's: each distinct record is read once, in shard and offset order, adjacent
+        records in one read; the batch lists the samples in the caller's order.
+
+        Errors: one bad identity fails the whole call (nothing is returned) with the
+        exception ``get_item`` raises for the first failing identity in the caller's order,
+        same type and message (``TypeError`` for a non-integer, ``IndexError`` naming the
+        identity that is out of range, ``RuntimeError``/``ValueError`` naming the file of
+        an unreadable record). Mismatched lengths or a non-1-D array raise ``ValueError``.
+        An empty request returns an empty batch.
+
+        Lifetime: as for :meth:`iter_batches`; with ``copy=False`` the arrays ``data``,
+        ``cache_id`` and ``sample_id`` are views of native memory, valid only until the
+        next ``get_item`` or ``get_items`` call on this dataset.
+        """
+        cids, sids, bad = _identity_arrays(cache_ids, sample_ids)
+        with self._lookup_lock:
+            lookup = self._lookup
+            if lookup is None:
+                lookup = self._lookup = _native.Lookup.open(self._handle)
+            if bad is not None:
+                # Identities before the first one Python refuses come first: the library
+                # may fail on one of them.
+                position, error = bad
+                lookup.get_arrays(cids[:position], sids[:position])
+                raise error
+            if len(cids) == 0:
+                return _empty_batch(self._columns)
+            batch = lookup.get_arrays(cids, sids, _native.BatchFlag.CONTIGUOUS)
+            return _sample_batch(batch, self._columns, bool(copy))
 
     def get_metadata(self) -> Any:
         """The active metadata table as a Polars DataFrame.
@@ -541,6 +581,87 @@ def _torch_adapters(method: str) -> Any:
 
 STATE_FORMAT = "dataset_rt.dataset_state/1"
 
+_U64_END = 2**64
+
+
+def _identity_arrays(
+    cache_ids: Any, sample_ids: Any
+) -> tuple[Any, Any, tuple[int, Exception] | None]:
+    """``get_items``' identities as two C-contiguous uint64 arrays, and the first
+    identity ``get_item`` would refuse before calling the library: ``(position,
+    exception)``, or None. Numpy integer arrays are checked in bulk; other sequences
+    must hold ``int`` objects (as ``get_item``'s arguments)."""
+    import numpy as np
+
+    columns = []
+    for name, values in (("cache_ids", cache_ids), ("sample_ids", sample_ids)):
+        if isinstance(values, np.ndarray):
+            if values.ndim != 1:
+                raise ValueError(f"{name} must be one-dimensional")
+            columns.append(values)
+        else:
+            try:
+                columns.append(list(values))
+            except TypeError:
+                raise TypeError(f"{name} must be a sequence of integers or a numpy array") from None
+    cids, sids = columns
+    if len(cids) != len(sids):
+        raise ValueError("cache_ids and sample_ids must have the same length")
+    out = []
+    bad: list[int] = []  # per column, the first position get_item would refuse
+    for values in (cids, sids):
+        if isinstance(values, np.ndarray):
+            if values.dtype == np.uint64:
+                out.append(np.ascontiguousarray(values))
+                bad.append(len(values))
+                continue
+            if values.dtype.kind != "i" and values.dtype.kind != "u":
+                # Not integers: get_item's TypeError at the first identity.
+                out.append(np.zeros(len(values), dtype=np.uint64))
+                bad.append(0)
+                continue
+            negative = np.flatnonzero(values < 0) if values.dtype.kind == "i" else ()
+            first = int(negative[0]) if len(negative) else len(values)
+            converted = np.zeros(len(values), dtype=np.uint64)
+            converted[:first] = values[:first]
+            out.append(converted)
+            bad.append(first)
+            continue
+        try:
+            if set(map(type, values)) - {int}:
+                raise TypeError
+            array = np.array(values, dtype=np.uint64) if values else np.zeros(0, np.uint64)
+        except (TypeError, OverflowError, ValueError):
+            # Find the first element get_item would refuse (type, then range).
+            first = next(
+                i for i, v in enumerate(values) if type(v) is not int or not 0 <= v < _U64_END
+            )
+            array = np.zeros(len(values), dtype=np.uint64)
+            array[:first] = values[:first]
+            out.append(array)
+            bad.append(first)
+        else:
+            out.append(array)
+            bad.append(len(values))
+    position = min(bad)
+    if position == len(out[0]):
+        return out[0], out[1], None
+    # Elements of integer arrays stand for the Python ints they hold.
+    cache_id, sample_id = (
+        int(v[position]) if isinstance(v, np.ndarray) and v.dtype.kind in "iu" else v[position]
+        for v in (cids, sids)
+    )
+    return out[0], out[1], (position, _refusal(cache_id, sample_id))
+
+
+def _refusal(cache_id: Any, sample_id: Any) -> Exception:
+    """The exception ``get_item(cache_id, sample_id)`` raises before calling the library."""
+    if type(cache_id) is not int or type(sample_id) is not int:
+        return TypeError("cache_id and sample_id must be integers")
+    if not 0 <= cache_id < _U64_END:
+        return IndexError(f"cache_id {cache_id} is out of range")
+    return IndexError(f"sample_id {sample_id} is out of range")
+
 
 class _Progress:
     """How far the consumer got in an iterator's window: ``base`` samples were fetched
@@ -647,6 +768,25 @@ def _sample_batch(batch: _native.Batch, columns: list[tuple[str, int]], copy: bo
         {name: batch.column_array(i, kind) for i, (name, kind) in enumerate(columns)}
     )
     return SampleBatch(data, offsets, cache_id, sample_id, frame)
+
+
+def _empty_batch(columns: list[tuple[str, int]]) -> SampleBatch:
+    """A batch of no samples, with the types of a filled one."""
+    import numpy as np
+    import polars as pl
+    import pyarrow as pa
+
+    empty = {
+        _native.Kind.INT: lambda: np.zeros(0, dtype=np.int64),
+        _native.Kind.FLOAT: lambda: np.zeros(0, dtype=np.float64),
+        _native.Kind.BOOL: lambda: np.zeros(0, dtype=bool),
+        _native.Kind.STRING: lambda: pa.array([], type=pa.large_string()),
+    }
+    frame = pl.DataFrame({name: empty[_native.Kind(kind)]() for name, kind in columns})
+    u64 = np.zeros(0, dtype=np.uint64)
+    return SampleBatch(
+        np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.uint64), u64, u64.copy(), frame
+    )
 
 
 def _dict_builder(names: list[str]) -> Any:

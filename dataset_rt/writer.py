@@ -18,6 +18,7 @@ Contract (see the compatibility page of the docs for the deliberate fixes):
 from __future__ import annotations
 
 import decimal
+import gc
 import math
 import numbers
 import os
@@ -26,6 +27,8 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +69,13 @@ _PLAIN_TYPES: dict[int, type] = {
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-# Samples handed to the native writer per call, at most (prefetch_size bounds it too).
+# Samples handed to the native writer per call, at most; batches also stop growing at
+# about BATCH_BYTES_MAX payload bytes (sized from the payloads seen so far).
 BATCH_SAMPLES_MAX = 4096
+BATCH_BYTES_MAX = 8 << 20
+# Batches whose payloads average at least this many bytes go to the native writer by
+# pointer, one per payload, written straight from the caller's buffers (no join).
+LARGE_PAYLOAD_BYTES = 64 << 10
 
 
 class SourceFailure(Exception):
@@ -402,8 +410,16 @@ def _write_one(
     except SourceFailure as failure:
         return CacheWriteError(plan.name, str(failure))
     try:
+        # With a live progress line (or the profiler) batches stay small, so the line
+        # moves even for slow sources; otherwise they are sized by BATCH_BYTES_MAX.
+        small = progress is not None or timings is not None
         ingest = _Ingest(
-            writer, plan.name, min(prefetch_size, BATCH_SAMPLES_MAX), progress, timings
+            writer,
+            plan.name,
+            min(prefetch_size, BATCH_SAMPLES_MAX) if small else BATCH_SAMPLES_MAX,
+            progress,
+            timings,
+            direct=compression == _native.Compression.NONE,
         )
         if feed is None:
             ingest.run(plan.source)
@@ -431,8 +447,13 @@ class _Ingest:
         batch_size: int,
         progress: _Progress | None,
         timings: _Timings | None,
+        *,
+        direct: bool = False,
     ) -> None:
+        """``direct``: hand large payloads over one by one, by pointer (uncompressed
+        caches, where the library writes them from the caller's buffer)."""
         self.writer = writer
+        self.direct = direct
         self.timings = timings
         self.name = name
         self.batch_size = batch_size
@@ -447,48 +468,107 @@ class _Ingest:
     def run(self, source: Any) -> None:
         try:
             iterator: Iterator[Any] = iter(source)
-            pull = iterator.__next__
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
             raise SourceFailure(python_error(exc)) from exc
-        payloads: list[Any] = []
-        rows: list[dict[str, Any]] = []
-        timings = self.timings
-        clock = time.perf_counter_ns
-        batch_size = self.batch_size
-        while True:
-            started = clock() if timings else 0
+        if self.timings is not None:
+            self._run_timed(iterator)
+            return
+        # Batches are pulled with islice (C speed) and checked in bulk; the first batch is
+        # small, later ones are sized from the payload bytes seen so far.
+        size = min(64, self.batch_size)
+        more = True
+        while more:
+            # The cyclic GC is paused while a batch is pulled and handed over: its
+            # samples stay alive until then, and collections would only promote them (a
+            # pass over every tracked object of the process each time). Garbage from the
+            # source waits at most one batch.
+            paused = gc.isenabled()
+            if paused:
+                gc.disable()
             try:
-                item = pull()
-            except StopIteration:
-                if timings:  # the call that ends the source is a next() too (as 0.4.8)
-                    timings.add("python_next", started)
-                break
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as exc:
-                if timings:
-                    timings.add("python_next", started)
-                raise SourceFailure(python_error(exc)) from exc
-            if timings:
-                timings.add("python_next", started)
-                started = clock()
-            # Fast path for the common types; _unpack gives the exact errors otherwise.
+                size, more = self._batch(iterator, size)
+            finally:
+                if paused:
+                    gc.enable()
+        self.complete()
+
+    def _batch(self, iterator: Iterator[Any], size: int) -> tuple[int, bool]:
+        """Pull up to ``size`` samples and hand them over; returns the next batch size and
+        whether the source may have more."""
+        chunk: list[Any] = []
+        append = chunk.append
+        try:
+            for item in islice(iterator, size):
+                append(item)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            # The samples pulled before the failure are checked first, as when each
+            # sample is checked as it arrives.
+            self._take(chunk)
+            raise SourceFailure(python_error(exc)) from exc
+        count = len(chunk)
+        if count == 0:
+            return size, False
+        payloads, rows = self._take(chunk)
+        del chunk
+        nbytes = self._flush(payloads, rows)
+        average = max(1, nbytes // count)
+        return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), count == size
+
+    def _take(self, chunk: list[Any]) -> tuple[Any, Any]:
+        """The payloads and metadata dicts of pulled samples, with the per-sample checks
+        (the first failing sample's error). Bulk type checks for the common case."""
+        if self.keys is not None and set(map(type, chunk)) == {CacheInput}:
+            payloads, rows = zip(*chunk)
+            if set(map(type, payloads)) == {bytes} and set(map(type, rows)) == {dict}:
+                return payloads, rows
+        payload_list: list[Any] = []
+        row_list: list[dict[str, Any]] = []
+        for item in chunk:
             if (
                 type(item) is CacheInput
                 and type(item[0]) is bytes
                 and type(item[1]) is dict
                 and self.keys is not None
             ):
-                payloads.append(item[0])
-                rows.append(item[1])
+                payload, metadata = item
             else:
                 payload, metadata = self._unpack(item)
-                payloads.append(payload)
-                rows.append(metadata)
-            if timings:
-                timings.add("python_extract", started, len(payloads[-1]))
+            payload_list.append(payload)
+            row_list.append(metadata)
+        return payload_list, row_list
+
+    def _run_timed(self, iterator: Iterator[Any]) -> None:
+        """``run`` with the profiler's per-sample timings (one sample at a time)."""
+        pull = iterator.__next__
+        payloads: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        timings = self.timings
+        assert timings is not None
+        clock = time.perf_counter_ns
+        batch_size = self.batch_size
+        while True:
+            started = clock()
+            try:
+                item = pull()
+            except StopIteration:
+                # the call that ends the source is a next() too (as 0.4.8)
+                timings.add("python_next", started)
+                break
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:
+                timings.add("python_next", started)
+                raise SourceFailure(python_error(exc)) from exc
+            timings.add("python_next", started)
+            started = clock()
+            taken_payloads, taken_rows = self._take([item])
+            payloads.append(taken_payloads[0])
+            rows.append(taken_rows[0])
+            timings.add("python_extract", started, len(payloads[-1]))
             if len(payloads) >= batch_size:
                 self._flush(payloads, rows)
                 payloads, rows = [], []
@@ -572,7 +652,7 @@ class _Ingest:
 
         kind = self.kinds[index]
         try:
-            values = [row[key] for row in rows]
+            values = list(map(itemgetter(key), rows))
         except KeyError:
             self._check_rows(rows)
             raise
@@ -583,6 +663,18 @@ class _Ingest:
             if kind != Kind.STRING:
                 values = [_PLAIN_TYPES[kind](v) for v in values]
         if kind == Kind.STRING:
+            if types == {str}:
+                try:
+                    data = "".join(values).encode("utf-8")
+                except UnicodeEncodeError:
+                    data = None
+                lengths = np.fromiter(map(len, values), np.uint64, len(values))
+                offsets = np.zeros(len(values) + 1, dtype=np.uint64)
+                np.cumsum(lengths, out=offsets[1:])
+                # As many bytes as characters: all ASCII, so the character offsets are
+                # the byte offsets.
+                if data is not None and len(data) == int(offsets[-1]):
+                    return data, offsets
             try:
                 encoded = [str(v).encode("utf-8") for v in values]
             except UnicodeEncodeError:
@@ -601,7 +693,9 @@ class _Ingest:
             return np.array(values, dtype=np.float64), None
         return np.array(values, dtype=np.uint8), None
 
-    def _flush(self, payloads: list[memoryview], rows: list[dict[str, Any]]) -> None:
+    def _flush(self, payloads: Any, rows: Any) -> int:
+        """Check one batch's metadata and hand it to the native writer; returns its
+        payload bytes."""
         import numpy as np
 
         assert self.keys is not None
@@ -609,33 +703,68 @@ class _Ingest:
         if set(map(len, rows)) != {len(self.keys)}:
             self._check_rows(rows)
         values = [self._column(i, key, rows) for i, key in enumerate(self.keys)]
-        offsets = np.zeros(len(payloads) + 1, dtype=np.uint64)
-        np.cumsum(np.fromiter(map(len, payloads), np.uint64, len(payloads)), out=offsets[1:])
+        count = len(payloads)
+        lengths = np.fromiter(map(len, payloads), np.uint64, count)
+        nbytes = int(lengths.sum())
+        if self.direct and nbytes >= LARGE_PAYLOAD_BYTES * count:
+            # Large payloads: by pointer, written from their own buffers.
+            if self.timings:
+                self.timings.add("metadata_validate", started)
+            self.append_columns(count, payloads, lengths, values, views=True)
+            return nbytes
+        offsets = np.zeros(count + 1, dtype=np.uint64)
+        np.cumsum(lengths, out=offsets[1:])
         blob = b"".join(payloads)
         if self.timings:
             self.timings.add("metadata_validate", started)
-        self.append_columns(len(payloads), blob, offsets, values)
+        self.append_columns(count, blob, offsets, values)
+        return nbytes
 
     def append_columns(
-        self, count: int, blob: Any, offsets: Any, values: list[tuple[Any, Any]]
+        self,
+        count: int,
+        blob: Any,
+        offsets: Any,
+        values: list[tuple[Any, Any]],
+        *,
+        views: bool = False,
     ) -> None:
         """Hand ``count`` samples to the native writer in one call and keep their metadata
         for ``metadata.arrow``.
 
         ``blob`` is a buffer of payload bytes, ``offsets`` a C-contiguous uint64 array of
-        ``count + 1`` byte offsets into it; ``values`` holds one ``(values, offsets)`` pair
-        per schema field as :meth:`_column` returns them (numpy arrays; for strings, UTF-8
-        bytes and uint64 offsets starting at 0). The schema must be set."""
+        ``count + 1`` byte offsets into it; with ``views``, ``blob`` is a sequence of
+        ``count`` payload buffers and ``offsets`` their ``count`` lengths (uint64), passed
+        one pointer each and written from where they are.
+        ``values`` holds one ``(values, offsets)`` pair per schema field as
+        :meth:`_column` returns them (numpy arrays; for strings, UTF-8 bytes and uint64
+        offsets starting at 0). The schema must be set."""
+        import numpy as np
+
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
         for chunks, column in zip(self.chunks, values):
             chunks.append(column)
         columns = [(kind, v, o) for kind, (v, o) in zip(self.kinds, values)]
-        self.writer.append(count, blob, offsets, columns)
+        if views:
+            # One call per payload, its own buffer by pointer: the library writes large
+            # payloads from there (and hashes them as written), without a copy.
+            nbytes = 0
+            for i, payload in enumerate(blob):
+                size = int(offsets[i])
+                one = [
+                    (kind, v[i : i + 1], None) if o is None else (kind, v, o[i : i + 2])
+                    for kind, v, o in columns
+                ]
+                self.writer.append(1, payload, np.array([0, size], dtype=np.uint64), one)
+                nbytes += size
+        else:
+            self.writer.append(count, blob, offsets, columns)
+            nbytes = len(blob)
         if self.timings:
-            self.timings.add("ingress_wait", started, len(blob))
+            self.timings.add("ingress_wait", started, nbytes)
         self.count += count
-        self.payload_bytes += len(blob)
+        self.payload_bytes += nbytes
         if self.progress is not None:
             self.progress.update(self.name, self.count, self.payload_bytes)
 

@@ -199,7 +199,10 @@ int32_t drt_writer_set_schema(drt_writer *writer, const drt_field *fields, uint6
  * field, in schema order, each of `count` rows. All buffers are borrowed for the
  * duration of the call (they are copied). Records are encoded and compressed on the
  * runtime's workers and appended in order; the call returns once the batch is queued,
- * waiting first while more than prefetch_size earlier samples are still in the pipeline.
+ * waiting first while more than max(prefetch_size, batch) earlier samples are still in
+ * the pipeline. Uncompressed batches whose payloads average 64 KiB or more are instead
+ * written on the calling thread, straight from `payloads` (hashed as written, not
+ * copied), after the earlier batches; the call returns once they are written.
  * A failure of an earlier batch is returned by a later append or by finish.
  * Returns DRT_E_INVALID_ARGUMENT (e.g. "metadata field 'k' must be a finite float",
  * invalid UTF-8), DRT_E_IO, DRT_E_OUT_OF_MEMORY. After a failure the writer can only
@@ -450,7 +453,11 @@ void drt_iter_close(drt_iter *iter);
 int32_t drt_lookup_open(drt_dataset *dataset, drt_lookup **out);
 
 /* Reads `count` samples by identity into *out, in the order given. Does not move any
- * cursor. Returns DRT_E_INDEX ("cache_id 7 is out of range", "sample_id 5 is out of
+ * cursor. Several identities are read like an iterator's positions: each distinct
+ * record once, in shard and offset order, adjacent records in one read. One bad
+ * identity or unreadable record fails the whole call with the status and message that
+ * a call with just the first failing identity (in the order given) returns.
+ * Returns DRT_E_INDEX ("cache_id 7 is out of range", "sample_id 5 is out of
  * range for cache_id 7"), the statuses of drt_iter_next_batch. */
 int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache_ids,
                        const uint64_t *sample_ids, uint32_t flags, drt_batch *out);

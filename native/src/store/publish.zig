@@ -87,17 +87,19 @@ pub const HashedFile = struct {
     written: u64 = 0,
 
     const flush_bytes = 1 << 20;
+    /// Appends this large are written from the caller's buffer (after what is buffered),
+    /// not copied into the buffer first.
+    const direct_bytes = 64 << 10;
 
     pub fn append(self: *HashedFile, gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!void {
         self.hasher.update(bytes);
         self.written += bytes.len;
-        if (self.buffer.items.len + bytes.len > flush_bytes) {
+        if (bytes.len >= direct_bytes) {
             try self.flush(path);
-            if (bytes.len >= flush_bytes) {
-                self.file.writeAll(bytes) catch |err| return status.failIo(err, path);
-                return;
-            }
+            self.file.writeAll(bytes) catch |err| return status.failIo(err, path);
+            return;
         }
+        if (self.buffer.items.len + bytes.len > flush_bytes) try self.flush(path);
         try self.buffer.appendSlice(gpa, bytes);
     }
 

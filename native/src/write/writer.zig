@@ -32,6 +32,9 @@ pub const Options = struct {
     /// Publish by atomically exchanging with an existing cache at the destination (which
     /// is then removed) instead of refusing it: rebuilding a stale cache.
     replace: bool = false,
+    /// Uncompressed appends whose payloads average at least this many bytes are written
+    /// from the caller's buffers (tests move it to force either path).
+    direct_payload_bytes: u64 = direct_payload_bytes,
 };
 
 /// Timed stages (DRT_STAGE_* order).
@@ -80,6 +83,10 @@ pub const Column = struct {
 
 /// Samples handed to one encode job at least (smaller batches are not split).
 const chunk_samples_min = 64;
+
+/// Uncompressed batches whose payloads average this many bytes or more are written
+/// directly from the caller's buffers (`appendDirect`) instead of through chunks.
+pub const direct_payload_bytes = 64 << 10;
 
 /// A slice of an appended batch, copied out of the caller's buffers, encoded (record
 /// framing, JSON, LZ4) on a pool worker and then committed in sequence order.
@@ -187,6 +194,9 @@ pub const Writer = struct {
     async_message: [status.message_bytes_max]u8 = undefined,
     async_message_len: usize = 0,
     shard_path: std.ArrayList(u8) = .empty,
+    /// `appendDirect`'s buffers: the batch's checked values, one record's header.
+    direct_values: std.ArrayList(schema.Value) = .empty,
+    direct_header: std.ArrayList(u8) = .empty,
     failed: bool = false,
     profile: Profile,
 
@@ -280,6 +290,9 @@ pub const Writer = struct {
                 return status.fail(error.InvalidArgument, "lz4 payloads must be smaller than 4 GiB", .{});
             }
         }
+        if (w.options.compression == .none and n > 0 and offsets[n] - offsets[0] >= w.options.direct_payload_bytes *| n) {
+            return w.appendDirect(n, payloads, offsets, columns);
+        }
         const parts = @min(w.runtime.num_workers, @max(1, n / chunk_samples_min));
         var start: usize = 0;
         for (0..parts) |p| {
@@ -294,13 +307,57 @@ pub const Writer = struct {
         }
     }
 
+    /// Large uncompressed payloads: once every queued chunk is committed, each record is
+    /// encoded and written on the calling thread, its payload straight from the caller's
+    /// buffer into the shard (hashed as it is written, never copied). The bytes are the
+    /// ones the chunk path writes.
+    fn appendDirect(w: *Writer, n: usize, payloads: [*]const u8, offsets: [*]const u64, columns: [*]const Column) status.Error!void {
+        const gpa = w.gpa;
+        const nf = w.fields.len;
+        w.drain();
+        try w.checkAsync();
+        // The same checks as the chunk path, before anything is written.
+        try w.direct_values.resize(gpa, n * nf);
+        for (0..n) |i| {
+            for (w.fields, 0..) |f, col| w.direct_values.items[i * nf + col] = try columnValue(f, columns[col], i);
+        }
+        for (0..n) |i| {
+            const payload = payloads[@intCast(offsets[i])..@intCast(offsets[i + 1])];
+            var t = w.profile.start();
+            w.direct_header.clearRetainingCapacity();
+            try w.direct_header.appendNTimes(gpa, 0, 8);
+            try metadata_json.encodeRecord(gpa, &w.direct_header, w.fields, w.direct_values.items[i * nf ..][0..nf]);
+            const json_len = w.direct_header.items.len - 8;
+            std.mem.writeInt(u64, w.direct_header.items[0..8], json_len, .little);
+            w.profile.stop(.record_encode, t, json_len + 8);
+            const record_len = w.direct_header.items.len + payload.len;
+            // Sequence order is kept: nothing else is in flight (drained above), and
+            // the caller appends from one thread.
+            if (w.shard) |*sh| {
+                if (sh.written > 0 and sh.written + record_len > w.options.max_shard_bytes) try w.closeShard();
+            }
+            if (w.shard == null) try w.openShard();
+            t = w.profile.start();
+            const sh = &w.shard.?;
+            const offset = sh.written;
+            try sh.append(gpa, w.direct_header.items, w.shard_path.items);
+            try sh.append(gpa, payload, w.shard_path.items);
+            w.shard_uncompressed += payload.len;
+            const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
+            try w.index_file.append(gpa, &row, w.staging.staging_path);
+            w.sample_count += 1;
+            w.profile.stop(.disk_write, t, record_len + index.row_bytes);
+        }
+    }
+
     /// Waits for a free chunk and room under the in-flight bound, then reserves both.
     fn acquireChunk(w: *Writer, samples: usize) status.Error!*Chunk {
         w.mutex.lock();
         defer w.mutex.unlock();
-        // One batch may queue while up to prefetch_size samples are still being encoded
-        // or committed, so the caller produces the next batch while the pool works.
-        const bound = w.options.prefetch_size + samples;
+        // One batch may queue while up to max(prefetch_size, batch) samples are still
+        // being encoded or committed, so the caller produces the next batch while the
+        // pool works (a whole batch of the caller's may be in flight).
+        const bound = @max(w.options.prefetch_size, samples) + samples;
         while (true) {
             if (w.async_failure != null) break;
             const chunk = &w.chunks[@intCast(w.next_submit % w.chunks.len)];
@@ -549,6 +606,8 @@ pub const Writer = struct {
         w.runtime.release();
         w.shards.deinit(gpa);
         w.shard_path.deinit(gpa);
+        w.direct_values.deinit(gpa);
+        w.direct_header.deinit(gpa);
         w.field_names.deinit(gpa);
         gpa.free(w.fields);
         gpa.free(w.name);
@@ -805,6 +864,65 @@ test "writer: rebuilds the reference's uncompressed caches byte for byte, whatev
             const sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{s.name});
             defer gpa.free(sub);
             try expectSameFile(gpa, fixture.dir, out, sub);
+        }
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+}
+
+test "writer: large payloads written from the caller's buffers give the same bytes as the chunk path" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(base);
+    const rt = try Runtime.open(gpa, 2);
+    defer rt.release();
+    const fields = [_]schema.Field{ .{ .name = "label", .kind = .int }, .{ .name = "name", .kind = .string } };
+    var input = try TestInput.init(gpa, &fields);
+    defer input.deinit(gpa);
+    var prng = std.Random.DefaultPrng.init(5);
+    const payload = try gpa.alloc(u8, 200 << 10);
+    defer gpa.free(payload);
+    prng.random().bytes(payload);
+    for (0..23) |i| {
+        // 0 B to 200 KiB: some appends average above the threshold, some below.
+        const len = (i * 37) % 11 * (20 << 10);
+        var name_buf: [16]u8 = undefined;
+        const name = try std.fmt.bufPrint(&name_buf, "s{d}", .{i});
+        try input.add(gpa, payload[i..][0 .. len -| i], &.{ .{ .int = @intCast(i) }, .{ .string = name } });
+    }
+    const cases = [_]struct { name: []const u8, direct: u64, step: usize }{
+        .{ .name = "chunks", .direct = std.math.maxInt(u64), .step = 23 },
+        .{ .name = "direct", .direct = 0, .step = 1 },
+        .{ .name = "direct_batches", .direct = 0, .step = 5 },
+        .{ .name = "mixed", .direct = 64 << 10, .step = 2 },
+    };
+    for (cases) |case| {
+        errdefer std.debug.print("case {s}\n", .{case.name});
+        try writeCache(gpa, rt, base, case.name, .{ .max_shard_bytes = 300 << 10, .prefetch_size = 4, .compression = .none, .ratio = 1.0, .direct_payload_bytes = case.direct }, &input, case.step, "metadata");
+    }
+    var first = try tmp.dir.openDir("chunks", .{});
+    defer first.close();
+    const text = try first.readFileAlloc(gpa, "manifest.json", 1 << 20);
+    defer gpa.free(text);
+    var m = try manifest.parse(gpa, text, "manifest.json");
+    defer m.deinit();
+    try testing.expect(m.shards.len > 3);
+    for (cases[1..]) |case| {
+        errdefer std.debug.print("case {s}\n", .{case.name});
+        var other = try tmp.dir.openDir(case.name, .{});
+        defer other.close();
+        // The manifest names the source, so compare what it says about the bytes.
+        const other_text = try other.readFileAlloc(gpa, "manifest.json", 1 << 20);
+        defer gpa.free(other_text);
+        var om = try manifest.parse(gpa, other_text, "manifest.json");
+        defer om.deinit();
+        try testing.expectEqual(m.shards.len, om.shards.len);
+        try expectSameFile(gpa, first, other, "index.bin");
+        for (m.shards) |sh| {
+            const sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{sh.name});
+            defer gpa.free(sub);
+            try expectSameFile(gpa, first, other, sub);
         }
     }
     try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));

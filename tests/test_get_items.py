@@ -1,0 +1,209 @@
+"""`CachedDataset.get_items`: many identities in one call, as one `SampleBatch`.
+
+Every batch is checked against `get_item` of the same identities (payload, metadata
+values and their types, identity), on both I/O backends, for random identities with
+repeats and across caches, numpy and list inputs; errors are `get_item`'s for the first
+failing identity in the caller's order.
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dataset_rt as drt
+from dataset_rt.dataset import SampleBatch
+from tests.conftest import FIXTURES
+
+# Four caches with the same schema: uncompressed (one and many shards), LZ4, unicode name.
+SAME_SCHEMA = ["plain_one_shard", "plain_many_shards", "lz4_many_shards", "unicode_é_name"]
+
+
+def open_dataset(runtime, io_backend: str, paths: list[Path] | None = None, **options):
+    config = drt.ReaderConfig(seed=3, shuffle=False, io_backend=io_backend, **options)
+    paths = paths if paths is not None else [FIXTURES / name for name in SAME_SCHEMA]
+    return runtime.cached_dataset(paths, reader_config=config)
+
+
+def identities(dataset) -> list[tuple[int, int]]:
+    """Every (cache_id, sample_id) of the dataset, in path order."""
+    frame = dataset.get_metadata()
+    return list(zip(frame["cache_id"].to_list(), frame["sample_id"].to_list()))
+
+
+def expect_same_as_get_item(dataset, batch, cache_ids, sample_ids) -> None:
+    """``batch`` holds exactly what get_item returns for each identity, in order."""
+    assert isinstance(batch, SampleBatch)
+    n = len(cache_ids)
+    assert len(batch) == n
+    assert batch.offsets.dtype == np.uint64 and len(batch.offsets) == n + 1
+    assert batch.data.dtype == np.uint8 and int(batch.offsets[-1]) == len(batch.data)
+    assert batch.cache_id.dtype == np.uint64 and batch.sample_id.dtype == np.uint64
+    assert batch.cache_id.tolist() == [int(c) for c in cache_ids]
+    assert batch.sample_id.tolist() == [int(s) for s in sample_ids]
+    rows = batch.metadata.to_dicts()
+    assert len(rows) == n
+    for i, (cid, sid) in enumerate(zip(cache_ids, sample_ids)):
+        sample = dataset.get_item(int(cid), int(sid))
+        assert batch.payload(i) == sample.data
+        assert rows[i] == sample.metadata
+        for key, value in sample.metadata.items():
+            assert type(rows[i][key]) is type(value)
+            if isinstance(value, float):  # bit for bit
+                assert struct.pack("<d", rows[i][key]) == struct.pack("<d", value)
+
+
+def test_random_identities_with_repeats_across_caches(runtime, io_backend: str) -> None:
+    dataset = open_dataset(runtime, io_backend)
+    every = identities(dataset)
+    rng = random.Random(5)
+    for count in (1, 2, 7, 300, 2000):
+        picked = [rng.choice(every) for _ in range(count)]
+        # Repeats: the same identity several times, next to each other and apart.
+        picked += picked[: count // 3] + [picked[0]] * 3
+        cache_ids = [c for c, _ in picked]
+        sample_ids = [s for _, s in picked]
+        expect_same_as_get_item(
+            dataset, dataset.get_items(cache_ids, sample_ids), cache_ids, sample_ids
+        )
+        arrays = np.array(cache_ids, dtype=np.uint64), np.array(sample_ids, dtype=np.uint64)
+        expect_same_as_get_item(dataset, dataset.get_items(*arrays), cache_ids, sample_ids)
+
+
+def test_every_sample_in_every_order(runtime, io_backend: str) -> None:
+    dataset = open_dataset(runtime, io_backend)
+    every = identities(dataset)
+    for order in (every, every[::-1], random.Random(9).sample(every, len(every))):
+        cache_ids = np.array([c for c, _ in order], dtype=np.uint64)
+        sample_ids = np.array([s for _, s in order], dtype=np.uint64)
+        batch = dataset.get_items(cache_ids, sample_ids, copy=False)
+        expect_same_as_get_item(dataset, batch, cache_ids, sample_ids)
+    # Reads are planned: the whole dataset (every shard's records back to back) takes at
+    # most one read per shard and per coalescing limit, not one per sample.
+    before = dataset.io_stats["lookup_reads"]
+    dataset.get_items(cache_ids, sample_ids)
+    assert dataset.io_stats["lookup_reads"] - before < len(every) // 4
+
+
+def test_integer_array_types_and_sequences(runtime, io_backend: str) -> None:
+    dataset = open_dataset(runtime, io_backend)
+    every = identities(dataset)
+    picked = random.Random(1).sample(every, 50)
+    cache_ids = [c for c, _ in picked]
+    sample_ids = [s for _, s in picked]
+    want = dataset.get_items(cache_ids, sample_ids)
+    for dtype in (np.uint64, np.int64):
+        for cids in (np.array(cache_ids, dtype=np.uint64),):
+            sids = np.array(sample_ids, dtype=dtype)
+            got = dataset.get_items(cids, sids)
+            assert got.data.tobytes() == want.data.tobytes()
+            assert got.metadata.equals(want.metadata)
+    # Small integer types, tuples, ranges and strided arrays work too.
+    one = [c for c, _ in every if c == cache_ids[0]][:5]
+    assert len(one) == 5
+    got = dataset.get_items(tuple(one), range(5))
+    expect_same_as_get_item(dataset, got, one, list(range(5)))
+    strided = np.arange(10, dtype=np.int32)[::2]
+    got = dataset.get_items(np.array(one, dtype=np.uint64), strided)
+    expect_same_as_get_item(dataset, got, one, [0, 2, 4, 6, 8])
+
+
+def test_empty_request(runtime, io_backend: str) -> None:
+    dataset = open_dataset(runtime, io_backend)
+    full = dataset.get_items(*map(list, zip(*identities(dataset)[:3])))
+    for empty in (([], []), (np.zeros(0, np.uint64), np.zeros(0, np.uint64))):
+        batch = dataset.get_items(*empty)
+        assert len(batch) == 0
+        assert batch.offsets.tolist() == [0] and len(batch.data) == 0
+        assert batch.cache_id.dtype == np.uint64 and batch.sample_id.dtype == np.uint64
+        assert batch.metadata.schema == full.metadata.schema
+        assert batch.metadata.height == 0
+
+
+def errors_of(dataset, cache_ids, sample_ids) -> tuple[tuple[type, str], tuple[type, str]]:
+    """(get_items' exception, get_item's exception for the first failing identity)."""
+    with pytest.raises(Exception) as batch_error:
+        dataset.get_items(cache_ids, sample_ids)
+    # Elements of integer arrays stand for the Python ints they hold.
+    cache_ids, sample_ids = (
+        v.tolist() if isinstance(v, np.ndarray) and v.dtype.kind in "iu" else v
+        for v in (cache_ids, sample_ids)
+    )
+    for cid, sid in zip(cache_ids, sample_ids):
+        try:
+            dataset.get_item(cid, sid)
+        except Exception as exc:
+            single = (type(exc), str(exc))
+            break
+    else:
+        pytest.fail("no identity fails get_item")
+    return (batch_error.type, str(batch_error.value)), single
+
+
+def test_errors_are_get_items_for_the_first_failing_identity(runtime, io_backend: str) -> None:
+    dataset = open_dataset(runtime, io_backend)
+    (good_c, good_s), (other_c, other_s) = identities(dataset)[0], identities(dataset)[-1]
+    cases = [
+        ([good_c, 12345], [good_s, 0]),  # unknown cache_id
+        ([good_c, good_c], [good_s, 10**6]),  # sample_id past the cache's end
+        ([other_c, good_c, good_c], [other_s, -1, 10**6]),  # negative, then past the end
+        ([good_c, 2**64], [good_s, 0]),  # cache_id too large for u64
+        ([good_c, good_c], [good_s, 1.0]),  # not an int
+        ([good_c, good_c], [good_s, True]),  # bool is not an int for get_item
+        ([good_c, 7, good_c], [good_s, 0, -5]),  # native error before a Python one
+        ([good_c, good_c, 7], [good_s, -5, 0]),  # Python error before a native one
+        ([good_c, good_c], [good_s, np.int64(1)]),  # numpy scalar in a list
+    ]
+    for cache_ids, sample_ids in cases:
+        got, want = errors_of(dataset, cache_ids, sample_ids)
+        assert got == want, (cache_ids, sample_ids)
+    # Numpy arrays: signed negatives, floats and bools fail like the values they hold.
+    got, want = errors_of(
+        dataset, np.array([good_c, good_c], np.uint64), np.array([good_s, -3], np.int64)
+    )
+    assert got == want == (IndexError, "sample_id -3 is out of range")
+    with pytest.raises(TypeError, match=r"^cache_id and sample_id must be integers$"):
+        dataset.get_items(np.array([good_c], np.uint64), np.array([1.0]))
+    with pytest.raises(TypeError, match=r"^cache_id and sample_id must be integers$"):
+        dataset.get_items(np.array([good_c], np.uint64), np.array([True]))
+    # Shapes and lengths.
+    with pytest.raises(ValueError, match="same length"):
+        dataset.get_items([good_c], [1, 2])
+    with pytest.raises(ValueError, match="one-dimensional"):
+        dataset.get_items(np.zeros((2, 2), np.uint64), np.zeros(4, np.uint64))
+    # The dataset stays usable.
+    expect_same_as_get_item(dataset, dataset.get_items([good_c], [good_s]), [good_c], [good_s])
+
+
+def test_unreadable_record_fails_like_get_item(runtime, io_backend: str, fixture_copy) -> None:
+    """A record whose index row points past its shard: the whole call fails with get_item's
+    error, wherever the identity is in the request."""
+    path = fixture_copy("plain_one_shard")
+    index = bytearray((path / "index.bin").read_bytes())
+    # Row 7 (shard_id, offset, byte_len as u64 LE): its offset moved past the shard's end.
+    struct.pack_into("<Q", index, 7 * 24 + 8, 1 << 40)
+    (path / "index.bin").write_bytes(bytes(index))
+    dataset = open_dataset(runtime, io_backend, [path])
+    cache_id = identities(dataset)[0][0]
+    got, want = errors_of(dataset, [cache_id] * 4, [3, 9, 7, 1])
+    assert got == want
+    assert want[0] is RuntimeError and "failed to fill whole buffer" in want[1]
+    # Without the broken record, the same call succeeds.
+    fine = [3, 9, 1]
+    batch = dataset.get_items([cache_id] * 3, fine)
+    expect_same_as_get_item(dataset, batch, [cache_id] * 3, fine)
+
+
+def test_copy_false_views_are_valid_until_the_next_call(runtime, io_backend: str) -> None:
+    dataset = open_dataset(runtime, io_backend)
+    every = identities(dataset)
+    cache_ids = [c for c, _ in every[:20]]
+    sample_ids = [s for _, s in every[:20]]
+    owned = dataset.get_items(cache_ids, sample_ids)
+    view = dataset.get_items(cache_ids, sample_ids, copy=False)
+    assert view.data.tobytes() == owned.data.tobytes()
+    assert not view.data.flags.owndata and owned.data.flags.owndata
