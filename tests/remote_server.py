@@ -21,7 +21,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-
 from refenv import skip_or_fail
 
 ENV_KEYS = (
