@@ -417,3 +417,28 @@ def test_processes_share_one_shard_cache(runtime, s3_bucket, shard_cache, tmp_pa
     manifest = json.loads((local / "a" / "manifest.json").read_text())
     assert {f.stem for f in shard_files(shard_cache)} == {s["sha256"] for s in manifest["shards"]}
     assert not list((shard_cache / "shards").glob("*.tmp"))
+
+
+def test_cli_reads_urls(runtime, s3_bucket, shard_cache, tmp_path) -> None:
+    import io
+
+    from dataset_rt.cli import main
+
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=60)
+    outputs = {}
+    for where in (f"{base}/a", str(local / "a")):
+        runs = {}
+        for argv in (["inspect", "--json", where], ["head", "-n", "3", where], ["stats", where]):
+            out = io.StringIO()
+            assert main(argv, out) == 0, argv
+            runs[argv[0]] = out.getvalue().replace(where, "<cache>")
+        out = io.StringIO()
+        assert main(["verify", "--quiet", where], out) == 0
+        assert out.getvalue().startswith(f"OK   {where}: 60 samples")
+        outputs[where] = runs
+    remote_run, local_run = outputs.values()
+    assert remote_run == local_run
+    # A missing cache is a failure naming the URL.
+    out = io.StringIO()
+    assert main(["verify", "--quiet", f"{base}/missing"], out) == 1
+    assert f"no cache at {base}/missing" in out.getvalue()
