@@ -27,6 +27,8 @@ const Sha256 = @import("../codec/sha256.zig").Sha256;
 const manifest = @import("../format/manifest.zig");
 const ShardCache = @import("shardcache.zig").ShardCache;
 const cache = @import("../store/cache.zig");
+const publish = @import("../store/publish.zig");
+const runtime = @import("../base/runtime.zig");
 
 /// What a callback reports (`DRT_REMOTE_*`).
 pub const Code = enum(i32) {
@@ -61,6 +63,8 @@ pub const Options = struct {
     /// First backoff; doubled after each attempt, at most 2 s.
     backoff_ns: u64 = 100 * std.time.ns_per_ms,
     chunk_bytes: usize = 8 << 20,
+    /// Byte ranges of one shard fetched at once (the calling thread and pool workers).
+    parallel_parts: u32 = 8,
 };
 
 /// Largest manifest.json accepted (as locally).
@@ -152,32 +156,42 @@ pub const Remote = struct {
     }
 
     /// Downloads `url` into the new file `name` of `dir`, checking its size (when given)
-    /// and SHA-256 against the manifest. The file is removed on any failure.
-    fn download(r: *Remote, url: [:0]const u8, dir: std.fs.Dir, dir_path: []const u8, name: []const u8, size: ?u64, sha_hex: []const u8) status.Error!void {
+    /// and SHA-256 against the manifest. The file is removed on any failure. With `pool`,
+    /// up to `parallel_parts` byte ranges are fetched at once: the calling thread and pool
+    /// workers take the next range from a shared counter and write it in place; each holds
+    /// one buffer of `chunk_bytes`. The file is hashed after it is complete.
+    fn download(r: *Remote, url: [:0]const u8, dir: std.fs.Dir, dir_path: []const u8, name: []const u8, size: ?u64, sha_hex: []const u8, pool: ?*runtime.Pool) status.Error!void {
         const obj = try r.openObject(url);
         defer r.closeObject(obj);
         if (size) |expected| if (obj.size != expected) {
             return status.fail(error.InvalidCache, "{s} is {d} bytes but the manifest says {d}: the object was changed or truncated on the server", .{ url, obj.size, expected });
         };
-        const file = dir.createFile(name, .{ .exclusive = true }) catch |err| return failWrite(err, dir_path, name);
+        const file = dir.createFile(name, .{ .exclusive = true, .read = true }) catch |err| return failWrite(err, dir_path, name);
         var keep = false;
         defer {
             file.close();
             if (!keep) dir.deleteFile(name) catch {};
         }
-        const buf = try r.gpa.alloc(u8, @intCast(@max(1, @min(obj.size, r.options.chunk_bytes))));
-        defer r.gpa.free(buf);
-        var hasher: Sha256 = .init();
-        var offset: u64 = 0;
-        while (offset < obj.size) {
-            const n: usize = @intCast(@min(obj.size - offset, buf.len));
-            try r.readObject(obj, url, offset, buf[0..n]);
-            hasher.update(buf[0..n]);
-            file.writeAll(buf[0..n]) catch |err| return failWrite(err, dir_path, name);
-            offset += n;
+        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .file = file, .dir_path = dir_path, .name = name, .part = @max(1, r.options.chunk_bytes) };
+        const parts = std.math.divCeil(u64, obj.size, fetch.part) catch unreachable;
+        var helpers: [16]Helper = undefined;
+        const helper_count: usize = if (pool == null) 0 else @intCast(@min(parts -| 1, @min(r.options.parallel_parts -| 1, helpers.len)));
+        for (helpers[0..helper_count]) |*h| {
+            h.* = .{ .fetch = &fetch };
+            pool.?.submit(&h.job);
         }
-        const actual = std.fmt.bytesToHex(hasher.finalResult(), .lower);
-        if (!std.mem.eql(u8, &actual, sha_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}: the object changed on the server since its manifest was written", .{url});
+        fetch.work();
+        for (helpers[0..helper_count]) |*h| {
+            if (pool.?.cancel(&h.job)) continue; // never started: nothing left for it
+            fetch.mutex.lock();
+            defer fetch.mutex.unlock();
+            while (!h.finished) fetch.cond.wait(&fetch.mutex);
+        }
+        if (fetch.err) |err| return status.failText(err, fetch.message[0..fetch.message_len]);
+        file.seekTo(0) catch |err| return failWrite(err, dir_path, name);
+        const digest = try publish.hashFile(file, dir_path);
+        const actual = std.fmt.bytesToHex(digest.sha256, .lower);
+        if (digest.byte_len != obj.size or !std.mem.eql(u8, &actual, sha_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}: the object changed on the server since its manifest was written", .{url});
         keep = true;
     }
 
@@ -185,7 +199,7 @@ pub const Remote = struct {
 
     /// Fetches the cache at `url` (no trailing slash needed) into the local directory and
     /// returns that directory's path (owned by the caller).
-    pub fn fetchCache(r: *Remote, url_in: []const u8) status.Error![]u8 {
+    pub fn fetchCache(r: *Remote, url_in: []const u8, pool: ?*runtime.Pool) status.Error![]u8 {
         const gpa = r.gpa;
         const url = std.mem.trimRight(u8, url_in, "/");
         const manifest_url = try std.fmt.allocPrintSentinel(gpa, "{s}/manifest.json", .{url}, 0);
@@ -232,7 +246,7 @@ pub const Remote = struct {
         inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 } }) |file| {
             const file_url = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ url, file[0] }, 0);
             defer gpa.free(file_url);
-            try r.download(file_url, tmp, tmp_path, file[0], null, file[1]);
+            try r.download(file_url, tmp, tmp_path, file[0], null, file[1], pool);
         }
         tmp.writeFile(.{ .sub_path = "manifest.json", .data = text }) catch |err| return failWrite(err, tmp_path, "manifest.json");
         caches.rename(tmp_name, &hex) catch |err| switch (err) {
@@ -245,7 +259,7 @@ pub const Remote = struct {
     }
 
     /// A read-only descriptor of `shard` of the cache at `url`, from the shard cache.
-    pub fn openShard(r: *Remote, url: []const u8, shard: *const manifest.Shard) status.Error!posix.fd_t {
+    pub fn openShard(r: *Remote, url: []const u8, shard: *const manifest.Shard, pool: ?*runtime.Pool) status.Error!posix.fd_t {
         if (try r.shards.lookup(shard.sha256, shard.byte_len)) |fd| return fd;
         const lock = try r.shards.lockShard(shard.sha256);
         defer r.shards.unlockShard(lock);
@@ -256,27 +270,101 @@ pub const Remote = struct {
         try r.shards.makeRoom(r.gpa, shard.byte_len, shard_url);
         var tmp_buf: [128]u8 = undefined;
         const tmp_name = ShardCache.tempName(&tmp_buf, shard.sha256);
-        try r.download(shard_url, r.shards.dir, r.shards.path, tmp_name, shard.byte_len, shard.sha256);
+        try r.download(shard_url, r.shards.dir, r.shards.path, tmp_name, shard.byte_len, shard.sha256, pool);
         errdefer r.shards.dir.deleteFile(tmp_name) catch {};
         return r.shards.commit(tmp_name, shard.sha256);
     }
 };
 
+/// One object being downloaded by several threads (see `Remote.download`).
+const Fetch = struct {
+    r: *Remote,
+    obj: Remote.Object,
+    url: [:0]const u8,
+    file: std.fs.File,
+    dir_path: []const u8,
+    name: []const u8,
+    part: u64,
+    next: std.atomic.Value(u64) = .init(0),
+    failed: std.atomic.Value(bool) = .init(false),
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
+    /// The first failure and its message (messages are per thread: copied here).
+    err: ?status.Error = null,
+    message: [status.message_bytes_max]u8 = undefined,
+    message_len: usize = 0,
+
+    /// Fetches ranges until none is left or one failed.
+    fn work(f: *Fetch) void {
+        const buf = f.r.gpa.alloc(u8, @intCast(@min(f.part, @max(f.obj.size, 1)))) catch return f.fail(error.OutOfMemory);
+        defer f.r.gpa.free(buf);
+        while (!f.failed.load(.acquire)) {
+            const offset = f.next.fetchAdd(1, .monotonic) * f.part;
+            if (offset >= f.obj.size) return;
+            const n: usize = @intCast(@min(f.obj.size - offset, f.part));
+            f.r.readObject(f.obj, f.url, offset, buf[0..n]) catch |err| return f.fail(err);
+            f.file.pwriteAll(buf[0..n], offset) catch |err| return f.fail(failWrite(err, f.dir_path, f.name));
+        }
+    }
+
+    fn fail(f: *Fetch, err: status.Error) void {
+        f.mutex.lock();
+        defer f.mutex.unlock();
+        f.failed.store(true, .release);
+        if (f.err != null) return;
+        f.err = err;
+        const text = if (err == error.OutOfMemory) "out of memory" else status.lastMessage();
+        f.message_len = @min(text.len, f.message.len);
+        @memcpy(f.message[0..f.message_len], text[0..f.message_len]);
+    }
+};
+
+/// A pool job taking part in a `Fetch`.
+const Helper = struct {
+    job: runtime.Job = .{ .run = runHelper },
+    fetch: *Fetch,
+    finished: bool = false,
+
+    fn runHelper(job: *runtime.Job) void {
+        const h: *Helper = @fieldParentPtr("job", job);
+        const f = h.fetch;
+        f.work();
+        f.mutex.lock();
+        h.finished = true;
+        f.cond.broadcast();
+        f.mutex.unlock();
+    }
+};
+
+/// Where a remote cache's shards come from: the transport and the pool that helps fetch.
+const Origin = struct {
+    remote: *Remote,
+    pool: ?*runtime.Pool,
+};
+
 /// Opens the remote cache at `url` (fetching and verifying its manifest, index and
 /// metadata) as cache `position` of a dataset; its shards come through `r`, which must
 /// outlive the cache.
-pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool) status.Error!cache.Cache {
-    const local = try r.fetchCache(url);
+pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool) status.Error!cache.Cache {
+    const local = try r.fetchCache(url, pool);
     defer r.gpa.free(local);
+    const origin = try r.gpa.create(Origin);
+    errdefer r.gpa.destroy(origin);
+    origin.* = .{ .remote = r, .pool = pool };
     return cache.Cache.openRemote(r.gpa, local, position, validate, .{
         .url = std.mem.trimRight(u8, url, "/"),
-        .source = .{ .context = r, .open = openCacheShard },
+        .source = .{ .context = origin, .open = openCacheShard, .release = releaseOrigin },
     });
 }
 
 fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) status.Error!posix.fd_t {
-    const r: *Remote = @ptrCast(@alignCast(context));
-    return r.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)]);
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.remote.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)], origin.pool);
+}
+
+fn releaseOrigin(context: *anyopaque) void {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    origin.remote.gpa.destroy(origin);
 }
 
 /// True for a path that names an object store URL (`scheme://...`).
@@ -301,7 +389,7 @@ const testing = std.testing;
 const FakeStore = struct {
     dir: std.fs.Dir,
     fail_reads: u32 = 0,
-    reads: u32 = 0,
+    reads: std.atomic.Value(u32) = .init(0),
     opens: u32 = 0,
 
     fn ops(fs: *FakeStore) Ops {
@@ -326,7 +414,7 @@ const FakeStore = struct {
 
     fn read(ctx: ?*anyopaque, handle: ?*anyopaque, offset: u64, buf: [*]u8, len: u64, message: [*]u8, cap: u64) callconv(.c) i32 {
         const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
-        fs.reads += 1;
+        _ = fs.reads.fetchAdd(1, .monotonic);
         if (fs.fail_reads > 0) {
             fs.fail_reads -= 1;
             return say(message, cap, "connection reset by peer", .retry);
@@ -381,40 +469,52 @@ test "shards download once, verified, retried, and the errors name the URL" {
 
     // Two transient failures mid-file: retried, and the bytes are right.
     store.fail_reads = 2;
-    const fd = try r.openShard("fake://bucket/c", &shard);
+    const fd = try r.openShard("fake://bucket/c", &shard, null);
     var back: [data.len]u8 = undefined;
     try testing.expectEqual(@as(usize, data.len), try posix.pread(fd, &back, 0));
     posix.close(fd);
     try testing.expectEqualStrings(data, &back);
+    // In parallel ranges on a pool (13 ranges of 100 bytes, 2 workers and the caller).
+    const rt = try runtime.Runtime.open(testing.allocator, 2);
+    defer rt.release();
+    const data1 = "fedcba9876543210" ** 81;
+    try tmp.dir.writeFile(.{ .sub_path = "bucket/c/shards/shard_000001.bin", .data = data1 });
+    const hex1 = hexOf(data1);
+    const shard1: manifest.Shard = .{ .name = "shard_000001.bin", .uncompressed_byte_len = data1.len, .byte_len = data1.len, .compression = .none, .ratio = 1, .sha256 = &hex1 };
+    const fd1 = try r.openShard("fake://bucket/c", &shard1, &rt.pool);
+    var back1: [data1.len]u8 = undefined;
+    try testing.expectEqual(@as(usize, data1.len), try posix.pread(fd1, &back1, 0));
+    posix.close(fd1);
+    try testing.expectEqualStrings(data1, &back1);
     // Cached: no further open.
     const opens = store.opens;
-    posix.close(try r.openShard("fake://bucket/c", &shard));
+    posix.close(try r.openShard("fake://bucket/c", &shard, null));
     try testing.expectEqual(opens, store.opens);
 
     // Changed on the server (same size, other bytes): not cached, nothing left behind.
     var other = shard;
     const other_hex = hexOf("x" ** 1600);
     other.sha256 = &other_hex;
-    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/c", &other));
+    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/c", &other, null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "checksum mismatch for fake://bucket/c/shards/shard_000000.bin") != null);
     // Truncated on the server.
     other.byte_len = data.len + 1;
-    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/c", &other));
+    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/c", &other, null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "changed or truncated") != null);
     // Transient failures that do not stop.
     store.fail_reads = 100;
     var third = shard;
     const third_hex = hexOf("y");
     third.sha256 = &third_hex;
-    try testing.expectError(error.Io, r.openShard("fake://bucket/c", &third));
+    try testing.expectError(error.Io, r.openShard("fake://bucket/c", &third, null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "cannot read fake://bucket/c/shards/shard_000000.bin: still failing after 6 attempts") != null);
     store.fail_reads = 0;
     // 404 and 403.
-    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/missing", &third));
+    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/missing", &third, null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "no object at fake://bucket/missing/shards/") != null);
-    try testing.expectError(error.Io, r.fetchCache("fake://denied/c"));
+    try testing.expectError(error.Io, r.fetchCache("fake://denied/c", null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "access denied to fake://denied/c/manifest.json") != null);
-    try testing.expectError(error.InvalidCache, r.fetchCache("fake://bucket/none"));
+    try testing.expectError(error.InvalidCache, r.fetchCache("fake://bucket/none", null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "no cache at fake://bucket/none") != null);
     // Only the verified shard is in the shard cache: no temporary files.
     var it = r.shards.dir.iterate();
@@ -423,5 +523,5 @@ test "shards download once, verified, retried, and the errors name the URL" {
         try testing.expect(!std.mem.endsWith(u8, e.name, ".tmp"));
         if (std.mem.endsWith(u8, e.name, ".bin")) bins += 1;
     }
-    try testing.expectEqual(@as(u32, 1), bins);
+    try testing.expectEqual(@as(u32, 2), bins);
 }

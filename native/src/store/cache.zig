@@ -58,6 +58,8 @@ pub const Metadata = struct {
 pub const ShardSource = struct {
     context: *anyopaque,
     open: *const fn (context: *anyopaque, c: *const Cache, shard_id: u64) status.Error!posix.fd_t,
+    /// Frees `context` when the cache closes.
+    release: ?*const fn (context: *anyopaque) void = null,
 };
 
 /// A cache on object storage: its URL, and where its shards come from.
@@ -234,6 +236,7 @@ pub const Cache = struct {
         for (c.shard_paths) |p| c.gpa.free(p);
         c.gpa.free(c.shard_paths);
         if (c.url) |u| c.gpa.free(u);
+        if (c.source) |src| if (src.release) |release| release(src.context);
         c.manifest.deinit();
         c.gpa.free(c.path);
     }
