@@ -442,3 +442,33 @@ def test_cli_reads_urls(runtime, s3_bucket, shard_cache, tmp_path) -> None:
     out = io.StringIO()
     assert main(["verify", "--quiet", f"{base}/missing"], out) == 1
     assert f"no cache at {base}/missing" in out.getvalue()
+
+
+def test_ordered_reading_fetches_the_next_shards_ahead(runtime, s3_bucket, shard_cache) -> None:
+    """Ordered reading goes through a cache's shards in order: opening one starts the
+    download of the next two in the background; shuffled reading fetches only what it
+    opens."""
+    import time
+
+    runtime.write_cache([Numbers("r", 300, 97)], f"{s3_bucket}/ra", writer_config=WRITER)
+    url = f"{s3_bucket}/ra/r"
+    shuffled = runtime.cached_dataset(
+        [url], reader_config=drt.ReaderConfig(seed=0, shuffle=True, prefetch_size=1)
+    )
+    cache_id = shuffled._handle.cache_info(0).cache_id
+    shuffled.get_item(cache_id, 0)
+    time.sleep(0.5)
+    assert len(shard_files(shard_cache)) == 1
+    ordered = runtime.cached_dataset(
+        [url], reader_config=drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=1)
+    )
+    it = iter(ordered)
+    next(it)
+    deadline = time.monotonic() + 30
+    while len(shard_files(shard_cache)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manifest = json.loads(get(f"{url}/manifest.json"))
+    assert {f.stem for f in shard_files(shard_cache)} == {
+        s["sha256"] for s in manifest["shards"][:3]
+    }
+    assert len(list(it)) == 299

@@ -172,7 +172,11 @@ pub const Remote = struct {
             file.close();
             if (!keep) dir.deleteFile(name) catch {};
         }
-        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .file = file, .dir_path = dir_path, .name = name, .part = @max(1, r.options.chunk_bytes) };
+        // Ranges of at most chunk_bytes, small enough (down to 1 MiB) that a shard spreads
+        // over every participant.
+        const spread = std.math.divCeil(u64, obj.size, @max(1, r.options.parallel_parts)) catch unreachable;
+        const part: u64 = if (pool == null) r.options.chunk_bytes else std.math.clamp(spread, @min(1 << 20, r.options.chunk_bytes), r.options.chunk_bytes);
+        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .file = file, .dir_path = dir_path, .name = name, .part = @max(1, part) };
         const parts = std.math.divCeil(u64, obj.size, fetch.part) catch unreachable;
         var helpers: [16]Helper = undefined;
         const helper_count: usize = if (pool == null) 0 else @intCast(@min(parts -| 1, @min(r.options.parallel_parts -| 1, helpers.len)));
@@ -336,21 +340,89 @@ const Helper = struct {
     }
 };
 
-/// Where a remote cache's shards come from: the transport and the pool that helps fetch.
+/// Where a remote cache's shards come from: the transport, the pool that helps fetch, and
+/// read-ahead: in ordered reading the plan goes through a cache's shards in order, so
+/// opening shard k starts background downloads of shards k+1 .. k+readahead (pool jobs)
+/// when the budget holds them besides the shards in use. A background failure is
+/// dropped: the reader's own open of that shard fetches again and reports it.
 const Origin = struct {
     remote: *Remote,
     pool: ?*runtime.Pool,
+    readahead: u32,
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
+    slots: [readahead_max]Prefetch = undefined,
+
+    const readahead_max = 4;
+
+    const Prefetch = struct {
+        job: runtime.Job = .{ .run = run },
+        origin: *Origin,
+        cache: *const cache.Cache = undefined,
+        shard_id: u64 = 0,
+        busy: bool = false,
+
+        fn run(job: *runtime.Job) void {
+            const p: *Prefetch = @fieldParentPtr("job", job);
+            const o = p.origin;
+            const c = p.cache;
+            // Its ranges go to the pool too: this job waits only for helpers that started.
+            if (o.remote.openShard(c.url.?, &c.manifest.shards[@intCast(p.shard_id)], o.pool)) |fd| posix.close(fd) else |_| {}
+            o.mutex.lock();
+            p.busy = false;
+            o.cond.broadcast();
+            o.mutex.unlock();
+        }
+    };
+
+    /// Starts background downloads of the shards after `shard_id`.
+    fn readAhead(o: *Origin, c: *const cache.Cache, shard_id: u64) void {
+        const pool = o.pool orelse return;
+        const shards = c.manifest.shards;
+        var next = shard_id + 1;
+        var in_use: u64 = shards[@intCast(shard_id)].byte_len;
+        while (next < shards.len and next <= shard_id + o.readahead) : (next += 1) {
+            const shard = &shards[@intCast(next)];
+            in_use += shard.byte_len;
+            if (2 * in_use > o.remote.shards.budget) return; // would evict what is needed
+            if (o.remote.shards.contains(shard.sha256, shard.byte_len)) continue;
+            o.mutex.lock();
+            defer o.mutex.unlock();
+            var free: ?*Prefetch = null;
+            var running = false;
+            for (o.slots[0..o.readahead]) |*slot| {
+                if (slot.busy and slot.cache == c and slot.shard_id == next) running = true;
+                if (!slot.busy and free == null) free = slot;
+            }
+            if (running) continue;
+            const slot = free orelse return;
+            slot.* = .{ .origin = o, .cache = c, .shard_id = next, .busy = true };
+            pool.submit(&slot.job);
+        }
+    }
+
+    /// Cancels queued read-ahead and waits for running ones.
+    fn quiesce(o: *Origin) void {
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        for (o.slots[0..o.readahead]) |*slot| {
+            if (slot.busy and o.pool.?.cancel(&slot.job)) slot.busy = false;
+            while (slot.busy) o.cond.wait(&o.mutex);
+        }
+    }
 };
 
 /// Opens the remote cache at `url` (fetching and verifying its manifest, index and
 /// metadata) as cache `position` of a dataset; its shards come through `r`, which must
-/// outlive the cache.
-pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool) status.Error!cache.Cache {
+/// outlive the cache. `readahead` (at most 4) shards after each one opened are fetched in
+/// the background on `pool` (ordered reading).
+pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
     const local = try r.fetchCache(url, pool);
     defer r.gpa.free(local);
     const origin = try r.gpa.create(Origin);
     errdefer r.gpa.destroy(origin);
-    origin.* = .{ .remote = r, .pool = pool };
+    origin.* = .{ .remote = r, .pool = pool, .readahead = if (pool == null) 0 else @min(readahead, Origin.readahead_max) };
+    for (&origin.slots) |*slot| slot.* = .{ .origin = origin };
     return cache.Cache.openRemote(r.gpa, local, position, validate, .{
         .url = std.mem.trimRight(u8, url, "/"),
         .source = .{ .context = origin, .open = openCacheShard, .release = releaseOrigin },
@@ -359,11 +431,14 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, poo
 
 fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) status.Error!posix.fd_t {
     const origin: *Origin = @ptrCast(@alignCast(context));
-    return origin.remote.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)], origin.pool);
+    const fd = try origin.remote.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)], origin.pool);
+    origin.readAhead(c, shard_id);
+    return fd;
 }
 
 fn releaseOrigin(context: *anyopaque) void {
     const origin: *Origin = @ptrCast(@alignCast(context));
+    if (origin.readahead > 0) origin.quiesce();
     origin.remote.gpa.destroy(origin);
 }
 

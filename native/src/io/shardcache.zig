@@ -59,6 +59,13 @@ pub const ShardCache = struct {
         return fd;
     }
 
+    /// Whether shard `sha_hex` of `size` bytes is cached (no descriptor kept).
+    pub fn contains(sc: *ShardCache, sha_hex: []const u8, size: u64) bool {
+        var name_buf: [80]u8 = undefined;
+        const st = sc.dir.statFile(binName(&name_buf, sha_hex)) catch return false;
+        return st.size == size;
+    }
+
     /// Holds the download lock of shard `sha_hex` until `unlockShard`.
     pub fn lockShard(sc: *ShardCache, sha_hex: []const u8) status.Error!posix.fd_t {
         var buf: [80]u8 = undefined;

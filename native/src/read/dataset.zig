@@ -119,7 +119,7 @@ pub const Dataset = struct {
         try ids.ensureTotalCapacity(gpa, @intCast(paths.len));
         for (paths, 0..) |p, i| {
             caches[i] = if (options.remote != null and remote.isUrl(p))
-                try remote.openCache(options.remote.?, p, i, options.validate_cache, &rt.pool)
+                try remote.openCache(options.remote.?, p, i, options.validate_cache, &rt.pool, if (options.shuffle) 0 else 2)
             else
                 try Cache.open(gpa, p, i, options.validate_cache);
             opened += 1;
