@@ -159,3 +159,59 @@ def s3_bucket(s3_server: S3Server, request: Any) -> Iterator[str]:
     s3_server.create_bucket(name)
     with client_env(s3_server.env()):
         yield f"s3://{name}"
+
+
+class SlowProxy:
+    """A TCP proxy on 127.0.0.1 in front of ``target_port`` that passes server-to-client
+    bytes at about ``bytes_per_second`` per connection (a slow server, as the client
+    sees it). Threads; ``close()`` stops accepting."""
+
+    def __init__(self, target_port: int, bytes_per_second: int) -> None:
+        import threading
+
+        self.target_port = target_port
+        self.rate = bytes_per_second
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pipe, args=(client, upstream, 0), daemon=True).start()
+            threading.Thread(
+                target=self._pipe, args=(upstream, client, self.rate), daemon=True
+            ).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, rate: int) -> None:
+        try:
+            while True:
+                data = src.recv(16384)
+                if not data:
+                    break
+                dst.sendall(data)
+                if rate:
+                    time.sleep(len(data) / rate)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()

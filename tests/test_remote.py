@@ -472,3 +472,43 @@ def test_ordered_reading_fetches_the_next_shards_ahead(runtime, s3_bucket, shard
         s["sha256"] for s in manifest["shards"][:3]
     }
     assert len(list(it)) == 299
+
+
+def test_slow_server_keeps_memory_bounded(runtime, s3_server, s3_bucket, shard_cache) -> None:
+    """Through a proxy that serves about 8 MB/s per connection, a 48 MiB cache (three
+    16 MiB shards) reads correctly, and the reading process's peak memory grows by far
+    less than the data: shards go to disk in bounded ranges."""
+    from remote_server import SlowProxy
+
+    big = drt.WriterConfig(max_shard_bytes=16 << 20)
+    runtime.write_cache([Numbers("big", 48, 1 << 20)], f"{s3_bucket}/slow", writer_config=big)
+    proxy = SlowProxy(s3_server.port, 8_000_000)
+    try:
+        code = """
+        def hwm():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        rt = drt.DatasetRuntime(num_workers=2)
+        config = drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=2)
+        ds = rt.cached_dataset([os.environ["URL"]], reader_config=config)
+        before = hwm()
+        n = 0
+        for sample in ds:
+            assert sample.data == bytes([sample.metadata["i"] % 251]) * (1 << 20)
+            n += 1
+        print(json.dumps({"n": n, "growth": hwm() - before}))
+        """
+        env = dict(
+            os.environ,
+            URL=f"{s3_bucket}/slow/big",
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}",
+        )
+        out = run_python(code, env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        proxy.close()
+    assert result["n"] == 48
+    # Ranges of at most 8 MiB, a few at a time, plus the reader's prefetch_size records.
+    assert result["growth"] < 40 << 20, result
