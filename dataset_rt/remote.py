@@ -150,7 +150,7 @@ def classify(exc: BaseException) -> _native.RemoteError:
     return _native.RemoteError(code, text)
 
 
-_REMOTES: dict[tuple[str, int, int], _native.Remote] = {}
+_REMOTES: dict[tuple[str, int, int, int], _native.Remote] = {}
 _REMOTES_LOCK = threading.Lock()
 
 
@@ -160,21 +160,18 @@ def remote(
     retries: int = DEFAULT_RETRIES,
 ) -> _native.Remote:
     """The native transport for this configuration (one per process and configuration,
-    kept for the life of the process: datasets call back into it)."""
+    kept for the life of the process: datasets call back into it). A forked child gets
+    its own (the parent's stays referenced, never used there)."""
     _require_obstore()
     directory = str(Path(cache_dir) if cache_dir is not None else default_cache_dir())
     budget = default_budget() if budget_bytes is None else int(budget_bytes)
-    key = (directory, budget, int(retries))
+    key = (directory, budget, int(retries), os.getpid())
     with _REMOTES_LOCK:
         handle = _REMOTES.get(key)
-        if handle is None or os.getpid() != _REMOTE_PIDS.get(key):
+        if handle is None:
             handle = _native.Remote.open(ObstoreTransport(), directory, budget, retries)
             _REMOTES[key] = handle
-            _REMOTE_PIDS[key] = os.getpid()
         return handle
-
-
-_REMOTE_PIDS: dict[tuple[str, int, int], int] = {}
 
 
 def exists(url: str) -> bool:
