@@ -1,6 +1,6 @@
 """An S3-compatible server on 127.0.0.1 for the remote-cache tests and benchmarks.
 
-``S3Server`` runs moto's standalone server (``moto[server]``, a dev dependency) as a child
+``S3Server`` runs moto's standalone server (``moto[s3]`` and flask, dev dependencies) as a child
 process on a free port; the client (obstore, the ``remote`` extra) reaches it exactly as
 it would reach AWS or MinIO: through ``AWS_ENDPOINT_URL``, keys, region and
 ``AWS_ALLOW_HTTP`` in the environment. ``stop()``/``start()`` on the same port simulate
@@ -136,7 +136,7 @@ def require_remote_packages() -> None:
         import moto.server  # noqa: F401
         import obstore  # noqa: F401
     except ImportError as exc:
-        skip_or_fail(f"the remote tests need moto[server] and obstore (uv sync): {exc}")
+        skip_or_fail(f"the remote tests need moto[s3], flask and obstore (uv sync): {exc}")
 
 
 @pytest.fixture(scope="session")
