@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple, NoReturn, TypeVar
+from typing import Any, ClassVar, NamedTuple, NoReturn, Protocol, TypeVar
 
 from dataset_rt._ffi import ffi
 
@@ -100,6 +100,16 @@ class Compression(enum.IntEnum):
 
     NONE = lib.DRT_COMPRESSION_NONE
     LZ4 = lib.DRT_COMPRESSION_LZ4
+
+
+class RemoteCode(enum.IntEnum):
+    """What a remote transport callback reports (``DRT_REMOTE_*``)."""
+
+    OK = lib.DRT_REMOTE_OK
+    NOT_FOUND = lib.DRT_REMOTE_NOT_FOUND
+    DENIED = lib.DRT_REMOTE_DENIED
+    RETRY = lib.DRT_REMOTE_RETRY
+    FAILED = lib.DRT_REMOTE_FAILED
 
 
 class IoBackend(enum.IntEnum):
@@ -532,6 +542,146 @@ def _table_column(array: Any, accepted: dict[str, TableType], keep: list[Any]) -
     return column
 
 
+def _dataset_options(options: DatasetOptions) -> Any:
+    """A ``drt_dataset_options *`` of ``options``."""
+    return ffi.new(
+        "drt_dataset_options *",
+        {
+            "seed": options.seed,
+            "prefetch_size": options.prefetch_size,
+            "shuffle": 1 if options.shuffle else 0,
+            "validate_cache": 1 if options.validate_cache else 0,
+            "io_backend": int(options.io_backend),
+            "sampling": int(options.sampling),
+        },
+    )
+
+
+# ---------------------------------------------------------------- object storage
+
+
+class RemoteError(Exception):
+    """Raised by a :class:`RemoteTransport` method: ``code`` says how the core treats it
+    (``RETRY`` is retried with backoff; the others fail at once)."""
+
+    def __init__(self, code: RemoteCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RemoteTransport(Protocol):
+    """What :class:`Remote` calls, from native threads (cffi takes the GIL; the methods
+    should release it while they wait on the network, as obstore does). Raise
+    :class:`RemoteError` to report a failure; any other exception is ``FAILED``."""
+
+    def open(self, url: str) -> tuple[int, Any]:
+        """``(size, handle)`` of the object at ``url``."""
+        ...
+
+    def read(self, handle: Any, offset: int, length: int) -> Any:
+        """Exactly ``length`` bytes at ``offset`` (any buffer)."""
+        ...
+
+    def close(self, handle: Any) -> None: ...
+
+
+def _say(message: Any, cap: int, text: str) -> None:
+    raw = text.encode("utf-8", "replace")[: max(0, cap - 1)]
+    ffi.memmove(message, raw + b"\0", len(raw) + 1)
+
+
+def _remote_failure(exc: BaseException, message: Any, cap: int) -> int:
+    code = exc.code if isinstance(exc, RemoteError) else RemoteCode.FAILED
+    _say(message, cap, str(exc) or type(exc).__name__)
+    return int(code)
+
+
+class Remote(_Handle):
+    """``drt_remote``: an object-store transport (``transport``, called back from native
+    threads through a ``drt_remote_ops`` table) and its local directory: fetched
+    manifests, indexes and metadata, and the shard cache with its byte budget.
+
+    The callbacks live as long as this object: keep it alive while any dataset opened
+    with it is in use (``dataset_rt.remote`` keeps one per configuration for the life of
+    the process)."""
+
+    __slots__ = ("_callbacks", "_handles", "_next", "transport")
+    _destroy = staticmethod(_destructor(lib.drt_remote_close))
+
+    @classmethod
+    def open(
+        cls,
+        transport: RemoteTransport,
+        cache_dir: str | os.PathLike[str],
+        budget_bytes: int,
+        retries: int = 5,
+    ) -> Remote:
+        """``drt_remote_open``."""
+        handles: dict[int, Any] = {}
+        counter = iter(range(1, 2**62))
+
+        def on_open(context: Any, url: Any, size: Any, handle: Any, message: Any, cap: int) -> int:
+            try:
+                n, obj = transport.open(ffi.string(url).decode("utf-8", "surrogateescape"))
+                key = next(counter)
+                handles[key] = obj
+                size[0] = n
+                handle[0] = ffi.cast("void *", key)
+                return 0
+            except BaseException as exc:
+                return _remote_failure(exc, message, cap)
+
+        def on_read(
+            context: Any, handle: Any, offset: int, buf: Any, length: int, message: Any, cap: int
+        ) -> int:
+            try:
+                data = transport.read(handles[int(ffi.cast("uintptr_t", handle))], offset, length)
+                view = memoryview(data).cast("B")
+                if len(view) != length:
+                    raise RemoteError(
+                        RemoteCode.RETRY, f"short read: {len(view)} of {length} bytes"
+                    )
+                ffi.memmove(buf, view, length)
+                return 0
+            except BaseException as exc:
+                return _remote_failure(exc, message, cap)
+
+        def on_close(context: Any, handle: Any) -> None:
+            obj = handles.pop(int(ffi.cast("uintptr_t", handle)), None)
+            if obj is not None:
+                try:
+                    transport.close(obj)
+                except Exception:
+                    pass
+
+        callbacks = (
+            ffi.callback(
+                "int32_t(void *, const char *, uint64_t *, void **, char *, uint64_t)", on_open
+            ),
+            ffi.callback(
+                "int32_t(void *, void *, uint64_t, uint8_t *, uint64_t, char *, uint64_t)",
+                on_read,
+            ),
+            ffi.callback("void(void *, void *)", on_close),
+        )
+        raw_dir = encode_path(cache_dir)
+        options = ffi.new("drt_remote_options *")
+        options.ops.context = ffi.NULL
+        options.ops.open, options.ops.read, options.ops.close = callbacks
+        options.cache_dir.ptr = ffi.from_buffer(raw_dir)
+        options.cache_dir.len = len(raw_dir)
+        options.budget_bytes = budget_bytes
+        options.retries = retries
+        out = ffi.new("drt_remote **")
+        check(lib.drt_remote_open(options, out))
+        self = cls(out[0])
+        self._callbacks = callbacks
+        self._handles = handles
+        self._next = counter
+        self.transport = transport
+        return self
+
+
 class Dataset(_Handle):
     """``drt_dataset``: caches opened together, their active table and stream. Every
     method is thread-safe (as the C functions are)."""
@@ -544,21 +694,38 @@ class Dataset(_Handle):
         cls, runtime: Runtime, paths: Sequence[str | os.PathLike[str]], options: DatasetOptions
     ) -> Dataset:
         """``drt_dataset_open``: open and check the caches at ``paths`` (in order)."""
-        native_options = ffi.new(
-            "drt_dataset_options *",
-            {
-                "seed": options.seed,
-                "prefetch_size": options.prefetch_size,
-                "shuffle": 1 if options.shuffle else 0,
-                "validate_cache": 1 if options.validate_cache else 0,
-                "io_backend": int(options.io_backend),
-                "sampling": int(options.sampling),
-            },
-        )
+        native_options = _dataset_options(options)
         strs = PathArray(paths)
         out = ffi.new("drt_dataset **")
         check(lib.drt_dataset_open(runtime._owned(), strs.array, strs.count, native_options, out))
         return cls(out[0])
+
+    @classmethod
+    def open_remote(
+        cls,
+        runtime: Runtime,
+        paths: Sequence[str | os.PathLike[str]],
+        options: DatasetOptions,
+        remote: Remote,
+    ) -> Dataset:
+        """``drt_dataset_open_remote``: as :meth:`open`, where URL paths are caches on
+        object storage reached through ``remote`` (which the dataset keeps alive)."""
+        native_options = _dataset_options(options)
+        strs = PathArray(paths)
+        out = ffi.new("drt_dataset **")
+        check(
+            lib.drt_dataset_open_remote(
+                runtime._owned(), strs.array, strs.count, native_options, remote._ptr, out
+            )
+        )
+        return cls(out[0])
+
+    def cache_dir(self, index: int) -> bytes:
+        """``drt_dataset_cache_dir``: the local directory of cache ``index`` (its fetched
+        copy for a remote cache)."""
+        out = ffi.new("drt_str *")
+        check(lib.drt_dataset_cache_dir(self._ptr, index, out))
+        return _text(out[0])
 
     def _u64(self, function: Any) -> int:
         out = ffi.new("uint64_t *")

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from dataset_rt import _native, sdk
+from dataset_rt import _native, remote, sdk
 from dataset_rt.api import CachedDataset, DatasetRuntime, ReaderConfig
 
 VERIFY_BATCH = 4096
@@ -33,7 +34,13 @@ def _runtime() -> DatasetRuntime:
     return DatasetRuntime(num_workers=2)
 
 
-def _open(runtime: DatasetRuntime, path: Path, *, validate: bool = False) -> CachedDataset:
+def _target(path: str) -> Path | str:
+    """A command-line cache argument: a URL (``s3://...``, read through
+    ``dataset_rt.remote``) stays a string, anything else is a local path."""
+    return path if remote.is_url(path) else Path(path)
+
+
+def _open(runtime: DatasetRuntime, path: Path | str, *, validate: bool = False) -> CachedDataset:
     return runtime.cached_dataset(
         [path], reader_config=ReaderConfig(seed=0, shuffle=False, validate_cache=validate)
     )
@@ -47,17 +54,19 @@ def _human(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def cache_facts(path: Path) -> dict[str, Any]:
+def cache_facts(path: Path | str) -> dict[str, Any]:
     """What ``inspect`` reports for one cache (after the library has opened it)."""
     dataset = _open(_runtime(), path)
     info = dataset._handle.cache_info(0)
-    manifest = json.loads((path / "manifest.json").read_bytes())
+    # The cache's directory, or the verified local copy of a remote cache's files.
+    local = Path(os.fsdecode(dataset._handle.cache_dir(0)))
+    manifest = json.loads((local / "manifest.json").read_bytes())
     shards = manifest["shards"]
     sizes = {
         "shards": sum(s["byte_len"] for s in shards),
         "payloads_uncompressed": sum(s["uncompressed_byte_len"] for s in shards),
-        "index": (path / "index.bin").stat().st_size,
-        "metadata": (path / "metadata.arrow").stat().st_size,
+        "index": (local / "index.bin").stat().st_size,
+        "metadata": (local / "metadata.arrow").stat().st_size,
     }
     compression = shards[0]["compression"] if shards else {"algo": "none", "ratio": 1.0}
     facts = {
@@ -85,7 +94,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     reports = []
     for path in args.paths:
         try:
-            reports.append(cache_facts(Path(path)))
+            reports.append(cache_facts(_target(path)))
         except (ValueError, RuntimeError, OSError) as exc:
             print(f"{path}: {exc}", file=sys.stderr)
             status = 1
@@ -118,7 +127,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     return status
 
 
-def _verify_one(path: Path, out: TextIO, progress: bool) -> bool:
+def _verify_one(path: Path | str, out: TextIO, progress: bool) -> bool:
     started = time.monotonic()
     try:
         facts = cache_facts(path)
@@ -156,13 +165,13 @@ def _verify_one(path: Path, out: TextIO, progress: bool) -> bool:
 
 def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     progress = sys.stderr.isatty() and not args.quiet
-    results = [_verify_one(Path(p), out, progress) for p in args.paths]
+    results = [_verify_one(_target(p), out, progress) for p in args.paths]
     return 0 if all(results) else 1
 
 
 def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
     try:
-        dataset = _open(_runtime(), Path(args.path))
+        dataset = _open(_runtime(), _target(args.path))
         count = min(args.n, len(dataset))
         if count == 0:
             return 0
@@ -180,7 +189,7 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
     import polars as pl
 
     try:
-        table = _open(_runtime(), Path(args.path)).get_metadata()
+        table = _open(_runtime(), _target(args.path)).get_metadata()
     except (ValueError, RuntimeError) as exc:
         print(f"{args.path}: {exc}", file=sys.stderr)
         return 1

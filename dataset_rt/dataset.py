@@ -16,7 +16,7 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from dataset_rt import _native, manifests, metadata, snapshot
+from dataset_rt import _native, manifests, metadata, remote, snapshot
 from dataset_rt.config import ReaderConfig
 from dataset_rt.records import CachedSample
 
@@ -59,7 +59,7 @@ def _native_options(reader_config: Any) -> _native.DatasetOptions:
 
 
 def probe_cache(
-    runtime: _native.Runtime, path: Path, *, validate: bool
+    runtime: _native.Runtime, path: Path | str, *, validate: bool
 ) -> tuple[str | None, str | None]:
     """``(None, fingerprint)`` when ``path`` opens as a complete cache (checksums verified
     when ``validate``; fingerprint None when it has none), else ``(error message, None)``."""
@@ -67,7 +67,10 @@ def probe_cache(
         seed=0, prefetch_size=1, shuffle=False, validate_cache=bool(validate)
     )
     try:
-        handle = _native.Dataset.open(runtime, [path], options)
+        if remote.is_url(path):
+            handle = _native.Dataset.open_remote(runtime, [path], options, remote.remote())
+        else:
+            handle = _native.Dataset.open(runtime, [path], options)
     except (ValueError, RuntimeError, OverflowError) as exc:
         return str(exc), None
     with handle:
@@ -83,7 +86,8 @@ class CachedDataset:
     first sample is requested.
     """
 
-    cache_paths: list[Path]
+    #: As given: ``Path`` for local caches, ``str`` for URLs (``s3://...``).
+    cache_paths: list[Path | str]
     reader_config: ReaderConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -91,12 +95,18 @@ class CachedDataset:
 
     @classmethod
     def _open(
-        cls, runtime: _native.Runtime, paths: list[Path], reader_config: ReaderConfig
+        cls, runtime: _native.Runtime, paths: list[Path | str], reader_config: ReaderConfig
     ) -> CachedDataset:
         options = _native_options(reader_config)
         if not paths:
             raise ValueError("CachedDataset requires at least one cache path")
-        handle = _native.Dataset.open(runtime, paths, options)
+        if any(remote.is_url(p) for p in paths):
+            # URLs are caches on object storage (dataset_rt.remote; the core fetches them).
+            handle = _native.Dataset.open_remote(
+                runtime, [str(p) for p in paths], options, remote.remote()
+            )
+        else:
+            handle = _native.Dataset.open(runtime, paths, options)
         self = object.__new__(cls)
         self.cache_paths = list(paths)
         self.reader_config = reader_config

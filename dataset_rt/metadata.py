@@ -4,6 +4,7 @@ columns go to the native dataset (by pointer, through ``_native.Dataset.set_tabl
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,13 @@ def default_table(dataset: Any) -> Any:
     counts: list[int] = []
     ids: list[int] = []
     chunks: list[list[Any]] = [[] for _ in fields]
-    for index, path in enumerate(dataset.cache_paths):
+    for index in range(len(dataset.cache_paths)):
         info = handle.cache_info(index)
         counts.append(info.sample_count)
         ids.append(info.cache_id)
-        table = read_arrow_file(Path(path) / "metadata.arrow")
+        # The cache's own directory, or the verified local copy of a remote cache's files.
+        directory = Path(os.fsdecode(handle.cache_dir(index)))
+        table = read_arrow_file(directory / "metadata.arrow")
         if table.num_columns != len(fields):
             raise ValueError("metadata batch column count does not match manifest")
         for i, (name, kind) in enumerate(fields):

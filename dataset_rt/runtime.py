@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dataset_rt import _native
+from dataset_rt import _native, remote
 from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
 from dataset_rt.dataset import CachedDataset, probe_cache
 from dataset_rt.parallel import write_in_processes
@@ -74,10 +74,70 @@ class DatasetRuntime:
         """
         _native.check_owner(self._runtime.pid)
         items = sources if isinstance(sources, list) else [sources]
+        if remote.is_url(path):
+            return self._write_remote(items, str(path), writer_config)
         base = Path(path)
         plans, results = plan_sources(items, base, writer_config)
         results.update(self._write_planned(plans, base, writer_config))
         return [results[i] for i in range(len(items))]
+
+    def _write_remote(
+        self, items: list[Any], url: str, writer_config: WriterConfig, reuse: bool = False
+    ) -> list[CacheWriteResult]:
+        """Write each source locally into a staging base, then upload it to
+        ``<url>/<name>`` (dataset_rt.remote.upload_cache: manifest last, never replacing).
+        With ``reuse``, a cache already at the URL is a success without writing (its
+        fingerprint checked as locally)."""
+        import shutil
+        import tempfile
+
+        staging_root = remote.default_cache_dir() / "uploads"
+        staging_root.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="write-", dir=staging_root))
+        try:
+            plans, results = plan_sources(items, staging, writer_config)
+            to_write = []
+            validate = bool(getattr(writer_config, "validate_cache", False))
+            for plan in plans:
+                target = remote.join(url, plan.name)
+                if not remote.exists(target):
+                    to_write.append(plan)
+                    continue
+                if not reuse:
+                    results[plan.position] = CacheWriteError(
+                        plan.name, f"cache path already exists: {target}"
+                    )
+                    continue
+                error, fingerprint = probe_cache(self._runtime, target, validate=validate)
+                if (
+                    error is None
+                    and plan.fingerprint is not None
+                    and fingerprint != plan.fingerprint
+                ):
+                    error = (
+                        f"stale cache {target}: its fingerprint {fingerprint!r} differs from the "
+                        f"source's {plan.fingerprint!r}; nothing was rebuilt or deleted "
+                        "(caches on object storage are never replaced: delete it, or write to "
+                        "another URL)"
+                    )
+                results[plan.position] = (
+                    CacheWriteSuccess(plan.name, target)  # type: ignore[arg-type]
+                    if error is None
+                    else CacheWriteError(plan.name, error)
+                )
+            written = self._write_planned(to_write, staging, writer_config)
+            for position, result in written.items():
+                if isinstance(result, CacheWriteSuccess):
+                    target = remote.join(url, result.source_name)
+                    try:
+                        remote.upload_cache(Path(result.path), target)
+                        result = CacheWriteSuccess(result.source_name, target)  # type: ignore[arg-type]
+                    except (OSError, RuntimeError) as exc:
+                        result = CacheWriteError(result.source_name, str(exc))
+                results[position] = result
+            return [results[i] for i in range(len(items))]
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def _write_planned(
         self, plans: list[_Plan], base: Path, config: WriterConfig
@@ -91,7 +151,9 @@ class DatasetRuntime:
         self, paths: Sequence[str | os.PathLike[str]], *, reader_config: ReaderConfig
     ) -> Any:
         """Load caches (in ``paths`` order) as one ``CachedDataset``; raises load errors."""
-        return CachedDataset._open(self._runtime, [Path(p) for p in paths], reader_config)
+        return CachedDataset._open(
+            self._runtime, [p if remote.is_url(p) else Path(p) for p in paths], reader_config
+        )
 
     def from_cache_sources(
         self,
@@ -113,6 +175,9 @@ class DatasetRuntime:
         items = sources if isinstance(sources, list) else [sources]
         if not items:
             return CacheSourcesDatasetError([], "no cache sources were provided")
+        if remote.is_url(path):
+            final = self._write_remote(items, str(path), writer_config, reuse=True)
+            return self._load_results(final, reader_config)
         base = Path(path)
         plans, results = plan_sources(items, base, writer_config)
         validate = bool(getattr(writer_config, "validate_cache", False))
@@ -143,6 +208,12 @@ class DatasetRuntime:
             serial = writer_config.model_copy(update={"num_processes": 0})
             results.update(self._write_planned(to_rebuild, base, serial))
         final = [results[i] for i in range(len(items))]
+        return self._load_results(final, reader_config)
+
+    def _load_results(
+        self, final: list[CacheWriteResult], reader_config: ReaderConfig
+    ) -> CacheSourcesDatasetResult:
+        """Load every cache written or reused, or report that none is available."""
         paths = [r.path for r in final if isinstance(r, CacheWriteSuccess)]
         if not paths:
             detail = "; ".join(

@@ -11,6 +11,9 @@ from typing import Any
 
 import pytest
 
+# The S3 server fixtures of the remote-cache tests (tests/remote_server.py).
+from remote_server import s3_bucket, s3_server  # noqa: F401
+
 FIXTURES = Path(__file__).parent / "fixtures" / "dataset-rt-0.4.8"
 FIXTURE_NAMES = [
     "plain_one_shard",

@@ -54,6 +54,8 @@ LAYERS: list[tuple[str, set[str]]] = [
             "dataset_rt.manifests",
             "dataset_rt.snapshot",
             "dataset_rt.reconstruction",
+            # Caches on object storage: the obstore transport, URL helpers, uploads.
+            "dataset_rt.remote",
         },
     ),
     # Reading and writing: datasets, the writer, spawned writer processes.
@@ -103,6 +105,7 @@ HANDLE_CLASSES = {
     "lookup": "Lookup",
     "writer": "Writer",
     "commit": "Commit",
+    "remote": "Remote",
 }
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import ray
 from ray.data.datasource.datasink import Datasink, WriteResult
 
+from dataset_rt import remote
 from dataset_rt.config import WriterConfig
 from dataset_rt.fragments import (
     Fragment,
@@ -74,6 +75,7 @@ def write_sources(
     Ray is not initialized.
     """
     items = sources if isinstance(sources, list) else [sources]
+    url = str(base_dir) if remote.is_url(base_dir) else None  # s3://...: tasks upload
     base = Path(base_dir)
     plans, results = plan_sources(items, base, writer_config)
     config = writer_config.model_copy(update={"num_processes": 0, "show_progress": False})
@@ -81,7 +83,8 @@ def write_sources(
         ray.init()
     remote_args = {"num_cpus": num_workers, **(ray_remote_args or {})}
     task = ray.remote(_write_source_task).options(**remote_args)
-    refs = [(plan, task.remote(plan.source, str(base), config, num_workers)) for plan in plans]
+    target = url if url is not None else str(base)
+    refs = [(plan, task.remote(plan.source, target, config, num_workers)) for plan in plans]
     for plan, ref in refs:
         try:
             result = ray.get(ref)
@@ -90,7 +93,10 @@ def write_sources(
         else:
             if isinstance(result, CacheWriteSuccess):
                 # The task reports the path as it saw it; report the caller's spelling.
-                result = CacheWriteSuccess(plan.name, base / plan.name)
+                result = CacheWriteSuccess(
+                    plan.name,
+                    remote.join(url, plan.name) if url is not None else base / plan.name,  # type: ignore[arg-type]
+                )
         results[plan.position] = result
     return [results[i] for i in range(len(items))]
 
@@ -129,6 +135,12 @@ class CacheDatasink(Datasink[Any]):
         replace: bool = False,
         ordered: bool = True,
     ) -> None:
+        if remote.is_url(base_dir):
+            raise ValueError(
+                f"CacheDatasink cannot write to {base_dir} yet: its fragments need a file "
+                "system every node shares; write to a shared directory and upload, or use "
+                "write_sources with the URL (docs/guide-remote.md)"
+            )
         self.base_dir = str(base_dir)
         self.name = name
         self.data_column = data_column

@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 4
+    DRT_ABI_VERSION_MINOR = 5
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -286,6 +286,66 @@ int32_t drt_dataset_open(drt_runtime *runtime, const drt_str *paths, uint64_t pa
 
 /* Releases the caller's reference; iterators and lookups keep the dataset alive. */
 void drt_dataset_close(drt_dataset *dataset);
+
+/* ---- Caches on object storage (ABI 1.5) ------------------------------------------------
+ * The embedder supplies the transport as a table of callbacks; the core does the rest:
+ * it fetches a cache's manifest.json, index.bin and metadata.arrow into
+ * <cache_dir>/caches/<sha256 of the manifest>/ (verified against the manifest's SHA-256
+ * before they appear), and each shard, when first read, into the shard cache
+ * <cache_dir>/shards/<sha256>.bin (size and SHA-256 verified; temporary file + rename;
+ * least recently used shards evicted beyond budget_bytes; several processes may share
+ * cache_dir). Callbacks may be called from any thread, concurrently. A callback that does
+ * not return DRT_REMOTE_OK may write a NUL-terminated explanation into message
+ * (message_cap bytes); DRT_REMOTE_RETRY is retried `retries` times with exponential
+ * backoff (100 ms, doubling, at most 2 s), the others fail at once. */
+enum {
+    DRT_REMOTE_OK = 0,
+    DRT_REMOTE_NOT_FOUND = 1, /* no object at that URL (HTTP 404) */
+    DRT_REMOTE_DENIED = 2,    /* credentials missing or refused (HTTP 401/403) */
+    DRT_REMOTE_RETRY = 3,     /* transient: connection refused or reset, timeout, 5xx, short body */
+    DRT_REMOTE_FAILED = 4     /* anything else; not retried */
+};
+
+typedef struct drt_remote_ops {
+    void *context;
+    /* Opens the object at url: its size in *size, a handle for read and close. */
+    int32_t (*open)(void *context, const char *url, uint64_t *size, void **handle,
+                    char *message, uint64_t message_cap);
+    /* Reads exactly len bytes at offset of the object into buf. */
+    int32_t (*read)(void *context, void *handle, uint64_t offset, uint8_t *buf, uint64_t len,
+                    char *message, uint64_t message_cap);
+    void (*close)(void *context, void *handle);
+} drt_remote_ops;
+
+typedef struct drt_remote_options {
+    drt_remote_ops ops;     /* copied; context must outlive the remote and its datasets */
+    drt_str cache_dir;      /* local directory (created): caches/ and shards/ */
+    uint64_t budget_bytes;  /* > 0: bytes of shard files kept in <cache_dir>/shards */
+    uint32_t retries;       /* further attempts after DRT_REMOTE_RETRY */
+    uint32_t reserved;      /* 0 */
+} drt_remote_options;
+
+typedef struct drt_remote drt_remote;
+
+/* A transport and its local directory. Thread-safe; datasets keep it alive. */
+int32_t drt_remote_open(const drt_remote_options *options, drt_remote **out);
+void drt_remote_close(drt_remote *remote);
+
+/* drt_dataset_open, where every path that is a URL (scheme://...) is a cache on object
+ * storage reached through remote (NULL: every path is local). Besides drt_dataset_open's
+ * errors: DRT_E_INVALID_CACHE "no cache at <url>: ..." (no manifest.json there),
+ * "checksum mismatch for <url>: ...", "<url> is N bytes but the manifest says M: ...";
+ * DRT_E_IO "access denied to <url>: ..." (credentials), "cannot read <url>: still failing
+ * after N attempts ..." (unreachable), "cannot write the local cache ..." (disk full).
+ * Shard fetch errors surface where the shard is first read (iteration, get_item).
+ * validate_cache checks metadata.arrow as locally; shards are always verified. */
+int32_t drt_dataset_open_remote(drt_runtime *runtime, const drt_str *paths, uint64_t path_count,
+                                const drt_dataset_options *options, drt_remote *remote,
+                                drt_dataset **out);
+
+/* The local directory holding cache `index`'s manifest, index and metadata: the path
+ * itself for a local cache, the fetched copy for a remote one. Valid while open. */
+int32_t drt_dataset_cache_dir(drt_dataset *dataset, uint64_t index, drt_str *out);
 
 /* Number of caches; number of schema fields; I/O backend in use (DRT_IO_URING or
  * DRT_IO_THREADS). Thread-safe. */

@@ -36,6 +36,8 @@ test {
     _ = @import("io/uring.zig");
     _ = @import("io/threads.zig");
     _ = @import("io/files.zig");
+    _ = @import("io/shardcache.zig");
+    _ = @import("io/remote.zig");
     _ = @import("read/dataset.zig");
     _ = @import("read/table.zig");
     _ = @import("read/sampler.zig");

@@ -18,6 +18,7 @@ const Lookup = @import("../read/lookup.zig").Lookup;
 const batch = @import("../read/batch.zig");
 const table = @import("../read/table.zig");
 const io = @import("../io/backend.zig");
+const remote = @import("../io/remote.zig");
 const uring = @import("../io/uring.zig");
 const sha256 = @import("../codec/sha256.zig");
 const publish = @import("../store/publish.zig");
@@ -191,6 +192,39 @@ export fn drt_writer_close(w: ?*Writer) void {
 // ---------------------------------------------------------------- dataset
 
 export fn drt_dataset_open(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: u64, options: ?*const abi.DatasetOptions, out: ?*?*Dataset) Rc {
+    return openDataset(rt, paths, path_count, options, null, out);
+}
+
+export fn drt_dataset_open_remote(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: u64, options: ?*const abi.DatasetOptions, rm: ?*remote.Remote, out: ?*?*Dataset) Rc {
+    return openDataset(rt, paths, path_count, options, rm, out);
+}
+
+export fn drt_remote_open(options: ?*const abi.RemoteOptions, out: ?*?*remote.Remote) Rc {
+    const opts = options orelse return nullArgument("options");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    o.* = remote.Remote.create(gpa, opts.ops, .{
+        .root = opts.cache_dir.slice(),
+        .budget = opts.budget_bytes,
+        .retries = opts.retries,
+    }) catch |err| return fromError(err);
+    return ok();
+}
+
+export fn drt_remote_close(rm: ?*remote.Remote) void {
+    if (rm) |r| r.release();
+}
+
+export fn drt_dataset_cache_dir(ds: ?*Dataset, i: u64, out: ?*abi.Str) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    if (i >= d.caches.len) return fromError(status.fail(error.InvalidArgument, "cache index {d} is out of range", .{i}));
+    o.* = abi.Str.from(d.caches[@intCast(i)].path);
+    return ok();
+}
+
+fn openDataset(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: u64, options: ?*const abi.DatasetOptions, rm: ?*remote.Remote, out: ?*?*Dataset) Rc {
     const r = rt orelse return nullArgument("runtime");
     const o = out orelse return nullArgument("out");
     const opts = options orelse return nullArgument("options");
@@ -215,6 +249,7 @@ export fn drt_dataset_open(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: 
         .validate_cache = opts.validate_cache != 0,
         .io_backend = io_backend,
         .permutation = opts.sampling == abi.sampling_permutation,
+        .remote = rm,
     }) catch |err| return fromError(err);
     return ok();
 }
@@ -279,7 +314,7 @@ export fn drt_dataset_cache_info(ds: ?*Dataset, i: u64, out: ?*abi.CacheInfo) Rc
         .compression = if (first.len > 0) @intFromEnum(first[0].compression) else 0,
         .compression_ratio = if (first.len > 0) first[0].ratio else 1.0,
         .source_name = abi.Str.from(c.manifest.source_name),
-        .path = abi.Str.from(c.path),
+        .path = abi.Str.from(c.url orelse c.path),
         .fingerprint = if (c.manifest.fingerprint) |fp| abi.Str.from(fp) else .{ .ptr = null, .len = 0 },
     };
     return ok();

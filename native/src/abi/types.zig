@@ -121,7 +121,7 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 4;
+pub const abi_version_minor = 5;
 
 /// drt_manifest_entry.
 pub const ManifestEntry = extern struct {
@@ -159,6 +159,8 @@ test "structs and constants match dataset_rt.h" {
         .{ Stream, c.drt_stream },
         .{ IterRange, c.drt_iter_range },
         .{ ManifestEntry, c.drt_manifest_entry },
+        .{ RemoteOptions, c.drt_remote_options },
+        .{ remote.Ops, c.drt_remote_ops },
     };
     inline for (pairs) |pair| {
         const Z = pair[0];
@@ -199,11 +201,32 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, type_other), c.DRT_TYPE_OTHER);
     try std.testing.expectEqual(@as(i64, writer_profile), c.DRT_WRITER_PROFILE);
     try std.testing.expectEqual(@as(i64, sampling_permutation), c.DRT_SAMPLING_PERMUTATION);
+    inline for (std.meta.fields(remote.Code)) |f| {
+        const c_name = comptime blk: {
+            var upper: [f.name.len]u8 = undefined;
+            _ = std.ascii.upperString(&upper, f.name);
+            break :blk "DRT_REMOTE_" ++ upper;
+        };
+        try std.testing.expectEqual(@as(i64, f.value), @as(i64, @field(c, c_name)));
+    }
     const Stage = @import("../write/writer.zig").Stage;
     try std.testing.expectEqual(@as(i64, std.meta.fields(Stage).len), c.DRT_STAGE_COUNT);
     try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.publish)), c.DRT_STAGE_PUBLISH);
     try std.testing.expectEqual(@as(i64, @intFromEnum(Stage.finish_metadata)), c.DRT_STAGE_FINISH_METADATA);
 }
+
+// ---- caches on object storage
+
+const remote = @import("../io/remote.zig");
+
+/// drt_remote_options (the ops table is `remote.Ops`).
+pub const RemoteOptions = extern struct {
+    ops: remote.Ops,
+    cache_dir: Str,
+    budget_bytes: u64,
+    retries: u32,
+    reserved: u32,
+};
 
 // ---- fragments
 

@@ -21,6 +21,7 @@ const Cache = @import("../store/cache.zig").Cache;
 const migrate = @import("../store/migrate.zig");
 const io = @import("../io/backend.zig");
 const files = @import("../io/files.zig");
+const remote = @import("../io/remote.zig");
 const runtime_mod = @import("../base/runtime.zig");
 const Runtime = runtime_mod.Runtime;
 
@@ -32,6 +33,9 @@ pub const Options = struct {
     io_backend: io.Choice,
     /// Shuffled reading in permutation passes instead of draws with replacement.
     permutation: bool = false,
+    /// With a transport, paths that are URLs (`remote.isUrl`) open as caches on object
+    /// storage (the dataset takes a reference); without one every path is local.
+    remote: ?*remote.Remote = null,
 };
 
 /// A physical sample: cache position in the path list and sample id within it.
@@ -114,7 +118,10 @@ pub const Dataset = struct {
         errdefer ids.deinit(gpa);
         try ids.ensureTotalCapacity(gpa, @intCast(paths.len));
         for (paths, 0..) |p, i| {
-            caches[i] = try Cache.open(gpa, p, i, options.validate_cache);
+            caches[i] = if (options.remote != null and remote.isUrl(p))
+                try remote.openCache(options.remote.?, p, i, options.validate_cache, &rt.pool, if (options.shuffle) 0 else 2)
+            else
+                try Cache.open(gpa, p, i, options.validate_cache);
             opened += 1;
             const entry = ids.getOrPutAssumeCapacity(caches[i].cache_id);
             if (entry.found_existing) return status.fail(error.InvalidCache, "duplicate cache_id {d}", .{caches[i].cache_id});
@@ -139,6 +146,7 @@ pub const Dataset = struct {
         table.* = .{ .gpa = gpa, .len = prefix[paths.len] };
 
         const ds = try gpa.create(Dataset);
+        if (options.remote) |r| _ = r.retain();
         ds.* = .{
             .gpa = gpa,
             .runtime = rt.retain(),
@@ -174,6 +182,7 @@ pub const Dataset = struct {
         const gpa = ds.gpa;
         ds.table.release();
         for (ds.caches) |*c| c.close();
+        if (ds.options.remote) |r| r.release();
         gpa.free(ds.caches);
         gpa.free(ds.prefix);
         ds.ids.deinit(gpa);
@@ -189,6 +198,9 @@ pub const Dataset = struct {
     pub fn migrateManifests(ds: *Dataset, entries: []migrate.Entry, progress: *migrate.Progress) status.Error!void {
         try ds.runtime.checkPid();
         std.debug.assert(entries.len == ds.caches.len);
+        for (ds.caches) |*c| if (c.url) |u| {
+            return status.fail(error.InvalidArgument, "update_manifests cannot rewrite the remote cache {s}: download it, migrate the local copy and upload that as a new cache", .{u});
+        };
         ds.migration_mutex.lock();
         defer ds.migration_mutex.unlock();
         _ = ds.migration_arena.reset(.retain_capacity);

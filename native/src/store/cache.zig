@@ -52,10 +52,30 @@ pub const Metadata = struct {
     }
 };
 
+/// Where the shards of a cache fetched from object storage come from (the I/O layer's
+/// remote transport, `io/remote.zig`): `open` returns a read-only descriptor of a verified
+/// local copy of shard `shard_id`.
+pub const ShardSource = struct {
+    context: *anyopaque,
+    open: *const fn (context: *anyopaque, c: *const Cache, shard_id: u64) status.Error!posix.fd_t,
+    /// Frees `context` when the cache closes.
+    release: ?*const fn (context: *anyopaque) void = null,
+};
+
+/// A cache on object storage: its URL, and where its shards come from.
+pub const RemoteOrigin = struct {
+    url: []const u8,
+    source: ShardSource,
+};
+
 pub const Cache = struct {
     gpa: std.mem.Allocator,
-    /// The path as given by the caller (no trailing slash added or removed).
+    /// The path as given by the caller (no trailing slash added or removed); for a remote
+    /// cache, the local directory holding its manifest, index and metadata.
     path: []u8,
+    /// A remote cache's URL (owned) and shard source; null for a local cache.
+    url: ?[]u8 = null,
+    source: ?ShardSource = null,
     manifest: manifest.Manifest,
     cache_id: u64,
     /// Mapped `index.bin` (read-only, private); empty when the cache has no rows.
@@ -77,6 +97,17 @@ pub const Cache = struct {
     /// Opens the cache at `path`. `position` is its index in the dataset's path list (the
     /// cache id of a format-2 manifest).
     pub fn open(gpa: std.mem.Allocator, path: []const u8, position: u64, validate: bool) status.Error!Cache {
+        return openWith(gpa, path, position, validate, null);
+    }
+
+    /// Opens a remote cache whose manifest, index and metadata were fetched (and verified)
+    /// into `local_dir`. Its shards are not there: `remote.source` supplies verified
+    /// copies, so shard sizes and checksums are checked when each is fetched, not here.
+    pub fn openRemote(gpa: std.mem.Allocator, local_dir: []const u8, position: u64, validate: bool, remote: RemoteOrigin) status.Error!Cache {
+        return openWith(gpa, local_dir, position, validate, remote);
+    }
+
+    fn openWith(gpa: std.mem.Allocator, path: []const u8, position: u64, validate: bool, remote: ?RemoteOrigin) status.Error!Cache {
         const own_path = try gpa.dupe(u8, path);
         errdefer gpa.free(own_path);
 
@@ -108,14 +139,15 @@ pub const Cache = struct {
             for (shard_paths[0..made]) |p| gpa.free(p);
             gpa.free(shard_paths);
         }
+        const shard_base = if (remote) |r| std.mem.trimRight(u8, r.url, "/") else path;
         for (m.shards, shard_paths) |shard, *p| {
-            p.* = try std.fmt.allocPrintSentinel(gpa, "{s}/shards/{s}", .{ path, shard.name }, 0);
+            p.* = try std.fmt.allocPrintSentinel(gpa, "{s}/shards/{s}", .{ shard_base, shard.name }, 0);
             made += 1;
         }
-        for (m.shards, shard_paths) |shard, p| {
+        if (remote == null) for (m.shards, shard_paths) |shard, p| {
             const st = std.fs.cwd().statFile(p) catch |err| return status.failIo(err, p);
             if (st.size != shard.byte_len) return status.fail(error.InvalidCache, "shard length mismatch for {s}", .{p});
-        }
+        };
         _ = dir.statFile("metadata.arrow") catch |err| {
             return status.fail(error.Io, "I/O error: {s}: {s}/metadata.arrow", .{ status.describeOsError(err), path });
         };
@@ -123,7 +155,7 @@ pub const Cache = struct {
         if (validate) {
             try verifyFile(gpa, dir, "metadata.arrow", path, m.metadata_sha256);
             try verifyFile(gpa, dir, "index.bin", path, m.index_sha256);
-            for (m.shards, shard_paths) |shard, p| try verifySha(p, shard.sha256);
+            if (remote == null) for (m.shards, shard_paths) |shard, p| try verifySha(p, shard.sha256);
         }
 
         const dir_stat = posix.fstat(dir.fd) catch |err| return status.failIo(err, path);
@@ -132,9 +164,13 @@ pub const Cache = struct {
         errdefer if (metadata) |*md| md.deinit(gpa);
 
         const index_map = try mapIndex(dir, path, m.sample_count, m.shards.len);
+        errdefer if (index_map.len > 0) posix.munmap(index_map);
+        const url = if (remote) |r| try gpa.dupe(u8, r.url) else null;
         return .{
             .gpa = gpa,
             .path = own_path,
+            .url = url,
+            .source = if (remote) |r| r.source else null,
             .manifest = m,
             .cache_id = m.cache_id orelse position,
             .index_map = index_map,
@@ -182,6 +218,7 @@ pub const Cache = struct {
 
     /// Opens shard `shard_id` of this very cache (see `openSameDir`).
     pub fn openShard(c: *const Cache, shard_id: u64) status.Error!posix.fd_t {
+        if (c.source) |src| return src.open(src.context, c, shard_id);
         const dir = try c.openSameDir();
         defer posix.close(dir);
         const name = c.manifest.shards[@intCast(shard_id)].name;
@@ -198,6 +235,8 @@ pub const Cache = struct {
         if (c.index_map.len > 0) posix.munmap(c.index_map);
         for (c.shard_paths) |p| c.gpa.free(p);
         c.gpa.free(c.shard_paths);
+        if (c.url) |u| c.gpa.free(u);
+        if (c.source) |src| if (src.release) |release| release(src.context);
         c.manifest.deinit();
         c.gpa.free(c.path);
     }

@@ -1,0 +1,602 @@
+//! Caches on object storage: the transport is a small table of C callbacks (`Ops`: open an
+//! object and learn its size, read a byte range into a caller buffer, close) that the
+//! embedder supplies: the Python layer passes its object-store client through it, a C,
+//! C++ or Rust program its own. Everything that decides correctness is here:
+//!
+//! - `fetchCache` downloads `manifest.json`, `index.bin` and `metadata.arrow` of a cache URL
+//!   into `<root>/caches/<sha256 of the manifest>/`, verifying the two files against the
+//!   manifest's SHA-256 (as `validate_cache` does locally) before the directory appears
+//!   (temporary directory + rename). The store layer then opens that directory as a
+//!   local cache whose shards come from here.
+//! - `openShard` returns a descriptor of the shard's verified copy in the shard cache
+//!   (`shardcache.zig`), downloading it first when it is absent: the size the server
+//!   reports and the SHA-256 of the bytes must match the manifest, or nothing is kept.
+//!   The I/O backends (io_uring, threads) then read the local file as any other.
+//! - Transient failures (`Code.retry`: connection refused or reset, timeouts, 5xx, a short
+//!   body) are retried with exponential backoff; a reset mid-file continues from the
+//!   chunk that failed. Then the error names the URL. A 404 and a 403 have their own
+//!   messages.
+//!
+//! Memory: one download buffer of at most `chunk_bytes` per download in progress.
+//! Thread safety: the callbacks may be called from any thread, concurrently.
+
+const std = @import("std");
+const posix = std.posix;
+const status = @import("../base/status.zig");
+const Sha256 = @import("../codec/sha256.zig").Sha256;
+const manifest = @import("../format/manifest.zig");
+const ShardCache = @import("shardcache.zig").ShardCache;
+const cache = @import("../store/cache.zig");
+const publish = @import("../store/publish.zig");
+const runtime = @import("../base/runtime.zig");
+
+/// What a callback reports (`DRT_REMOTE_*`).
+pub const Code = enum(i32) {
+    ok = 0,
+    /// No object at that URL (HTTP 404).
+    not_found = 1,
+    /// Credentials missing or refused (HTTP 401/403).
+    denied = 2,
+    /// Transient: worth retrying (connection refused or reset, timeout, 5xx, short body).
+    retry = 3,
+    /// Anything else; not retried.
+    failed = 4,
+};
+
+/// The callback table (`drt_remote_ops`). `message` is a buffer of `message_cap` bytes for
+/// a NUL-terminated explanation when a callback does not return `ok`.
+pub const Ops = extern struct {
+    context: ?*anyopaque,
+    open: ?*const fn (context: ?*anyopaque, url: [*:0]const u8, size: *u64, handle: *?*anyopaque, message: [*]u8, message_cap: u64) callconv(.c) i32,
+    /// Reads exactly `len` bytes at `offset` into `buf`.
+    read: ?*const fn (context: ?*anyopaque, handle: ?*anyopaque, offset: u64, buf: [*]u8, len: u64, message: [*]u8, message_cap: u64) callconv(.c) i32,
+    close: ?*const fn (context: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void,
+};
+
+pub const Options = struct {
+    /// The local directory: `caches/` (metadata copies) and `shards/` (the shard cache).
+    root: []const u8,
+    /// Bytes of shard files kept in `<root>/shards`.
+    budget: u64,
+    /// Further attempts after a transient failure.
+    retries: u32 = 5,
+    /// First backoff; doubled after each attempt, at most 2 s.
+    backoff_ns: u64 = 100 * std.time.ns_per_ms,
+    chunk_bytes: usize = 8 << 20,
+    /// Byte ranges of one shard fetched at once (the calling thread and pool workers).
+    parallel_parts: u32 = 8,
+};
+
+/// Largest manifest.json accepted (as locally).
+const manifest_bytes_max = 64 << 20;
+
+/// An open object store transport with its local directory. Reference counted: every
+/// dataset opened through it holds a reference.
+pub const Remote = struct {
+    gpa: std.mem.Allocator,
+    refs: std.atomic.Value(u32) = .init(1),
+    ops: Ops,
+    root: []u8,
+    shards_path: []u8,
+    shards: ShardCache,
+    options: Options,
+
+    pub fn create(gpa: std.mem.Allocator, ops: Ops, options: Options) status.Error!*Remote {
+        if (ops.open == null or ops.read == null or ops.close == null) return status.fail(error.InvalidArgument, "remote ops: open, read and close are required", .{});
+        if (options.root.len == 0) return status.fail(error.InvalidArgument, "remote: the local cache directory must not be empty", .{});
+        const root = try gpa.dupe(u8, std.mem.trimRight(u8, options.root, "/"));
+        errdefer gpa.free(root);
+        const shards_path = try std.fmt.allocPrint(gpa, "{s}/shards", .{root});
+        errdefer gpa.free(shards_path);
+        var shards = try ShardCache.open(shards_path, options.budget);
+        errdefer shards.close();
+        const r = try gpa.create(Remote);
+        r.* = .{ .gpa = gpa, .ops = ops, .root = root, .shards_path = shards_path, .shards = shards, .options = options };
+        r.options.root = root;
+        return r;
+    }
+
+    pub fn retain(r: *Remote) *Remote {
+        _ = r.refs.fetchAdd(1, .monotonic);
+        return r;
+    }
+
+    pub fn release(r: *Remote) void {
+        if (r.refs.fetchSub(1, .acq_rel) != 1) return;
+        r.shards.close();
+        r.gpa.free(r.shards_path);
+        r.gpa.free(r.root);
+        r.gpa.destroy(r);
+    }
+
+    // ------------------------------------------------------------ objects
+
+    const Object = struct { handle: ?*anyopaque, size: u64 };
+
+    /// Opens `url`, retrying transient failures.
+    fn openObject(r: *Remote, url: [:0]const u8) status.Error!Object {
+        var attempt: u32 = 0;
+        while (true) : (attempt += 1) {
+            var message: [512]u8 = @splat(0);
+            var obj: Object = .{ .handle = null, .size = 0 };
+            const rc = r.ops.open.?(r.ops.context, url.ptr, &obj.size, &obj.handle, &message, message.len);
+            if (try r.retryOrFail(rc, url, &message, attempt)) return obj;
+        }
+    }
+
+    /// Reads `buf.len` bytes at `offset` of an open object, retrying transient failures.
+    fn readObject(r: *Remote, obj: Object, url: [:0]const u8, offset: u64, buf: []u8) status.Error!void {
+        var attempt: u32 = 0;
+        while (true) : (attempt += 1) {
+            var message: [512]u8 = @splat(0);
+            const rc = r.ops.read.?(r.ops.context, obj.handle, offset, buf.ptr, buf.len, &message, message.len);
+            if (try r.retryOrFail(rc, url, &message, attempt)) return;
+        }
+    }
+
+    fn closeObject(r: *Remote, obj: Object) void {
+        r.ops.close.?(r.ops.context, obj.handle);
+    }
+
+    /// true on success, false after sleeping before another attempt, else the error.
+    fn retryOrFail(r: *Remote, rc: i32, url: []const u8, message: *[512]u8, attempt: u32) status.Error!bool {
+        const text = std.mem.sliceTo(message, 0);
+        const code = std.meta.intToEnum(Code, rc) catch .failed;
+        switch (code) {
+            .ok => return true,
+            .retry => if (attempt < r.options.retries) {
+                const shift: u6 = @intCast(@min(attempt, 20));
+                posix.nanosleep(0, @min(r.options.backoff_ns << shift, 2 * std.time.ns_per_s));
+                return false;
+            } else return status.fail(error.Io, "cannot read {s}: still failing after {d} attempts with backoff: {s}", .{ url, attempt + 1, text }),
+            .not_found => return status.fail(error.InvalidCache, "no object at {s}: {s}", .{ url, text }),
+            .denied => return status.fail(error.Io, "access denied to {s}: the object store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE, or GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_* for other stores): {s}", .{ url, text }),
+            .failed => return status.fail(error.Io, "object store error for {s}: {s}", .{ url, text }),
+        }
+    }
+
+    /// Downloads `url` into the new file `name` of `dir`, checking its size (when given)
+    /// and SHA-256 against the manifest. The file is removed on any failure. With `pool`,
+    /// up to `parallel_parts` byte ranges are fetched at once: the calling thread and pool
+    /// workers take the next range from a shared counter and write it in place; each holds
+    /// one buffer of `chunk_bytes`. The file is hashed after it is complete.
+    fn download(r: *Remote, url: [:0]const u8, dir: std.fs.Dir, dir_path: []const u8, name: []const u8, size: ?u64, sha_hex: []const u8, pool: ?*runtime.Pool) status.Error!void {
+        const obj = try r.openObject(url);
+        defer r.closeObject(obj);
+        if (size) |expected| if (obj.size != expected) {
+            return status.fail(error.InvalidCache, "{s} is {d} bytes but the manifest says {d}: the object was changed or truncated on the server", .{ url, obj.size, expected });
+        };
+        const file = dir.createFile(name, .{ .exclusive = true, .read = true }) catch |err| return failWrite(err, dir_path, name);
+        var keep = false;
+        defer {
+            file.close();
+            if (!keep) dir.deleteFile(name) catch {};
+        }
+        // Ranges of at most chunk_bytes, small enough (down to 1 MiB) that a shard spreads
+        // over every participant.
+        const spread = std.math.divCeil(u64, obj.size, @max(1, r.options.parallel_parts)) catch unreachable;
+        const part: u64 = if (pool == null) r.options.chunk_bytes else std.math.clamp(spread, @min(1 << 20, r.options.chunk_bytes), r.options.chunk_bytes);
+        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .file = file, .dir_path = dir_path, .name = name, .part = @max(1, part) };
+        const parts = std.math.divCeil(u64, obj.size, fetch.part) catch unreachable;
+        var helpers: [16]Helper = undefined;
+        const helper_count: usize = if (pool == null) 0 else @intCast(@min(parts -| 1, @min(r.options.parallel_parts -| 1, helpers.len)));
+        for (helpers[0..helper_count]) |*h| {
+            h.* = .{ .fetch = &fetch };
+            pool.?.submit(&h.job);
+        }
+        fetch.work();
+        for (helpers[0..helper_count]) |*h| {
+            if (pool.?.cancel(&h.job)) continue; // never started: nothing left for it
+            fetch.mutex.lock();
+            defer fetch.mutex.unlock();
+            while (!h.finished) fetch.cond.wait(&fetch.mutex);
+        }
+        if (fetch.err) |err| return status.failText(err, fetch.message[0..fetch.message_len]);
+        file.seekTo(0) catch |err| return failWrite(err, dir_path, name);
+        const digest = try publish.hashFile(file, dir_path);
+        const actual = std.fmt.bytesToHex(digest.sha256, .lower);
+        if (digest.byte_len != obj.size or !std.mem.eql(u8, &actual, sha_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}: the object changed on the server since its manifest was written", .{url});
+        keep = true;
+    }
+
+    // ------------------------------------------------------------ caches
+
+    /// Fetches the cache at `url` (no trailing slash needed) into the local directory and
+    /// returns that directory's path (owned by the caller).
+    pub fn fetchCache(r: *Remote, url_in: []const u8, pool: ?*runtime.Pool) status.Error![]u8 {
+        const gpa = r.gpa;
+        const url = std.mem.trimRight(u8, url_in, "/");
+        const manifest_url = try std.fmt.allocPrintSentinel(gpa, "{s}/manifest.json", .{url}, 0);
+        defer gpa.free(manifest_url);
+        const obj = r.openObject(manifest_url) catch |err| {
+            if (err == error.InvalidCache) return status.fail(error.InvalidCache, "no cache at {s}: {s} does not exist", .{ url, manifest_url });
+            return err;
+        };
+        const text = blk: {
+            defer r.closeObject(obj);
+            if (obj.size > manifest_bytes_max) return status.fail(error.InvalidCache, "manifest is too large: {s}", .{manifest_url});
+            const text = try gpa.alloc(u8, @intCast(obj.size));
+            errdefer gpa.free(text);
+            if (text.len > 0) try r.readObject(obj, manifest_url, 0, text);
+            break :blk text;
+        };
+        defer gpa.free(text);
+        var m = try manifest.parse(gpa, text, manifest_url);
+        defer m.deinit();
+
+        var digest: [32]u8 = undefined;
+        Sha256.hash(text, &digest);
+        const hex = std.fmt.bytesToHex(digest, .lower);
+        const final = try std.fmt.allocPrint(gpa, "{s}/caches/{s}", .{ r.root, &hex });
+        errdefer gpa.free(final);
+        const caches_path = try std.fmt.allocPrint(gpa, "{s}/caches", .{r.root});
+        defer gpa.free(caches_path);
+        std.fs.cwd().makePath(caches_path) catch |err| return failWrite(err, caches_path, "");
+        var caches = std.fs.cwd().openDir(caches_path, .{}) catch |err| return failWrite(err, caches_path, "");
+        defer caches.close();
+        var present_buf: [80]u8 = undefined;
+        const present = std.fmt.bufPrint(&present_buf, "{s}/manifest.json", .{&hex}) catch unreachable;
+        if (caches.statFile(present)) |_| return final else |_| {}
+
+        var tmp_buf: [128]u8 = undefined;
+        const tmp_name = std.fmt.bufPrint(&tmp_buf, ".{s}.{d}.{x}.tmp", .{ &hex, std.os.linux.getpid(), std.crypto.random.int(u32) }) catch unreachable;
+        caches.makeDir(tmp_name) catch |err| return failWrite(err, caches_path, tmp_name);
+        var renamed = false;
+        defer if (!renamed) caches.deleteTree(tmp_name) catch {};
+        var tmp = caches.openDir(tmp_name, .{}) catch |err| return failWrite(err, caches_path, tmp_name);
+        defer tmp.close();
+        const tmp_path = try std.fmt.allocPrint(gpa, "{s}/{s}", .{ caches_path, tmp_name });
+        defer gpa.free(tmp_path);
+        inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 } }) |file| {
+            const file_url = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ url, file[0] }, 0);
+            defer gpa.free(file_url);
+            try r.download(file_url, tmp, tmp_path, file[0], null, file[1], pool);
+        }
+        tmp.writeFile(.{ .sub_path = "manifest.json", .data = text }) catch |err| return failWrite(err, tmp_path, "manifest.json");
+        caches.rename(tmp_name, &hex) catch |err| switch (err) {
+            // Another process fetched the same manifest first: same verified contents.
+            error.PathAlreadyExists => return final,
+            else => return failWrite(err, caches_path, &hex),
+        };
+        renamed = true;
+        return final;
+    }
+
+    /// A read-only descriptor of `shard` of the cache at `url`, from the shard cache.
+    pub fn openShard(r: *Remote, url: []const u8, shard: *const manifest.Shard, pool: ?*runtime.Pool) status.Error!posix.fd_t {
+        if (try r.shards.lookup(shard.sha256, shard.byte_len)) |fd| return fd;
+        const lock = try r.shards.lockShard(shard.sha256);
+        defer r.shards.unlockShard(lock);
+        // Another process may have downloaded it while this one waited for the lock.
+        if (try r.shards.lookup(shard.sha256, shard.byte_len)) |fd| return fd;
+        const shard_url = try std.fmt.allocPrintSentinel(r.gpa, "{s}/shards/{s}", .{ std.mem.trimRight(u8, url, "/"), shard.name }, 0);
+        defer r.gpa.free(shard_url);
+        try r.shards.makeRoom(r.gpa, shard.byte_len, shard_url);
+        var tmp_buf: [128]u8 = undefined;
+        const tmp_name = ShardCache.tempName(&tmp_buf, shard.sha256);
+        try r.download(shard_url, r.shards.dir, r.shards.path, tmp_name, shard.byte_len, shard.sha256, pool);
+        errdefer r.shards.dir.deleteFile(tmp_name) catch {};
+        return r.shards.commit(tmp_name, shard.sha256);
+    }
+};
+
+/// One object being downloaded by several threads (see `Remote.download`).
+const Fetch = struct {
+    r: *Remote,
+    obj: Remote.Object,
+    url: [:0]const u8,
+    file: std.fs.File,
+    dir_path: []const u8,
+    name: []const u8,
+    part: u64,
+    next: std.atomic.Value(u64) = .init(0),
+    failed: std.atomic.Value(bool) = .init(false),
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
+    /// The first failure and its message (messages are per thread: copied here).
+    err: ?status.Error = null,
+    message: [status.message_bytes_max]u8 = undefined,
+    message_len: usize = 0,
+
+    /// Fetches ranges until none is left or one failed.
+    fn work(f: *Fetch) void {
+        const buf = f.r.gpa.alloc(u8, @intCast(@min(f.part, @max(f.obj.size, 1)))) catch return f.fail(error.OutOfMemory);
+        defer f.r.gpa.free(buf);
+        while (!f.failed.load(.acquire)) {
+            const offset = f.next.fetchAdd(1, .monotonic) * f.part;
+            if (offset >= f.obj.size) return;
+            const n: usize = @intCast(@min(f.obj.size - offset, f.part));
+            f.r.readObject(f.obj, f.url, offset, buf[0..n]) catch |err| return f.fail(err);
+            f.file.pwriteAll(buf[0..n], offset) catch |err| return f.fail(failWrite(err, f.dir_path, f.name));
+        }
+    }
+
+    fn fail(f: *Fetch, err: status.Error) void {
+        f.mutex.lock();
+        defer f.mutex.unlock();
+        f.failed.store(true, .release);
+        if (f.err != null) return;
+        f.err = err;
+        const text = if (err == error.OutOfMemory) "out of memory" else status.lastMessage();
+        f.message_len = @min(text.len, f.message.len);
+        @memcpy(f.message[0..f.message_len], text[0..f.message_len]);
+    }
+};
+
+/// A pool job taking part in a `Fetch`.
+const Helper = struct {
+    job: runtime.Job = .{ .run = runHelper },
+    fetch: *Fetch,
+    finished: bool = false,
+
+    fn runHelper(job: *runtime.Job) void {
+        const h: *Helper = @fieldParentPtr("job", job);
+        const f = h.fetch;
+        f.work();
+        f.mutex.lock();
+        h.finished = true;
+        f.cond.broadcast();
+        f.mutex.unlock();
+    }
+};
+
+/// Where a remote cache's shards come from: the transport, the pool that helps fetch, and
+/// read-ahead: in ordered reading the plan goes through a cache's shards in order, so
+/// opening shard k starts background downloads of shards k+1 .. k+readahead (pool jobs)
+/// when the budget holds them besides the shards in use. A background failure is
+/// dropped: the reader's own open of that shard fetches again and reports it.
+const Origin = struct {
+    remote: *Remote,
+    pool: ?*runtime.Pool,
+    readahead: u32,
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
+    slots: [readahead_max]Prefetch = undefined,
+
+    const readahead_max = 4;
+
+    const Prefetch = struct {
+        job: runtime.Job = .{ .run = run },
+        origin: *Origin,
+        cache: *const cache.Cache = undefined,
+        shard_id: u64 = 0,
+        busy: bool = false,
+
+        fn run(job: *runtime.Job) void {
+            const p: *Prefetch = @fieldParentPtr("job", job);
+            const o = p.origin;
+            const c = p.cache;
+            // Its ranges go to the pool too: this job waits only for helpers that started.
+            if (o.remote.openShard(c.url.?, &c.manifest.shards[@intCast(p.shard_id)], o.pool)) |fd| posix.close(fd) else |_| {}
+            o.mutex.lock();
+            p.busy = false;
+            o.cond.broadcast();
+            o.mutex.unlock();
+        }
+    };
+
+    /// Starts background downloads of the shards after `shard_id`.
+    fn readAhead(o: *Origin, c: *const cache.Cache, shard_id: u64) void {
+        const pool = o.pool orelse return;
+        const shards = c.manifest.shards;
+        var next = shard_id + 1;
+        var in_use: u64 = shards[@intCast(shard_id)].byte_len;
+        while (next < shards.len and next <= shard_id + o.readahead) : (next += 1) {
+            const shard = &shards[@intCast(next)];
+            in_use += shard.byte_len;
+            if (2 * in_use > o.remote.shards.budget) return; // would evict what is needed
+            if (o.remote.shards.contains(shard.sha256, shard.byte_len)) continue;
+            o.mutex.lock();
+            defer o.mutex.unlock();
+            var free: ?*Prefetch = null;
+            var running = false;
+            for (o.slots[0..o.readahead]) |*slot| {
+                if (slot.busy and slot.cache == c and slot.shard_id == next) running = true;
+                if (!slot.busy and free == null) free = slot;
+            }
+            if (running) continue;
+            const slot = free orelse return;
+            slot.* = .{ .origin = o, .cache = c, .shard_id = next, .busy = true };
+            pool.submit(&slot.job);
+        }
+    }
+
+    /// Cancels queued read-ahead and waits for running ones.
+    fn quiesce(o: *Origin) void {
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        for (o.slots[0..o.readahead]) |*slot| {
+            if (slot.busy and o.pool.?.cancel(&slot.job)) slot.busy = false;
+            while (slot.busy) o.cond.wait(&o.mutex);
+        }
+    }
+};
+
+/// Opens the remote cache at `url` (fetching and verifying its manifest, index and
+/// metadata) as cache `position` of a dataset; its shards come through `r`, which must
+/// outlive the cache. `readahead` (at most 4) shards after each one opened are fetched in
+/// the background on `pool` (ordered reading).
+pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
+    const local = try r.fetchCache(url, pool);
+    defer r.gpa.free(local);
+    const origin = try r.gpa.create(Origin);
+    errdefer r.gpa.destroy(origin);
+    origin.* = .{ .remote = r, .pool = pool, .readahead = if (pool == null) 0 else @min(readahead, Origin.readahead_max) };
+    for (&origin.slots) |*slot| slot.* = .{ .origin = origin };
+    return cache.Cache.openRemote(r.gpa, local, position, validate, .{
+        .url = std.mem.trimRight(u8, url, "/"),
+        .source = .{ .context = origin, .open = openCacheShard, .release = releaseOrigin },
+    });
+}
+
+fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) status.Error!posix.fd_t {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    const fd = try origin.remote.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)], origin.pool);
+    origin.readAhead(c, shard_id);
+    return fd;
+}
+
+fn releaseOrigin(context: *anyopaque) void {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    if (origin.readahead > 0) origin.quiesce();
+    origin.remote.gpa.destroy(origin);
+}
+
+/// True for a path that names an object store URL (`scheme://...`).
+pub fn isUrl(path: []const u8) bool {
+    const i = std.mem.indexOf(u8, path, "://") orelse return false;
+    if (i == 0) return false;
+    for (path[0..i]) |ch| if (!std.ascii.isAlphanumeric(ch) and ch != '+' and ch != '-' and ch != '.') return false;
+    return true;
+}
+
+fn failWrite(err: anyerror, dir_path: []const u8, name: []const u8) status.Error {
+    if (err == error.OutOfMemory) return error.OutOfMemory;
+    return status.fail(error.Io, "cannot write the local cache {s}/{s}: {s} (free space or raise the quota, or choose another shard cache directory)", .{ dir_path, name, status.describeOsError(err) });
+}
+
+// ---------------------------------------------------------------- tests
+
+const testing = std.testing;
+
+/// A transport over a local directory standing in for a bucket: `file://<dir>/...`
+/// URLs; `fail_reads` transient failures before reads succeed.
+const FakeStore = struct {
+    dir: std.fs.Dir,
+    fail_reads: u32 = 0,
+    reads: std.atomic.Value(u32) = .init(0),
+    opens: u32 = 0,
+
+    fn ops(fs: *FakeStore) Ops {
+        return .{ .context = fs, .open = open, .read = read, .close = close };
+    }
+
+    fn rel(url: [*:0]const u8) []const u8 {
+        const s = std.mem.span(url);
+        return s["fake://".len..];
+    }
+
+    fn open(ctx: ?*anyopaque, url: [*:0]const u8, size: *u64, handle: *?*anyopaque, message: [*]u8, cap: u64) callconv(.c) i32 {
+        const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
+        fs.opens += 1;
+        const name = rel(url);
+        if (std.mem.startsWith(u8, name, "denied/")) return say(message, cap, "403 Forbidden", .denied);
+        const f = fs.dir.openFile(name, .{}) catch return say(message, cap, "404 Not Found", .not_found);
+        size.* = (f.stat() catch unreachable).size;
+        handle.* = @ptrFromInt(@as(usize, @intCast(f.handle)) + 1);
+        return 0;
+    }
+
+    fn read(ctx: ?*anyopaque, handle: ?*anyopaque, offset: u64, buf: [*]u8, len: u64, message: [*]u8, cap: u64) callconv(.c) i32 {
+        const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
+        _ = fs.reads.fetchAdd(1, .monotonic);
+        if (fs.fail_reads > 0) {
+            fs.fail_reads -= 1;
+            return say(message, cap, "connection reset by peer", .retry);
+        }
+        const fd: posix.fd_t = @intCast(@intFromPtr(handle.?) - 1);
+        const n = posix.pread(fd, buf[0..@intCast(len)], offset) catch return say(message, cap, "read error", .failed);
+        if (n != len) return say(message, cap, "short body", .retry);
+        return 0;
+    }
+
+    fn close(ctx: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void {
+        _ = ctx;
+        posix.close(@intCast(@intFromPtr(handle.?) - 1));
+    }
+
+    fn say(message: [*]u8, cap: u64, text: []const u8, code: Code) i32 {
+        const n = @min(text.len, cap - 1);
+        @memcpy(message[0..n], text[0..n]);
+        message[n] = 0;
+        return @intFromEnum(code);
+    }
+};
+
+fn hexOf(bytes: []const u8) [64]u8 {
+    var d: [32]u8 = undefined;
+    Sha256.hash(bytes, &d);
+    return std.fmt.bytesToHex(d, .lower);
+}
+
+test "isUrl" {
+    try testing.expect(isUrl("s3://bucket/a"));
+    try testing.expect(isUrl("gs://b"));
+    try testing.expect(!isUrl("/tmp/s3://x"));
+    try testing.expect(!isUrl("relative/path"));
+    try testing.expect(!isUrl("://x"));
+}
+
+test "shards download once, verified, retried, and the errors name the URL" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.makePath("bucket/c/shards");
+    try tmp.dir.makePath("local");
+    const data = "0123456789abcdef" ** 100;
+    try tmp.dir.writeFile(.{ .sub_path = "bucket/c/shards/shard_000000.bin", .data = data });
+    const root = try tmp.dir.realpathAlloc(testing.allocator, "local");
+    defer testing.allocator.free(root);
+    var store: FakeStore = .{ .dir = tmp.dir };
+    const r = try Remote.create(testing.allocator, store.ops(), .{ .root = root, .budget = 1 << 20, .backoff_ns = 1000, .chunk_bytes = 100 });
+    defer r.release();
+    const hex = hexOf(data);
+    var shard: manifest.Shard = .{ .name = "shard_000000.bin", .uncompressed_byte_len = data.len, .byte_len = data.len, .compression = .none, .ratio = 1, .sha256 = &hex };
+
+    // Two transient failures mid-file: retried, and the bytes are right.
+    store.fail_reads = 2;
+    const fd = try r.openShard("fake://bucket/c", &shard, null);
+    var back: [data.len]u8 = undefined;
+    try testing.expectEqual(@as(usize, data.len), try posix.pread(fd, &back, 0));
+    posix.close(fd);
+    try testing.expectEqualStrings(data, &back);
+    // In parallel ranges on a pool (13 ranges of 100 bytes, 2 workers and the caller).
+    const rt = try runtime.Runtime.open(testing.allocator, 2);
+    defer rt.release();
+    const data1 = "fedcba9876543210" ** 81;
+    try tmp.dir.writeFile(.{ .sub_path = "bucket/c/shards/shard_000001.bin", .data = data1 });
+    const hex1 = hexOf(data1);
+    const shard1: manifest.Shard = .{ .name = "shard_000001.bin", .uncompressed_byte_len = data1.len, .byte_len = data1.len, .compression = .none, .ratio = 1, .sha256 = &hex1 };
+    const fd1 = try r.openShard("fake://bucket/c", &shard1, &rt.pool);
+    var back1: [data1.len]u8 = undefined;
+    try testing.expectEqual(@as(usize, data1.len), try posix.pread(fd1, &back1, 0));
+    posix.close(fd1);
+    try testing.expectEqualStrings(data1, &back1);
+    // Cached: no further open.
+    const opens = store.opens;
+    posix.close(try r.openShard("fake://bucket/c", &shard, null));
+    try testing.expectEqual(opens, store.opens);
+
+    // Changed on the server (same size, other bytes): not cached, nothing left behind.
+    var other = shard;
+    const other_hex = hexOf("x" ** 1600);
+    other.sha256 = &other_hex;
+    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/c", &other, null));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "checksum mismatch for fake://bucket/c/shards/shard_000000.bin") != null);
+    // Truncated on the server.
+    other.byte_len = data.len + 1;
+    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/c", &other, null));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "changed or truncated") != null);
+    // Transient failures that do not stop.
+    store.fail_reads = 100;
+    var third = shard;
+    const third_hex = hexOf("y");
+    third.sha256 = &third_hex;
+    try testing.expectError(error.Io, r.openShard("fake://bucket/c", &third, null));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "cannot read fake://bucket/c/shards/shard_000000.bin: still failing after 6 attempts") != null);
+    store.fail_reads = 0;
+    // 404 and 403.
+    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/missing", &third, null));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "no object at fake://bucket/missing/shards/") != null);
+    try testing.expectError(error.Io, r.fetchCache("fake://denied/c", null));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "access denied to fake://denied/c/manifest.json") != null);
+    try testing.expectError(error.InvalidCache, r.fetchCache("fake://bucket/none", null));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "no cache at fake://bucket/none") != null);
+    // Only the verified shard is in the shard cache: no temporary files.
+    var it = r.shards.dir.iterate();
+    var bins: u32 = 0;
+    while (try it.next()) |e| {
+        try testing.expect(!std.mem.endsWith(u8, e.name, ".tmp"));
+        if (std.mem.endsWith(u8, e.name, ".bin")) bins += 1;
+    }
+    try testing.expectEqual(@as(u32, 2), bins);
+}

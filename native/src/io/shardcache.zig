@@ -1,0 +1,190 @@
+//! The local shard cache of remote caches: one directory of verified shard files, named
+//! by their SHA-256 (`<sha256>.bin`), under a byte budget, shared by every process on the
+//! node that uses the same directory.
+//!
+//! Invariants:
+//! - A `<sha256>.bin` file is complete and its contents hash to its name: it appears only
+//!   by rename of a fully written and verified temporary file (`<sha256>.<pid>.<n>.tmp`),
+//!   and is never written afterwards. Content addressing means a changed object on the
+//!   server can never be mixed with cached bytes of the old one.
+//! - One process at a time downloads a given shard: `lockShard` holds an exclusive flock
+//!   on `<sha256>.lock`; the others wait and then find the file present.
+//! - `makeRoom` (under the exclusive flock of `.evict.lock`) unlinks the least recently
+//!   used shards until the new one fits the budget. A shard a reader still holds open stays
+//!   readable (the descriptor keeps the inode) and frees its space when closed: the files
+//!   in the directory never exceed the budget; evicted but still open files add at most
+//!   the descriptors readers keep (64 per iterator or lookup).
+//! - Temporary files of processes that no longer exist are removed by `makeRoom`.
+
+const std = @import("std");
+const posix = std.posix;
+const status = @import("../base/status.zig");
+
+pub const ShardCache = struct {
+    dir: std.fs.Dir,
+    /// The directory's path, for messages.
+    path: []const u8,
+    budget: u64,
+
+    /// Opens (creating it and its parents) the directory `path`.
+    pub fn open(path: []const u8, budget: u64) status.Error!ShardCache {
+        if (budget == 0) return status.fail(error.InvalidArgument, "the shard cache budget must be greater than zero", .{});
+        std.fs.cwd().makePath(path) catch |err| return failDir(err, path);
+        const dir = std.fs.cwd().openDir(path, .{ .iterate = true }) catch |err| return failDir(err, path);
+        return .{ .dir = dir, .path = path, .budget = budget };
+    }
+
+    pub fn close(sc: *ShardCache) void {
+        sc.dir.close();
+    }
+
+    /// The cached shard `sha_hex` of `size` bytes, opened read-only (and marked as used
+    /// now, for eviction), or null when it is not cached.
+    pub fn lookup(sc: *ShardCache, sha_hex: []const u8, size: u64) status.Error!?posix.fd_t {
+        var name_buf: [80]u8 = undefined;
+        const name = binName(&name_buf, sha_hex);
+        const fd = posix.openatZ(sc.dir.fd, name, .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| switch (err) {
+            error.FileNotFound => return null,
+            else => return failDir(err, sc.path),
+        };
+        errdefer posix.close(fd);
+        const st = posix.fstat(fd) catch |err| return failDir(err, sc.path);
+        if (@as(u64, @intCast(st.size)) != size) {
+            // Not written by this cache (renamed files are verified): drop it, fetch again.
+            posix.close(fd);
+            posix.unlinkatZ(sc.dir.fd, name, 0) catch {};
+            return null;
+        }
+        posix.futimens(fd, null) catch {}; // least recently used: mtime is the last use
+        return fd;
+    }
+
+    /// Whether shard `sha_hex` of `size` bytes is cached (no descriptor kept).
+    pub fn contains(sc: *ShardCache, sha_hex: []const u8, size: u64) bool {
+        var name_buf: [80]u8 = undefined;
+        const st = sc.dir.statFile(binName(&name_buf, sha_hex)) catch return false;
+        return st.size == size;
+    }
+
+    /// Holds the download lock of shard `sha_hex` until `unlockShard`.
+    pub fn lockShard(sc: *ShardCache, sha_hex: []const u8) status.Error!posix.fd_t {
+        var buf: [80]u8 = undefined;
+        const name = std.fmt.bufPrintZ(&buf, "{s}.lock", .{sha_hex}) catch unreachable;
+        const fd = posix.openatZ(sc.dir.fd, name, .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644) catch |err| return failDir(err, sc.path);
+        posix.flock(fd, posix.LOCK.EX) catch |err| {
+            posix.close(fd);
+            return failDir(err, sc.path);
+        };
+        return fd;
+    }
+
+    pub fn unlockShard(sc: *ShardCache, lock: posix.fd_t) void {
+        _ = sc;
+        posix.close(lock); // releases the flock
+    }
+
+    /// Unlinks least recently used shards until `need` more bytes fit the budget.
+    pub fn makeRoom(sc: *ShardCache, gpa: std.mem.Allocator, need: u64, what: []const u8) status.Error!void {
+        if (need > sc.budget) return status.fail(error.InvalidArgument, "the shard cache budget ({d} bytes) is smaller than {s} ({d} bytes); raise the budget", .{ sc.budget, what, need });
+        const lock = posix.openatZ(sc.dir.fd, ".evict.lock", .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644) catch |err| return failDir(err, sc.path);
+        defer posix.close(lock);
+        posix.flock(lock, posix.LOCK.EX) catch |err| return failDir(err, sc.path);
+
+        const Entry = struct { name: [80]u8, len: usize, size: u64, mtime: i128 };
+        var entries: std.ArrayList(Entry) = .empty;
+        defer entries.deinit(gpa);
+        var total: u64 = 0;
+        var it = sc.dir.iterate();
+        while (it.next() catch |err| return failDir(err, sc.path)) |e| {
+            if (e.kind != .file) continue;
+            if (std.mem.endsWith(u8, e.name, ".tmp")) {
+                sweepTemp(sc.dir, e.name);
+                continue;
+            }
+            if (!std.mem.endsWith(u8, e.name, ".bin") or e.name.len > 80) continue;
+            const st = sc.dir.statFile(e.name) catch continue; // evicted by another process
+            var entry: Entry = .{ .name = undefined, .len = e.name.len, .size = st.size, .mtime = st.mtime };
+            @memcpy(entry.name[0..e.name.len], e.name);
+            try entries.append(gpa, entry);
+            total += st.size;
+        }
+        if (total + need <= sc.budget) return;
+        std.mem.sort(Entry, entries.items, {}, struct {
+            fn lt(_: void, a: Entry, b: Entry) bool {
+                return a.mtime < b.mtime;
+            }
+        }.lt);
+        for (entries.items) |e| {
+            if (total + need <= sc.budget) break;
+            sc.dir.deleteFile(e.name[0..e.len]) catch {};
+            total -= e.size;
+        }
+    }
+
+    /// Publishes the verified temporary file `tmp_name` as shard `sha_hex` and opens it.
+    pub fn commit(sc: *ShardCache, tmp_name: []const u8, sha_hex: []const u8) status.Error!posix.fd_t {
+        var name_buf: [80]u8 = undefined;
+        const name = binName(&name_buf, sha_hex);
+        // Same contents whoever wins: a plain rename is safe.
+        sc.dir.rename(tmp_name, name) catch |err| return failDir(err, sc.path);
+        return posix.openatZ(sc.dir.fd, name, .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| failDir(err, sc.path);
+    }
+
+    /// A fresh temporary name for shard `sha_hex` in `buf`.
+    pub fn tempName(buf: *[128]u8, sha_hex: []const u8) [:0]const u8 {
+        const n = std.crypto.random.int(u32);
+        return std.fmt.bufPrintZ(buf, "{s}.{d}.{x}.tmp", .{ sha_hex, std.os.linux.getpid(), n }) catch unreachable;
+    }
+};
+
+fn binName(buf: *[80]u8, sha_hex: []const u8) [:0]const u8 {
+    return std.fmt.bufPrintZ(buf, "{s}.bin", .{sha_hex}) catch unreachable;
+}
+
+/// Removes `<sha>.<pid>.<n>.tmp` when process `pid` no longer exists.
+fn sweepTemp(dir: std.fs.Dir, name: []const u8) void {
+    var parts = std.mem.splitScalar(u8, name, '.');
+    _ = parts.next();
+    const pid = std.fmt.parseInt(i32, parts.next() orelse return, 10) catch return;
+    if (pid == std.os.linux.getpid()) return;
+    const rc = std.os.linux.kill(pid, 0);
+    if (posix.errno(rc) == .SRCH) dir.deleteFile(name) catch {};
+}
+
+fn failDir(err: anyerror, path: []const u8) status.Error {
+    return status.fail(error.Io, "shard cache {s}: {s}", .{ path, status.describeOsError(err) });
+}
+
+// ---------------------------------------------------------------- tests
+
+const testing = std.testing;
+
+test "lookup, commit, and eviction of the least recently used shards" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
+    defer testing.allocator.free(root);
+    var sc = try ShardCache.open(root, 10);
+    defer sc.close();
+    try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup("aa", 4));
+    var names: [3][128]u8 = undefined;
+    for ([_][]const u8{ "aa", "bb", "cc" }, 0..) |sha, i| {
+        try sc.makeRoom(testing.allocator, 4, "a shard");
+        const tmp_name = ShardCache.tempName(&names[i], sha);
+        try sc.dir.writeFile(.{ .sub_path = tmp_name, .data = "1234" });
+        const fd = try sc.commit(tmp_name, sha);
+        posix.close(fd);
+        // Distinct, increasing mtimes.
+        var bin: [80]u8 = undefined;
+        const f = try sc.dir.openFile(binName(&bin, sha), .{});
+        try f.updateTimes(@intCast(i * std.time.ns_per_s), @intCast(i * std.time.ns_per_s));
+        f.close();
+    }
+    // 3 * 4 > 10: the oldest ("aa") went when "cc" came.
+    try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup("aa", 4));
+    const b = (try sc.lookup("bb", 4)).?;
+    posix.close(b);
+    // A wrong size is not trusted.
+    try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup("cc", 5));
+    try testing.expectError(error.InvalidArgument, sc.makeRoom(testing.allocator, 11, "a shard"));
+}

@@ -1,0 +1,514 @@
+"""Caches on object storage, against a real S3-compatible server on 127.0.0.1 (moto's
+standalone server, tests/remote_server.py) through the same client (obstore) a user's
+AWS or MinIO endpoint sees: round trips, every read mode compared with the local copy,
+budgets smaller than the dataset, several processes sharing a shard cache, uploads, and
+the faults (404, 403, connection refused, objects changed or truncated behind the
+reader, a full disk in the shard cache)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FIXTURES, expected
+from remote_server import S3Server, client_env, free_port, require_remote_packages
+from sources import Numbers
+
+import dataset_rt as drt
+
+WRITER = drt.WriterConfig(max_shard_bytes=2000)
+
+
+@pytest.fixture
+def shard_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh local cache directory (DATASET_RT_CACHE_DIR) for the test."""
+    root = tmp_path / "local-cache"
+    monkeypatch.setenv("DATASET_RT_CACHE_DIR", str(root))
+    monkeypatch.delenv("DATASET_RT_SHARD_CACHE_BYTES", raising=False)
+    return root
+
+
+def rows(dataset: Any) -> list[tuple[bytes, dict[str, Any], int, int]]:
+    return [(s.data, s.metadata, s.cache_id, s.sample_id) for s in dataset]
+
+
+def obstore_store(url: str) -> tuple[Any, str]:
+    from dataset_rt.remote import ObstoreTransport
+
+    return ObstoreTransport().locate(url)
+
+
+def put(url: str, data: bytes) -> None:
+    import obstore
+
+    store, key = obstore_store(url)
+    obstore.put(store, key, data)
+
+
+def get(url: str) -> bytes:
+    import obstore
+
+    store, key = obstore_store(url)
+    return bytes(obstore.get(store, key).bytes())
+
+
+def listing(url: str) -> list[str]:
+    import obstore
+
+    store, key = obstore_store(url)
+    return sorted(m["path"] for batch in obstore.list(store, key) for m in batch)
+
+
+def write_both(runtime: Any, tmp_path: Path, bucket: str, count: int = 300) -> tuple[str, Path]:
+    """The same sources written locally and to the bucket; (url, local path) of "a"."""
+    sources = [Numbers("a", count, 97), Numbers("b", count // 3, 13)]
+    local = runtime.write_cache(sources, tmp_path / "local", writer_config=WRITER)
+    remote = runtime.write_cache(sources, f"{bucket}/prefix", writer_config=WRITER)
+    assert all(isinstance(r, drt.CacheWriteSuccess) for r in local + remote), local + remote
+    assert [r.path for r in remote] == [f"{bucket}/prefix/a", f"{bucket}/prefix/b"]
+    return f"{bucket}/prefix", tmp_path / "local"
+
+
+def shard_files(root: Path) -> list[Path]:
+    return sorted((root / "shards").glob("*.bin"))
+
+
+READ_MODES = {
+    "ordered": drt.ReaderConfig(seed=1, prefetch_size=16, shuffle=False),
+    "shuffled": drt.ReaderConfig(seed=7, prefetch_size=16, shuffle=True),
+    "permutation": drt.ReaderConfig(seed=9, prefetch_size=16, shuffle=True, sampling="permutation"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(READ_MODES))
+@pytest.mark.parametrize("budget", [None, 5000])
+def test_remote_reads_equal_local(
+    runtime, s3_bucket, shard_cache, tmp_path, io_backend, mode, budget, monkeypatch
+) -> None:
+    if budget is not None:  # smaller than the dataset (about 40 KB of shards)
+        monkeypatch.setenv("DATASET_RT_SHARD_CACHE_BYTES", str(budget))
+    base, local = write_both(runtime, tmp_path, s3_bucket)
+    config = READ_MODES[mode].model_copy(update={"io_backend": io_backend})
+    remote_ds = runtime.cached_dataset([f"{base}/a", f"{base}/b"], reader_config=config)
+    local_ds = runtime.cached_dataset([local / "a", local / "b"], reader_config=config)
+    assert remote_ds.cache_paths == [f"{base}/a", f"{base}/b"]
+    assert len(remote_ds) == len(local_ds)
+    for _ in range(2):  # two epochs: the second reads the shard cache (or refetches)
+        want_rows = rows(local_ds)
+        assert rows(remote_ds) == want_rows
+    assert remote_ds.get_metadata().equals(local_ds.get_metadata())
+    # get_item, in reverse order.
+    first = want_rows[0]
+    for sample_id in reversed(range(0, 300, 37)):
+        r = remote_ds.get_item(first[2], sample_id)
+        l_ = local_ds.get_item(first[2], sample_id)
+        assert (r.data, r.metadata) == (l_.data, l_.metadata)
+    # Batches.
+    got = [b.metadata.to_dicts() for b in remote_ds.iter_batches(50)]
+    want = [b.metadata.to_dicts() for b in local_ds.iter_batches(50)]
+    assert got == want
+    files = shard_files(shard_cache)
+    assert files, "shards come through the shard cache"
+    if budget is not None:
+        assert sum(f.stat().st_size for f in files) <= budget
+    assert not list((shard_cache / "shards").glob("*.tmp"))
+
+
+def test_weighted_reads_equal_local(runtime, s3_bucket, shard_cache, tmp_path) -> None:
+    import polars as pl
+
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=120)
+    config = drt.ReaderConfig(seed=5, prefetch_size=8, shuffle=True)
+    datasets = [
+        runtime.cached_dataset([f"{base}/a"], reader_config=config),
+        runtime.cached_dataset([local / "a"], reader_config=config),
+    ]
+    for ds in datasets:
+        table = ds.get_metadata()
+        ds.update_metadata(
+            table.filter(pl.col("i") % 3 != 0).with_columns(
+                weight=(pl.col("i") % 5 + 1).cast(pl.Float64)
+            )
+        )
+    assert rows(datasets[0]) == rows(datasets[1])
+
+
+def test_cache_uploaded_with_the_client_reads_as_the_fixture(
+    runtime, s3_bucket, shard_cache
+) -> None:
+    """A cache uploaded with any tool (here obstore, file by file) is readable."""
+    name = "lz4_many_shards"
+    for path in sorted((FIXTURES / name).rglob("*")):
+        if path.is_file():
+            put(
+                f"{s3_bucket}/up/{name}/{path.relative_to(FIXTURES / name).as_posix()}",
+                path.read_bytes(),
+            )
+    config = drt.ReaderConfig(seed=0, prefetch_size=4, validate_cache=True, shuffle=False)
+    ds = runtime.cached_dataset([f"{s3_bucket}/up/{name}"], reader_config=config)
+    samples = rows(ds)
+    assert samples == rows(runtime.cached_dataset([FIXTURES / name], reader_config=config))
+    want = expected(name)
+    assert len(samples) == len(want["samples"])
+
+
+def test_uploaded_cache_downloads_as_a_valid_local_cache(
+    runtime, s3_bucket, shard_cache, tmp_path
+) -> None:
+    """What write_cache uploads, downloaded with any tool, is a valid local cache: the same
+    files, manifest last."""
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=60)
+    keys = listing(f"{base}/a")
+    down = tmp_path / "down"
+    prefix = base.split("://")[1].split("/", 1)[1] + "/a/"
+    for key in keys:
+        target = down / key.split(prefix, 1)[1]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(get(f"{s3_bucket}/{key}"))
+    assert sorted(p.relative_to(down).as_posix() for p in down.rglob("*") if p.is_file()) == sorted(
+        p.relative_to(local / "a").as_posix() for p in (local / "a").rglob("*") if p.is_file()
+    )
+    config = drt.ReaderConfig(seed=0, prefetch_size=4, validate_cache=True)
+    assert rows(runtime.cached_dataset([down], reader_config=config)) == rows(
+        runtime.cached_dataset([local / "a"], reader_config=config)
+    )
+
+
+def test_mixed_local_and_remote_paths(runtime, s3_bucket, shard_cache, tmp_path) -> None:
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=90)
+    config = drt.ReaderConfig(seed=2, prefetch_size=8, shuffle=True)
+    mixed = runtime.cached_dataset([local / "a", f"{base}/b"], reader_config=config)
+    plain = runtime.cached_dataset([local / "a", local / "b"], reader_config=config)
+    assert rows(mixed) == rows(plain)
+    assert mixed.get_metadata().equals(plain.get_metadata())
+
+
+def test_write_never_replaces_and_from_cache_sources_reuses(
+    runtime, s3_bucket, shard_cache
+) -> None:
+    base = f"{s3_bucket}/reuse"
+    config = drt.ReaderConfig(seed=0, prefetch_size=4)
+    first = runtime.from_cache_sources(
+        [Numbers("n", 40)], base, reader_config=config, writer_config=WRITER
+    )
+    assert isinstance(first, drt.CacheSourcesDatasetSuccess), first
+    before = get(f"{base}/n/manifest.json")
+    again = runtime.write_cache([Numbers("n", 41)], base, writer_config=WRITER)
+    assert again == [drt.CacheWriteError("n", f"cache path already exists: {base}/n")]
+
+    class Exploding(Numbers):
+        def __iter__(self):
+            raise AssertionError("a reused cache's source is not iterated")
+
+    second = runtime.from_cache_sources(
+        [Exploding("n", 40)], base, reader_config=config, writer_config=WRITER
+    )
+    assert isinstance(second, drt.CacheSourcesDatasetSuccess), second
+    assert second.results == [drt.CacheWriteSuccess("n", f"{base}/n")]
+    assert rows(second.dataset) == rows(first.dataset)
+    assert get(f"{base}/n/manifest.json") == before
+
+
+def test_stale_fingerprint_on_a_url_is_reported(runtime, s3_bucket, shard_cache) -> None:
+    base = f"{s3_bucket}/fp"
+
+    class Printed(Numbers):
+        def __init__(self, name: str, fingerprint: str) -> None:
+            super().__init__(name, 10)
+            self.fingerprint = fingerprint
+
+    config = drt.ReaderConfig(seed=0, prefetch_size=4)
+    one = runtime.from_cache_sources([Printed("f", "v1")], base, reader_config=config)
+    assert isinstance(one, drt.CacheSourcesDatasetSuccess), one
+    two = runtime.from_cache_sources([Printed("f", "v2")], base, reader_config=config)
+    assert isinstance(two, drt.CacheSourcesDatasetError)
+    assert "stale cache" in two.message and "v1" in two.message
+
+
+def test_failed_upload_publishes_nothing(runtime, s3_bucket, shard_cache, monkeypatch) -> None:
+    from dataset_rt import remote
+
+    calls = {"n": 0}
+    real = remote._put_file
+
+    def failing(obstore: Any, store: Any, key: str, path: Path) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise ConnectionResetError("connection reset by peer (injected)")
+        real(obstore, store, key, path)
+
+    monkeypatch.setattr(remote, "_put_file", failing)
+    result = runtime.write_cache([Numbers("x", 200, 97)], f"{s3_bucket}/fail", writer_config=WRITER)
+    assert isinstance(result[0], drt.CacheWriteError), result
+    message = result[0].message
+    assert "nothing was published" in message and "deleted" in message
+    assert listing(f"{s3_bucket}/fail") == []
+    with pytest.raises(ValueError, match="no cache at"):
+        runtime.cached_dataset([f"{s3_bucket}/fail/x"], reader_config=drt.ReaderConfig(seed=0))
+
+
+# ------------------------------------------------------------------------ faults
+
+
+def test_no_cache_at_url(runtime, s3_bucket, shard_cache) -> None:
+    with pytest.raises(ValueError, match=rf"no cache at {s3_bucket}/nothing/here: "):
+        runtime.cached_dataset(
+            [f"{s3_bucket}/nothing/here"], reader_config=drt.ReaderConfig(seed=0)
+        )
+
+
+def test_access_denied_names_the_credentials(runtime, shard_cache) -> None:
+    require_remote_packages()
+    server = S3Server(enforce_auth=True)
+    server.start()
+    try:
+        with client_env(server.env()):
+            with pytest.raises(
+                RuntimeError, match=r"access denied to s3://locked/c/manifest.json: .*credentials"
+            ):
+                runtime.cached_dataset(["s3://locked/c"], reader_config=drt.ReaderConfig(seed=0))
+    finally:
+        server.stop()
+
+
+def test_connection_refused_is_retried_then_names_the_url(runtime, s3_server, shard_cache) -> None:
+    env = s3_server.env() | {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}"}
+    with client_env(env):
+        with pytest.raises(
+            RuntimeError,
+            match=r"cannot read s3://nobody/c/manifest.json: still failing after 6 attempts",
+        ):
+            runtime.cached_dataset(["s3://nobody/c"], reader_config=drt.ReaderConfig(seed=0))
+
+
+def test_server_stopped_mid_read(runtime, shard_cache, tmp_path) -> None:
+    """The manifest, index and metadata are fetched; then the server goes away: the read
+    fails with the shard's URL after the retries, and nothing partial stays cached."""
+    require_remote_packages()
+    server = S3Server()
+    server.start()
+    try:
+        server.create_bucket("mid")
+        with client_env(server.env()):
+            runtime.write_cache([Numbers("m", 100, 97)], "s3://mid/p", writer_config=WRITER)
+            ds = runtime.cached_dataset(
+                ["s3://mid/p/m"], reader_config=drt.ReaderConfig(seed=0, prefetch_size=4)
+            )
+            server.stop()
+            with pytest.raises(
+                RuntimeError, match=r"cannot read s3://mid/p/m/shards/\S+: still failing"
+            ):
+                list(ds)
+    finally:
+        server.stop()
+    assert not list((shard_cache / "shards").glob("*.tmp"))
+    assert not shard_files(shard_cache)
+
+
+@pytest.mark.parametrize("change", ["same_size", "truncated"])
+def test_object_changed_behind_the_reader(runtime, s3_bucket, shard_cache, change) -> None:
+    base = f"{s3_bucket}/chg"
+    runtime.write_cache([Numbers("c", 100, 97)], base, writer_config=WRITER)
+    ds = runtime.cached_dataset([f"{base}/c"], reader_config=drt.ReaderConfig(seed=0))
+    manifest = json.loads(get(f"{base}/c/manifest.json"))
+    name = manifest["shards"][0]["name"] if "shards" in manifest else None
+    assert name is not None
+    url = f"{base}/c/shards/{name}"
+    old = get(url)
+    put(url, bytes(len(old)) if change == "same_size" else old[:-10])
+    message = (
+        rf"checksum mismatch for {url}: the object changed"
+        if change == "same_size"
+        else rf"{url} is {len(old) - 10} bytes but the manifest says {len(old)}"
+    )
+    with pytest.raises(ValueError, match=message):
+        list(ds)
+    cached = {f.stem for f in shard_files(shard_cache)}
+    assert manifest["shards"][0]["sha256"] not in cached  # other shards may be cached
+    assert not list((shard_cache / "shards").glob("*.tmp"))
+    # The bytes come back: the same dataset reads again, identical to before.
+    put(url, old)
+    assert len(list(ds)) == 100
+
+
+def test_shard_larger_than_budget(runtime, s3_bucket, shard_cache, monkeypatch) -> None:
+    monkeypatch.setenv("DATASET_RT_SHARD_CACHE_BYTES", "100")
+    runtime.write_cache([Numbers("s", 100, 97)], f"{s3_bucket}/b", writer_config=WRITER)
+    ds = runtime.cached_dataset([f"{s3_bucket}/b/s"], reader_config=drt.ReaderConfig(seed=0))
+    with pytest.raises(ValueError, match=r"shard cache budget \(100 bytes\) is smaller than"):
+        list(ds)
+
+
+SUBPROCESS_PRELUDE = """
+import json, os, resource, signal, sys
+sys.path.insert(0, {tests!r})
+import dataset_rt as drt
+"""
+
+
+def run_python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    tests = str(Path(__file__).parent)
+    script = SUBPROCESS_PRELUDE.format(tests=tests) + textwrap.dedent(code)
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_disk_full_in_the_shard_cache(runtime, s3_bucket, shard_cache) -> None:
+    """A write refused by the file system (here RLIMIT_FSIZE: EFBIG, as ENOSPC would be)
+    fails the read with the shard cache's path; no partial file stays."""
+    runtime.write_cache([Numbers("d", 100, 97)], f"{s3_bucket}/d", writer_config=WRITER)
+    code = """
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    rt = drt.DatasetRuntime(num_workers=1)
+    ds = rt.cached_dataset([sys.argv[1] if len(sys.argv) > 1 else os.environ["URL"]],
+                           reader_config=drt.ReaderConfig(seed=0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (500, 500))
+    try:
+        list(ds)
+    except RuntimeError as exc:
+        print("ERROR", exc)
+    """
+    env = dict(os.environ, URL=f"{s3_bucket}/d/d")
+    out = run_python(code, env)
+    assert "ERROR cannot write the local cache" in out.stdout, out.stdout + out.stderr
+    assert str(shard_cache / "shards") in out.stdout
+    assert not list((shard_cache / "shards").glob("*.tmp"))
+    assert not shard_files(shard_cache)
+
+
+def test_processes_share_one_shard_cache(runtime, s3_bucket, shard_cache, tmp_path) -> None:
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=200)
+    code = """
+    rt = drt.DatasetRuntime(num_workers=2)
+    config = drt.ReaderConfig(seed=4, shuffle=True)
+    ds = rt.cached_dataset([os.environ["URL"]], reader_config=config)
+    print(json.dumps([[s.data.hex(), s.sample_id] for s in ds]))
+    """
+    env = dict(os.environ, URL=f"{base}/a")
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                SUBPROCESS_PRELUDE.format(tests=str(Path(__file__).parent)) + textwrap.dedent(code),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    local_ds = runtime.cached_dataset(
+        [local / "a"], reader_config=drt.ReaderConfig(seed=4, shuffle=True)
+    )
+    want = [[s.data.hex(), s.sample_id] for s in local_ds]
+    for (out, err), p in zip(outputs, procs):
+        assert p.returncode == 0, err
+        assert json.loads(out) == want
+    manifest = json.loads((local / "a" / "manifest.json").read_text())
+    assert {f.stem for f in shard_files(shard_cache)} == {s["sha256"] for s in manifest["shards"]}
+    assert not list((shard_cache / "shards").glob("*.tmp"))
+
+
+def test_cli_reads_urls(runtime, s3_bucket, shard_cache, tmp_path) -> None:
+    import io
+
+    from dataset_rt.cli import main
+
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=60)
+    outputs = {}
+    for where in (f"{base}/a", str(local / "a")):
+        runs = {}
+        for argv in (["inspect", "--json", where], ["head", "-n", "3", where], ["stats", where]):
+            out = io.StringIO()
+            assert main(argv, out) == 0, argv
+            runs[argv[0]] = out.getvalue().replace(where, "<cache>")
+        out = io.StringIO()
+        assert main(["verify", "--quiet", where], out) == 0
+        assert out.getvalue().startswith(f"OK   {where}: 60 samples")
+        outputs[where] = runs
+    remote_run, local_run = outputs.values()
+    assert remote_run == local_run
+    # A missing cache is a failure naming the URL.
+    out = io.StringIO()
+    assert main(["verify", "--quiet", f"{base}/missing"], out) == 1
+    assert f"no cache at {base}/missing" in out.getvalue()
+
+
+def test_ordered_reading_fetches_the_next_shards_ahead(runtime, s3_bucket, shard_cache) -> None:
+    """Ordered reading goes through a cache's shards in order: opening one starts the
+    download of the next two in the background; shuffled reading fetches only what it
+    opens."""
+    import time
+
+    runtime.write_cache([Numbers("r", 300, 97)], f"{s3_bucket}/ra", writer_config=WRITER)
+    url = f"{s3_bucket}/ra/r"
+    shuffled = runtime.cached_dataset(
+        [url], reader_config=drt.ReaderConfig(seed=0, shuffle=True, prefetch_size=1)
+    )
+    cache_id = shuffled._handle.cache_info(0).cache_id
+    shuffled.get_item(cache_id, 0)
+    time.sleep(0.5)
+    assert len(shard_files(shard_cache)) == 1
+    ordered = runtime.cached_dataset(
+        [url], reader_config=drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=1)
+    )
+    it = iter(ordered)
+    next(it)
+    deadline = time.monotonic() + 30
+    while len(shard_files(shard_cache)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    manifest = json.loads(get(f"{url}/manifest.json"))
+    assert {f.stem for f in shard_files(shard_cache)} == {
+        s["sha256"] for s in manifest["shards"][:3]
+    }
+    assert len(list(it)) == 299
+
+
+def test_slow_server_keeps_memory_bounded(runtime, s3_server, s3_bucket, shard_cache) -> None:
+    """Through a proxy that serves about 8 MB/s per connection, a 48 MiB cache (three
+    16 MiB shards) reads correctly, and the reading process's peak memory grows by far
+    less than the data: shards go to disk in bounded ranges."""
+    from remote_server import SlowProxy
+
+    big = drt.WriterConfig(max_shard_bytes=16 << 20)
+    runtime.write_cache([Numbers("big", 48, 1 << 20)], f"{s3_bucket}/slow", writer_config=big)
+    proxy = SlowProxy(s3_server.port, 8_000_000)
+    try:
+        code = """
+        def hwm():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        rt = drt.DatasetRuntime(num_workers=2)
+        config = drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=2)
+        ds = rt.cached_dataset([os.environ["URL"]], reader_config=config)
+        before = hwm()
+        n = 0
+        for sample in ds:
+            assert sample.data == bytes([sample.metadata["i"] % 251]) * (1 << 20)
+            n += 1
+        print(json.dumps({"n": n, "growth": hwm() - before}))
+        """
+        env = dict(
+            os.environ,
+            URL=f"{s3_bucket}/slow/big",
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy.port}",
+        )
+        out = run_python(code, env)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        proxy.close()
+    assert result["n"] == 48
+    # Ranges of at most 8 MiB, a few at a time, plus the reader's prefetch_size records.
+    assert result["growth"] < 40 << 20, result
