@@ -15,6 +15,7 @@ import json
 import os
 import random
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory
 
 import dataset_rt as drt
+from dataset_rt.integrations import torch as drt_torch
 from dataset_rt.integrations.torch import TensorBatch
 
 MIXED: list[str] = []
@@ -224,6 +226,79 @@ def check_pin_memory() -> None:
     check("payload(i)", batch.payload(-1).hex() == from_tensors(batch)["payloads"][-1])
 
 
+def shm_rings() -> set[str]:
+    return (
+        {n for n in os.listdir("/dev/shm") if "dataset_rt" in n}
+        if os.path.isdir("/dev/shm")
+        else set()
+    )
+
+
+def check_reused_memory() -> None:
+    """Batch memory is reused only once a batch is dropped: batches kept (all of a pass,
+    every other one, or across passes) keep their bytes while later ones are built, with
+    rings and pools small enough to wrap and fill (fresh memory then) many times."""
+    saved = drt_torch._RING_MIN_BYTES, drt_torch._POOL_MIN_BYTES, drt_torch._BUNDLE_BYTES
+    drt_torch._RING_MIN_BYTES = drt_torch._POOL_MIN_BYTES = 4096
+    drt_torch._BUNDLE_BYTES = 1024  # bundles of a few batches of this data
+    drt_torch._POOL = None
+    try:
+        for setup in SETUPS[:2]:
+            kwargs = {"worker_partition": "global", "shuffle": True, "seed": 3, **setup}
+            kwargs.update(batch_size=3, samples_per_epoch=60)
+            expected = passes(loader(MIXED, **kwargs), 3, from_samples)
+            data = loader(MIXED, **kwargs, batch_format="tensors")
+            kept = [list(data) for _ in range(2)]  # two whole passes kept
+            rendered = [[from_tensors(b) for b in one_pass] for one_pass in kept]
+            check(f"kept batches keep their bytes {setup}", rendered == expected[:2], rendered[:1])
+            alternate: list[Any] = []
+            rendered = []
+            for i, batch in enumerate(data):  # every other batch kept, the rest dropped
+                rendered.append(from_tensors(batch))
+                if i % 2:
+                    alternate.append((len(rendered) - 1, batch))
+            later = all(from_tensors(b) == rendered[i] for i, b in alternate)
+            check(f"every other batch kept {setup}", rendered == expected[2] and later)
+    finally:
+        drt_torch._RING_MIN_BYTES, drt_torch._POOL_MIN_BYTES, drt_torch._BUNDLE_BYTES = saved
+        drt_torch._POOL = None
+
+
+def check_killed_worker_leaves_nothing() -> None:
+    """A worker killed with batches in flight (its ring not yet mapped by the training
+    process) leaves no file behind: rings are unnamed shared memory."""
+    import signal
+
+    before = shm_rings()
+    data = loader(
+        MIXED,
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        batch_format="tensors",
+        samples_per_epoch=200,
+    )
+    iterator = iter(data)
+    time.sleep(1.0)  # the workers build their first batches; none is received yet
+    # What a kill now would leave behind (rings not mapped by the training process).
+    unmapped = shm_rings() - before
+    workers = data._iterator._workers
+    os.kill(workers[1].pid, signal.SIGKILL)
+    workers[1].join()
+    raised = False
+    try:
+        for _ in iterator:
+            pass
+    except RuntimeError:
+        raised = True
+    data._drt_shutdown_workers()
+    after = shm_rings()
+    check("killed worker: the loader raises", raised)
+    check("unmapped rings have no file", not unmapped, sorted(unmapped))
+    check("killed worker: no ring file left", after <= before, sorted(after - before))
+
+
 def check_raises(name: str, call: Any, error: type[Exception], text: str) -> None:
     try:
         call()
@@ -290,6 +365,8 @@ def main() -> None:
         check_resume,
         check_pin_memory,
         check_validation,
+        check_reused_memory,
+        check_killed_worker_leaves_nothing,
     ):
         try:
             step()
