@@ -13,8 +13,10 @@ consumer got; that is what makes ``state_dict()`` / ``load_state_dict()`` exact.
 Two paths read those positions. The per-sample path (dataset-rt 0.4.8's) yields
 ``CachedSample`` records that torch batches and collates. The tensor path
 (``batch_format="tensors"``) cuts the same positions into the same batches itself, builds
-each from native batches as a ``TensorBatch`` (one buffer of tensors; a worker's go
-through its ring of shared memory) and hands torch built batches (its auto-batching off).
+each from native batches as a ``TensorBatch`` (one buffer of tensors, in memory reused
+once a batch is dropped; a worker's in its ring of shared memory, which the training
+process maps) and hands torch built batches (its auto-batching off; workers hand over
+several per item).
 """
 
 from __future__ import annotations
@@ -262,7 +264,7 @@ class TensorBatch:
     reuses once the batch and every view of it are dropped (keeping batches is safe: the
     loader then takes fresh memory). A DataLoader worker builds batches in its ring of
     shared memory, which the training process maps, so a batch reaches it without a
-    copy (or, when the ring is full, it is shared as torch shares a tensor). A batch is sent
+    copy (when the ring is full, it is shared as torch shares a tensor). A batch is sent
     between processes as (buffer, layout, strings): attributes replaced on it or keys
     added to ``metadata`` are not carried; a ``batch_transform_fn`` returns its own
     structure instead.
@@ -435,15 +437,21 @@ class _Releases:
 
     def view(
         self, array: np.ndarray, at: int, nbytes: int, end: int
-    ) -> tuple[np.ndarray, torch.Tensor]:
+    ) -> tuple[np.ndarray, torch.Tensor, list[Any]]:
         """``array[at : at + nbytes]`` and a tensor over it, whose space is released (up
-        to ring position ``end``) once both and every view of them are gone."""
+        to ring position ``end``) once both and every view of them are gone, and the
+        entry that records it."""
         region = array[at : at + nbytes]
         entry = [end, False]
         with self._lock:
             self._pending.append(entry)
         weakref.finalize(region, self._release, entry)
-        return region, torch.from_numpy(region)
+        return region, torch.from_numpy(region), entry
+
+    def retarget(self, entry: list[Any], end: int) -> None:
+        """Release only up to ``end`` for ``entry`` (the latest, trimmed)."""
+        with self._lock:
+            entry[0] = end
 
     def _release(self, entry: list[Any]) -> None:
         with self._lock:
@@ -471,7 +479,7 @@ class _Pool:
     def _publish(self, end: int) -> None:
         self.consumed = end
 
-    def take(self, nbytes: int) -> tuple[np.ndarray, torch.Tensor] | None:
+    def take(self, nbytes: int) -> tuple[np.ndarray, torch.Tensor, list[Any]] | None:
         span = _span(nbytes)
         start = _fit(self.produced, self.consumed, self.capacity, span)
         if start is None:
@@ -715,58 +723,196 @@ def _unbundle(bundles: Iterator[Any], counts: list[int]) -> Iterator[Any]:
             raise RuntimeError(f"DataLoader worker {bundle.worker} sent more batches than planned")
 
 
-def _pack(piece: Any, sink: str) -> TensorBatch:
-    """One ``TensorBatch`` from a native batch (``RawBatch``, its views valid now): the
-    payloads, offsets, identities and numeric metadata copied once into one buffer
-    (8-byte aligned sections, the payloads last). ``sink``: ``"ring"`` (this worker's
-    ring), ``"pool"`` (this process's pool), ``"shared"`` (torch shared memory), falling
-    back to fresh memory when the ring or pool is full."""
-    data, offsets, cache_id, sample_id, columns = piece
-    count = len(cache_id)
-    nbytes = int(offsets[-1])
-    width = int(offsets[1]) if count else -1
-    if count and (nbytes != width * count or (offsets[1:] - offsets[:-1] != width).any()):
-        width = -1
-    ids = 8 * (count + 1)
-    position = ids + 16 * count
-    numeric: dict[str, tuple[str, int]] = {}
-    strings: dict[str, list[str]] = {}
-    arrays = []
-    for name, values in columns.items():
-        if isinstance(values, list):
-            strings[name] = values
-            continue
-        numeric[name] = (values.dtype.kind, position)
-        arrays.append((position, values))
-        position += _padded(values.nbytes)
-    total = position + nbytes
-    place = None
-    taken = None
+class _Space:
+    """Memory reserved for one batch (see ``_reserve``): ``raw`` (numpy) and ``buffer``
+    (a tensor over it), ``nbytes`` long; ``place`` is its ring position in a worker."""
+
+    __slots__ = ("_entry", "_owner", "buffer", "place", "raw", "start")
+
+    def __init__(self, raw: np.ndarray, buffer: torch.Tensor) -> None:
+        self.raw = raw
+        self.buffer = buffer
+        self.place: tuple[int, int, _Ring] | None = None
+        self._owner: Any = None
+        self._entry: list[Any] | None = None
+        self.start = 0
+
+    def trim(self, nbytes: int) -> None:
+        """Keep only the first ``nbytes`` (the reservation was the latest)."""
+        self.raw = self.raw[:nbytes]
+        self.buffer = self.buffer[:nbytes]
+        end = self.start + _span(nbytes)
+        if isinstance(self._owner, _Ring):
+            self._owner.produced = end
+            self.place = (self.start, nbytes, self._owner)
+        elif isinstance(self._owner, _Pool):
+            self._owner.produced = end
+            self._owner.releases.retarget(self._entry, end)  # type: ignore[arg-type]
+
+
+def _reserve(nbytes: int, sink: str) -> _Space:
+    """``nbytes`` for a batch: ``sink`` ``"ring"`` (this worker's ring), ``"pool"`` (this
+    process's pool), ``"shared"`` (torch shared memory), falling back to fresh memory
+    (shared unless ``"pool"``) when the ring or pool is full."""
     if sink == "ring":
-        ring = _worker_ring(total, _PREFETCH)
-        start = ring.reserve(total)
+        ring = _worker_ring(nbytes, _PREFETCH)
+        start = ring.reserve(nbytes)
         if start is not None:
-            raw = ring.region(start, total)
-            taken = raw, torch.from_numpy(raw)
-            place = (start, total, ring)
+            raw = ring.region(start, nbytes)
+            space = _Space(raw, torch.from_numpy(raw))
+            space.place = (start, nbytes, ring)
+            space._owner, space.start = ring, start
+            return space
     elif sink == "pool":
-        taken = _pool_for(total).take(total)
-    if taken is None:
-        buffer = _allocate(total, sink != "pool")
-        raw = buffer.numpy()
-    else:
-        raw, buffer = taken
-    words = raw[: ids + 16 * count].view(np.uint64)
+        pool = _pool_for(nbytes)
+        taken = pool.take(nbytes)
+        if taken is not None:
+            raw, buffer, entry = taken
+            space = _Space(raw, buffer)
+            space._owner, space._entry, space.start = pool, entry, pool.produced - _span(nbytes)
+            return space
+    buffer = _allocate(nbytes, sink != "pool")
+    return _Space(buffer.numpy(), buffer)
+
+
+def _width(offsets: np.ndarray) -> int:
+    """The payload length when every payload has the same one, else -1."""
+    count = len(offsets) - 1
+    if not count:
+        return -1
+    width = int(offsets[1])
+    if int(offsets[-1]) != width * count or (offsets[1:] - offsets[:-1] != width).any():
+        return -1
+    return width
+
+
+def _header(count: int, schema: list[tuple[str, Any]]) -> tuple[int, dict[str, tuple[str, int]]]:
+    """Where the payloads start in a batch of ``count`` samples of ``schema`` (column name,
+    numpy dtype or None for strings), and where each numeric column is."""
+    position = 8 * (count + 1) + 16 * count
+    numeric: dict[str, tuple[str, int]] = {}
+    for name, dtype in schema:
+        if dtype is not None:
+            numeric[name] = (dtype.kind, position)
+            position += _padded(dtype.itemsize * count)
+    return position, numeric
+
+
+def _schema(columns: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    return [(n, None if isinstance(v, list) else v.dtype) for n, v in columns.items()]
+
+
+def _finish(
+    space: _Space,
+    offsets: np.ndarray,
+    cache_id: np.ndarray,
+    sample_id: np.ndarray,
+    columns: Mapping[str, Any],
+    head: int,
+    numeric: dict[str, tuple[str, int]],
+) -> TensorBatch:
+    """Write the header of a batch whose payloads are in place from ``head``."""
+    raw = space.raw
+    count = len(cache_id)
+    words = raw[: 8 * (3 * count + 1)].view(np.uint64)
     words[: count + 1] = offsets
     words[count + 1 : 2 * count + 1] = cache_id
     words[2 * count + 1 :] = sample_id
-    for at, values in arrays:
-        raw[at : at + values.nbytes] = values.view(np.uint8)
-    raw[position:] = data
-    layout = (count, width, position, nbytes, tuple(columns), numeric)
-    batch = TensorBatch(buffer, layout, strings)
-    batch._ring = place
+    strings: dict[str, list[str]] = {}
+    for name, values in columns.items():
+        if isinstance(values, list):
+            strings[name] = values
+        else:
+            at = numeric[name][1]
+            raw[at : at + values.nbytes] = values.view(np.uint8)
+    nbytes = int(offsets[-1])
+    layout = (count, _width(offsets), head, nbytes, tuple(columns), numeric)
+    batch = TensorBatch(space.buffer, layout, strings)
+    batch._ring = space.place
     return batch
+
+
+def _pack(piece: Any, sink: str) -> TensorBatch:
+    """One ``TensorBatch`` from a contiguous native batch (``RawBatch``, its views valid
+    now): the payloads, offsets, identities and numeric metadata copied once into one
+    buffer from ``_reserve`` (8-byte aligned sections, the payloads last)."""
+    data, offsets, cache_id, sample_id, columns = piece
+    head, numeric = _header(len(cache_id), _schema(columns))
+    space = _reserve(head + len(data), sink)
+    space.raw[head:] = data
+    return _finish(space, offsets, cache_id, sample_id, columns, head, numeric)
+
+
+# Records of at least this many bytes on average are read without the native contiguous
+# copy and gathered straight into the batch's buffer (one copy instead of two); smaller
+# ones take one native call per batch instead of several.
+_GATHER_BYTES = 16 << 10
+# Reserved for a gathered batch: the latest batch's bytes a sample times this, plus this.
+_GATHER_SLACK = 1.125
+_GATHER_MARGIN = 64 << 10
+
+
+def _gather(
+    reader: Any, wanted: int, sink: str, schema: list[tuple[str, Any]], per_sample: float
+) -> TensorBatch | None:
+    """One ``TensorBatch`` of ``wanted`` samples from native batches read without a
+    contiguous copy, their payloads gathered into its buffer (reserved for
+    ``per_sample`` bytes a sample and a margin, trimmed after). None at the end of the
+    range; a batch cut short by a read error raises it."""
+    head, numeric = _header(wanted, schema)
+    space = _reserve(head + int(per_sample * wanted * _GATHER_SLACK) + _GATHER_MARGIN, sink)
+    raw = space.raw
+    at = head
+    lengths, cache_ids, sample_ids = [], [], []
+    columns: dict[str, list[Any]] = {name: [] for name, _ in schema}
+    spilled: list[np.ndarray] = []  # payloads that did not fit the reservation
+    got = 0
+    while got < wanted:
+        piece = reader.next_into(wanted - got, raw[at:] if not spilled else raw[:0])
+        if piece is None:
+            break
+        n = len(piece.cache_id)
+        if spilled or piece.data.ctypes.data != raw[at:].ctypes.data:
+            spilled.append(piece.data)
+        else:
+            at += len(piece.data)
+        lengths.append(np.diff(piece.offsets))
+        cache_ids.append(piece.cache_id.copy())
+        sample_ids.append(piece.sample_id.copy())
+        for name, values in piece.columns.items():
+            columns[name].append(values)
+        got += n
+    if got == 0:
+        return None
+    if got < wanted:
+        # Short before a read error, which the next call raises: raise it now.
+        reader.next_into(1, raw[:0])
+        raise RuntimeError("a native range ended early without an error")
+    offsets = np.zeros(got + 1, dtype=np.uint64)
+    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    merged = {
+        name: [v for part in parts for v in part] if dtype is None else np.concatenate(parts)
+        for (name, dtype), parts in ((s, columns[s[0]]) for s in schema)
+    }
+    total = head + int(offsets[-1])
+    if spilled:  # rare: payloads larger than foreseen; one more copy
+        fresh = _reserve(total, sink if sink != "ring" else "shared")
+        fresh.raw[head:at] = raw[head:at]
+        for part in spilled:
+            fresh.raw[at : at + len(part)] = part
+            at += len(part)
+        space = fresh
+    else:
+        space.trim(total)
+    return _finish(
+        space,
+        offsets,
+        np.concatenate(cache_ids),
+        np.concatenate(sample_ids),
+        merged,
+        head,
+        numeric,
+    )
 
 
 _PREFETCH = 2  # torch's prefetch_factor in this worker (set when its iteration starts)
@@ -784,24 +930,35 @@ def _tensor_batches(
     """The ``TensorBatch`` es of ``count`` stream positions (as ``_iter_range`` numbers
     them) cut into batches of ``size``, the last one shorter: the batches torch's
     auto-batching makes of the same samples (with ``drop_last`` the plans give every
-    consumer whole batches, so there is no short one to drop). Each is one native batch
-    (a contiguous native batch holds every sample asked for, unless the range ends or a
-    read fails), packed into ``sink`` (see ``_pack``)."""
+    consumer whole batches, so there is no short one to drop). The first is one
+    contiguous native batch (it holds every sample asked for, unless the range ends or a
+    read fails); when records are large (``_GATHER_BYTES``), later ones gather their
+    payloads straight into the batch's buffer. Packed into ``sink`` (see ``_reserve``)."""
     if count <= 0:
         return
     with dataset._range_batches(start, count, block_len, block_stride) as reader:
         remaining = count
+        per_sample = -1.0  # payload bytes a sample in the latest batch (none yet)
+        schema: list[tuple[str, Any]] = []
         while remaining:
             wanted = min(size, remaining)
-            piece = reader.next(wanted)
-            if piece is None:
-                return
-            if len(piece.cache_id) < wanted:
-                # Short before a read error, which the next call raises: raise it now,
-                # where the per-sample path would, not after a short batch.
-                reader.next(wanted)
-                raise RuntimeError("a native batch ended early without an error")
-            yield _pack(piece, sink)
+            if per_sample >= _GATHER_BYTES:
+                batch = _gather(reader, wanted, sink, schema, per_sample)
+                if batch is None:
+                    return
+            else:
+                piece = reader.next(wanted)
+                if piece is None:
+                    return
+                if len(piece.cache_id) < wanted:
+                    # Short before a read error, which the next call raises: raise it now,
+                    # where the per-sample path would, not after a short batch.
+                    reader.next(wanted)
+                    raise RuntimeError("a native batch ended early without an error")
+                schema = _schema(piece.columns)
+                batch = _pack(piece, sink)
+            per_sample = int(batch._layout[3]) / wanted
+            yield batch
             remaining -= wanted
 
 

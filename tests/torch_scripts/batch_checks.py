@@ -264,6 +264,40 @@ def check_reused_memory() -> None:
         drt_torch._POOL = None
 
 
+def check_gathered_batches() -> None:
+    """Batches of large records are gathered from several native batches straight into
+    their buffer: forced here for small records (every batch after the first, a reader
+    prefetch of 3, so 1 sample per native batch, and room for half the bytes foreseen,
+    so payloads spill), they are the per-sample path's."""
+    saved = drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK
+    drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK = 0, 0, 0.5
+    runtime = drt.DatasetRuntime(num_workers=1)
+    dataset = runtime.cached_dataset(MIXED, reader_config=drt.ReaderConfig(seed=0, prefetch_size=3))
+    calls = []
+    original = drt_torch._gather
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return original(*args)
+
+    drt_torch._gather = counting
+    try:
+        for mode, setup in itertools.product(MODES, SETUPS[:2]):
+            kwargs = {**mode, **setup, "batch_size": 4, "samples_per_epoch": 23}
+            kwargs.update(verbose=False, native_num_workers=1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                samples = dataset.to_torch_dataloader(**kwargs)
+                tensors = dataset.to_torch_dataloader(**kwargs, batch_format="tensors")
+            expected = passes(samples, 2, from_samples)
+            got = passes(tensors, 2, from_tensors)
+            check(f"gathered batches {mode} {setup}", got == expected, (got[:1], expected[:1]))
+        check("gathered batches: gathered in-process", len(calls) > 10, len(calls))
+    finally:
+        drt_torch._gather = original
+        drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK = saved
+
+
 def check_killed_worker_leaves_nothing() -> None:
     """A worker killed with batches in flight (its ring not yet mapped by the training
     process) leaves no file behind: rings are unnamed shared memory."""
@@ -366,6 +400,7 @@ def main() -> None:
         check_pin_memory,
         check_validation,
         check_reused_memory,
+        check_gathered_batches,
         check_killed_worker_leaves_nothing,
     ):
         try:
