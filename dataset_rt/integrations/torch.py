@@ -495,7 +495,7 @@ def _pool_for(nbytes: int) -> _Pool:
     """This process's pool, with room for a few batches of ``nbytes``."""
     global _POOL
     if _POOL is None or _POOL.pid != os.getpid() or 4 * nbytes > _POOL.capacity:
-        _POOL = _Pool(max(_POOL_MIN_BYTES, 4 * _span(nbytes)))
+        _POOL = _Pool(max(_POOL_MIN_BYTES, 4 * _span(nbytes + nbytes // 4)))
     return _POOL
 
 
@@ -560,9 +560,10 @@ def _worker_ring(nbytes: int, prefetch: int) -> _Ring:
     """This worker process's ring, with room for the items torch prefetches and those
     the training process holds, of batches of ``nbytes``."""
     global _RING
-    wanted = (prefetch + 4) * _bundle_len(nbytes) * _span(nbytes)
-    if _RING is None or _RING.pid != os.getpid() or wanted > _RING.capacity:
-        _RING = _Ring(max(_RING_MIN_BYTES, wanted))
+    batches = (prefetch + 4) * _bundle_len(nbytes)
+    if _RING is None or _RING.pid != os.getpid() or batches * _span(nbytes) > _RING.capacity:
+        # (A quarter more: a gathered batch reserves a little more than the last one.)
+        _RING = _Ring(max(_RING_MIN_BYTES, batches * _span(nbytes + nbytes // 4)))
     return _RING
 
 
