@@ -599,14 +599,20 @@ def _mapped_ring(pid: int, token: int, capacity: int, handoff: Any) -> _Mapped:
         fd = handoff.detach()
         try:
             if mapped is None or mapped.token != token:
-                for writer in [w for w in _MAPPED if w != pid and not _alive(w)]:
-                    del _MAPPED[writer]
+                _forget_dead_rings()
                 mapped = _MAPPED[pid] = _Mapped(fd, capacity, token)
         finally:
             os.close(fd)
     if mapped is None or mapped.token != token:
         raise RuntimeError(f"DataLoader worker {pid} sent a batch from a ring never passed")
     return mapped
+
+
+def _forget_dead_rings() -> None:
+    """Drop the mappings of workers that have exited (each stays mapped until the last
+    view of it is gone)."""
+    for writer in [w for w in _MAPPED if not _alive(w)]:
+        del _MAPPED[writer]
 
 
 def _alive(pid: int) -> bool:
@@ -722,6 +728,7 @@ def _unbundle(bundles: Iterator[Any], counts: list[int]) -> Iterator[Any]:
     for bundle in bundles:
         if bundle.items:
             raise RuntimeError(f"DataLoader worker {bundle.worker} sent more batches than planned")
+    _forget_dead_rings()  # workers that do not persist have exited by now
 
 
 class _Space:
