@@ -1,7 +1,7 @@
 """Throughput of the PyTorch loader next to the dataset's own readers and LitData.
 
     uv run python benchmarks/torch_loader.py [--small N] [--large N] [--batch B] [--repeat R]
-        [--no-litdata]
+        [--no-litdata] [--quick]
 
 torch is not in the uv environment: when it cannot be imported, the script re-runs itself
 in the pip-made CPU-torch virtualenv the tests use (``tests/refenv.py``, built on first
@@ -13,8 +13,10 @@ records are written once as a dataset_rt cache and once as a LitData dataset (``
 each record a ``uint8`` array and an int label), in temporary directories read warm
 (page cache), so the numbers are about per-sample and per-batch work, not the disk. Every
 reader goes through the records in order (``shuffle=False``, ``worker_partition="global"``),
-and each line is the best of ``--repeat`` timed passes after one untimed pass (which also
-starts persistent workers):
+touching each batch's payloads and sample ids, and each line is the best of ``--repeat``
+timed passes after one untimed pass (which also starts persistent workers). The timed
+passes are interleaved (one pass of every reader, LitData's included, then the next
+round), so load from other work on the machine falls on every line alike:
 
 - ``iter_batches``: the dataset's own batch reader (numpy batches), the ceiling;
 - ``loader samples``: ``to_torch_dataloader`` per sample (``CachedSample`` records and
@@ -24,7 +26,9 @@ starts persistent workers):
 - ``litdata``: LitData's ``StreamingDataLoader`` over ``StreamingDataset`` with 0 and 2
   workers.
 
-The header prints the machine's load average: on a busy machine the numbers mean little.
+The header and each section print the machine's load average: on a busy machine the
+numbers mean little (compare lines of one run, not runs). ``--quick``: 50,000 and 4,096
+samples, 3 repeats.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"
 LITDATA = "litdata==0.2.76"
 SIZES = (512, 64 * 1024)
+REPLY = "@@torch_loader"  # marks the LitData side's replies on its stdout
 
 
 def reexec_with_torch() -> None:
@@ -71,17 +77,38 @@ class Payloads:
             yield drt.CacheInput(data, {"label": i % 10})
 
 
-def best(passes: int, run) -> tuple[float, int]:
-    """(best seconds, samples) of ``passes`` timed runs of ``run() -> samples`` after one
-    untimed run."""
-    run()
-    times = []
-    count = 0
+def touch(batch: Any) -> int:
+    """The samples of a batch, reading its payloads and sample ids."""
+    return len(batch.sample_id) if batch.data is not None else 0
+
+
+def interleaved(passes: int, runs: dict[str, Any]) -> dict[str, tuple[float, int]]:
+    """For each ``runs[label]() -> (seconds, samples)``: the best of ``passes`` runs
+    after one untimed run, the runs interleaved (round ``k`` runs every label once)."""
+    for run in runs.values():
+        run()
+    results: dict[str, tuple[float, int]] = {}
     for _ in range(passes):
+        for label, run in runs.items():
+            seconds, count = run()
+            if label not in results or seconds < results[label][0]:
+                results[label] = (seconds, count)
+    return results
+
+
+def timed(run: Any) -> Any:
+    """``run() -> samples`` as ``() -> (seconds, samples)``."""
+
+    def inner() -> tuple[float, int]:
         start = time.perf_counter()
         count = run()
-        times.append(time.perf_counter() - start)
-    return min(times), count
+        return time.perf_counter() - start, count
+
+    return inner
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def line(label: str, count: int, seconds: float, size: int, ceiling: float | None) -> float:
@@ -114,8 +141,10 @@ def _litdata_sample(index: int, size: int = 0) -> dict:
 
 
 def run_litdata_side(spec: dict) -> None:
-    """In the LitData virtualenv: write ``spec["count"]`` records with ``optimize``, then
-    time ``StreamingDataLoader`` passes; prints JSON {workers: [seconds, samples]}."""
+    """In the LitData virtualenv: write ``spec["count"]`` records with ``optimize``, make
+    ``StreamingDataLoader`` s with 0 and 2 workers, then serve passes: for each line
+    ``W`` read from stdin, time one pass of the loader with ``W`` workers and print
+    ``seconds samples``."""
     import functools
 
     import litdata as ld
@@ -130,36 +159,68 @@ def run_litdata_side(spec: dict) -> None:
         chunk_bytes="64MB",
         num_workers=1,
     )
-    results = {}
+    loaders = {}
     for workers in (0, 2):
         dataset = ld.StreamingDataset(out, shuffle=False)
-        loader = ld.StreamingDataLoader(
+        loaders[workers] = ld.StreamingDataLoader(
             dataset, batch_size=spec["batch"], num_workers=workers, persistent_workers=workers > 0
         )
+    print(REPLY, "ready", flush=True)
+    for request in sys.stdin:
+        if request.strip() == "quit":
+            break
+        loader = loaders[int(request)]
+        start = time.perf_counter()
+        count = 0
+        for batch in loader:
+            count += len(batch["label"]) if batch["data"] is not None else 0
+        print(REPLY, time.perf_counter() - start, count, flush=True)
 
-        def run(loader=loader) -> int:
-            return sum(len(batch["label"]) for batch in loader)
 
-        results[workers] = best(spec["repeat"], run)
-    print(json.dumps(results))
+class LitData:
+    """The LitData side (its own virtualenv) as a subprocess serving timed passes."""
 
+    def __init__(self, env: Any, work: Path, size: int, count: int, batch: int) -> None:
+        spec = {"dir": str(work / "litdata"), "size": size, "count": count, "batch": batch}
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        self.errors = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(
+            [str(env.python), __file__, "--litdata-side", json.dumps(spec)],
+            env=clean,
+            cwd=work,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.errors,
+            text=True,
+        )
+        self._read()
 
-def litdata_rates(env, work: Path, size: int, count: int, args) -> dict[str, tuple[float, int]]:
-    spec = {"dir": str(work / "litdata"), "size": size, "count": count, "batch": args.batch}
-    spec["repeat"] = args.repeat
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    proc = subprocess.run(
-        [str(env.python), __file__, "--litdata-side", json.dumps(spec)],
-        env=clean,
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"LitData run failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    def _read(self) -> list[str]:
+        """The next reply (other output of LitData's is skipped)."""
+        while True:
+            reply = self.proc.stdout.readline()  # type: ignore[union-attr]
+            if not reply:
+                self.proc.wait()
+                self.errors.seek(0)
+                raise RuntimeError(f"LitData run failed:\n{self.errors.read()[-4000:]}")
+            if reply.startswith(REPLY):
+                return reply.split()[1:]
+
+    def run(self, workers: int) -> Any:
+        def inner() -> tuple[float, int]:
+            self.proc.stdin.write(f"{workers}\n")  # type: ignore[union-attr]
+            self.proc.stdin.flush()  # type: ignore[union-attr]
+            seconds, count = self._read()
+            return float(seconds), int(count)
+
+        return inner
+
+    def close(self) -> None:
+        # (Forked DataLoader workers hold the pipe too: EOF would never come.)
+        self.proc.stdin.write("quit\n")  # type: ignore[union-attr]
+        self.proc.stdin.close()  # type: ignore[union-attr]
+        self.proc.wait(timeout=600)
+        self.errors.close()
 
 
 # ------------------------------------------------------------------ dataset_rt
@@ -168,7 +229,11 @@ def litdata_rates(env, work: Path, size: int, count: int, args) -> dict[str, tup
 def measure(size: int, count: int, args, lit_env) -> None:
     import dataset_rt as drt
 
-    print(f"\n{size} B records, {count:,} samples, batch {args.batch}", flush=True)
+    print(
+        f"\n{size} B records, {count:,} samples, batch {args.batch} "
+        f"(load average {load_average()})",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="dataset_rt-bench-") as work:
         runtime = drt.DatasetRuntime(num_workers=2)
         result = runtime.from_cache_sources(
@@ -180,10 +245,10 @@ def measure(size: int, count: int, args, lit_env) -> None:
         dataset = result.dataset
 
         def batches() -> int:
-            return sum(len(b) for b in dataset.iter_batches(args.batch))
+            return sum(map(touch, dataset.iter_batches(args.batch)))
 
-        seconds, n = best(args.repeat, batches)
-        ceiling = line("dataset.iter_batches", n, seconds, size, None)
+        runs: dict[str, Any] = {"dataset.iter_batches": timed(batches)}
+        loaders = []
         for batch_format in ("samples", "tensors"):
             for workers in (0, 2):
                 with warnings.catch_warnings():
@@ -200,16 +265,25 @@ def measure(size: int, count: int, args, lit_env) -> None:
                     )
 
                 def run(loader=loader) -> int:
-                    return sum(len(batch.sample_id) for batch in loader)
+                    return sum(map(touch, loader))
 
-                seconds, n = best(args.repeat, run)
-                line(f"loader {batch_format}, {workers} workers", n, seconds, size, ceiling)
-                del loader
-        if lit_env is not None:
-            for workers, (seconds, n) in litdata_rates(
-                lit_env, Path(work), size, count, args
-            ).items():
-                line(f"litdata StreamingDataLoader, {workers} workers", n, seconds, size, ceiling)
+                runs[f"loader {batch_format}, {workers} workers"] = timed(run)
+                loaders.append(loader)
+        litdata = None if lit_env is None else LitData(lit_env, Path(work), size, count, args.batch)
+        if litdata is not None:
+            for workers in (0, 2):
+                runs[f"litdata StreamingDataLoader, {workers} workers"] = litdata.run(workers)
+        try:
+            results = interleaved(args.repeat, runs)
+        finally:
+            if litdata is not None:
+                litdata.close()
+        ceiling = None
+        for label, (seconds, n) in results.items():
+            rate = line(label, n, seconds, size, ceiling)
+            ceiling = ceiling or rate
+        print(f"  (load average after: {load_average()})", flush=True)
+        del loaders
 
 
 def main() -> None:
@@ -229,9 +303,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-litdata", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="fewer samples (50,000 and 4,096)")
     args = parser.parse_args()
+    if args.quick:
+        args.small, args.large, args.repeat = 50_000, 4096, 3
     torch.set_num_threads(1)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    load = load_average()
     version = drt.native_info()["version"]
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, dataset_rt {version}, "
@@ -242,8 +319,7 @@ def main() -> None:
     lit_env = None if args.no_litdata else litdata_env()
     for size, count in zip(SIZES, (args.small, args.large)):
         measure(size, count, args, lit_env)
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"\nload average at end: {load}")
+    print(f"\nload average at end: {load_average()}")
 
 
 if __name__ == "__main__":

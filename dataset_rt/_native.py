@@ -888,6 +888,22 @@ class Batch:
         values = [_column_values(columns[i], kind, n) for i, kind in enumerate(kinds)]
         return payloads, ffi.unpack(raw.cache_ids, n), ffi.unpack(raw.sample_ids, n), values
 
+    def copy_payloads(self, destination: Any) -> int:
+        """The payloads back to back into ``destination``: see ``batch_copy_payloads``."""
+        return batch_copy_payloads(self, destination)
+
+    def lengths_and_ids(self) -> tuple[Any, Any, Any]:
+        """``(payload_lens, cache_ids, sample_ids)`` as ``numpy.uint64`` views of the
+        batch (valid as long as it is), for any batch, contiguous or not."""
+        import numpy as np
+
+        raw = self._raw
+        n = int(raw.count)
+        return tuple(  # type: ignore[return-value]
+            np.frombuffer(ffi.buffer(pointer, 8 * n), dtype=np.uint64)
+            for pointer in (raw.payload_lens, raw.cache_ids, raw.sample_ids)
+        )
+
     def column_values(self, index: int, kind: int) -> list[Any]:
         """Metadata column ``index`` (of ``kind``) as a list of Python values."""
         raw = self._raw
@@ -931,6 +947,16 @@ class Batch:
         )
         data = ffi.buffer(ffi.cast("uint8_t *", column.values), int(offsets[-1]))[:]
         return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+def batch_copy_payloads(batch: Batch, destination: Any) -> int:
+    """``drt_batch_copy_payloads`` (ABI 1.5): ``batch``'s payloads back to back into the
+    writable buffer ``destination`` (e.g. a ``numpy.uint8`` array); returns the bytes
+    they take. Raises ``InvalidArgumentError`` (nothing copied) when they do not fit."""
+    length = ffi.new("uint64_t *")
+    target = ffi.from_buffer("uint8_t[]", destination, require_writable=True)
+    check(lib.drt_batch_copy_payloads(batch._raw, target, len(target), length))
+    return int(length[0])
 
 
 class Iterator(_Handle):

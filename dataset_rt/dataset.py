@@ -758,6 +758,31 @@ class _RangeBatches:
         }
         return RawBatch(data, offsets, cache_id, sample_id, columns)
 
+    def next_into(self, max_count: int, destination: Any) -> RawBatch | None:
+        """Like :meth:`next`, but read without a contiguous copy: ``data`` is the payloads
+        gathered with one copy into ``destination`` (a writable ``numpy.uint8`` array),
+        ``destination[:n]``, or a new array when they do not fit there. A batch holds at
+        most half the reader's ``prefetch_size`` samples (fewer than ``max_count``)."""
+        import numpy as np
+
+        batch = self._iterator.next_batch(max_count, 0)
+        count = batch.count
+        if count == 0:
+            return None
+        lengths, cache_id, sample_id = batch.lengths_and_ids()
+        offsets = np.zeros(count + 1, dtype=np.uint64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        target = destination if total <= len(destination) else np.empty(total, dtype=np.uint8)
+        batch.copy_payloads(target)
+        columns = {
+            name: batch.column_values(i, kind)
+            if kind == _native.Kind.STRING
+            else batch.column_array(i, kind)
+            for i, (name, kind) in enumerate(self._columns)
+        }
+        return RawBatch(target[:total], offsets, cache_id, sample_id, columns)
+
     def close(self) -> None:
         self._iterator.close()
 

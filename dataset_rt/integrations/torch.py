@@ -13,8 +13,10 @@ consumer got; that is what makes ``state_dict()`` / ``load_state_dict()`` exact.
 Two paths read those positions. The per-sample path (dataset-rt 0.4.8's) yields
 ``CachedSample`` records that torch batches and collates. The tensor path
 (``batch_format="tensors"``) cuts the same positions into the same batches itself, builds
-each from native batches as a ``TensorBatch`` (one buffer of tensors; a worker's go
-through its ring of shared memory) and hands torch built batches (its auto-batching off).
+each from native batches as a ``TensorBatch`` (one buffer of tensors, in memory reused
+once a batch is dropped; a worker's in its ring of shared memory, which the training
+process maps) and hands torch built batches (its auto-batching off; workers hand over
+several per item).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from multiprocessing.reduction import ForkingPickler
+from multiprocessing.reduction import DupFd, ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from dataset_rt.config import DatasetConfiguration
 from dataset_rt.integrations import _loading as plan
@@ -255,9 +260,11 @@ class TensorBatch:
       of ``str`` for string columns, in the caches' column order.
 
     Every tensor is a view of one ``uint8`` tensor, ``buffer``, so ``pin_memory()``
-    pins it once and ``to(device)`` copies it once. A DataLoader worker builds it in its
-    ring of shared memory and the training process copies it out into its own buffer
-    (or, when the ring is full, it is shared as torch shares a tensor). A batch is sent
+    pins it once and ``to(device)`` copies it once. ``buffer`` is memory the loader
+    reuses once the batch and every view of it are dropped (keeping batches is safe: the
+    loader then takes fresh memory). A DataLoader worker builds batches in its ring of
+    shared memory, which the training process maps, so a batch reaches it without a
+    copy (when the ring is full, it is shared as torch shares a tensor). A batch is sent
     between processes as (buffer, layout, strings): attributes replaced on it or keys
     added to ``metadata`` are not carried; a ``batch_transform_fn`` returns its own
     structure instead.
@@ -278,31 +285,46 @@ class TensorBatch:
     def __init__(
         self, buffer: torch.Tensor, layout: tuple[Any, ...], strings: dict[str, list[str]]
     ) -> None:
-        count, width, head, nbytes, order, numeric = layout
-        ids = 8 * (count + 1)
         self.buffer = buffer
         self._layout = layout
         self._strings = strings
         self._ring: tuple[Any, ...] | None = None
-        self.offsets = buffer[:ids].view(torch.int64)
-        self.cache_id = buffer[ids : ids + 8 * count].view(torch.int64)
-        self.sample_id = buffer[ids + 8 * count : ids + 16 * count].view(torch.int64)
-        data = buffer[head : head + nbytes]
-        self.data = data.view(count, width) if width >= 0 else data
-        metadata: dict[str, Any] = {}
-        for name in order:
-            if name in strings:
-                metadata[name] = strings[name]
-            else:
-                kind, position = numeric[name]
-                dtype, size = _NUMERIC[kind]
-                metadata[name] = buffer[position : position + size * count].view(dtype)
-        self.metadata = metadata
+
+    def __getattr__(self, name: str) -> Any:
+        # The fields are views of ``buffer`` made on first use (a view costs about as
+        # much as a batch of small records takes to copy).
+        count, width, head, nbytes, order, numeric = self._layout
+        ids = 8 * (count + 1)
+        buffer = self.buffer
+        value: Any
+        if name == "data":
+            data = buffer[head : head + nbytes]
+            value = data.view(count, width) if width >= 0 else data
+        elif name == "offsets":
+            value = buffer[:ids].view(torch.int64)
+        elif name == "cache_id":
+            value = buffer[ids : ids + 8 * count].view(torch.int64)
+        elif name == "sample_id":
+            value = buffer[ids + 8 * count : ids + 16 * count].view(torch.int64)
+        elif name == "metadata":
+            strings = self._strings
+            value = {}
+            for column in order:
+                if column in strings:
+                    value[column] = strings[column]
+                else:
+                    kind, position = numeric[column]
+                    dtype, size = _NUMERIC[kind]
+                    value[column] = buffer[position : position + size * count].view(dtype)
+        else:
+            raise AttributeError(f"'TensorBatch' object has no attribute {name!r}")
+        setattr(self, name, value)
+        return value
 
     def __reduce__(self) -> Any:
         if self._ring is not None:
-            # Built in a worker's ring: the receiver copies it out (see _Ring).
-            return _from_ring, (*self._ring, self._layout, self._strings)
+            # In a worker's ring, which only its bundles pass on: share a copy.
+            return TensorBatch, (self.buffer.clone(), self._layout, self._strings)
         return TensorBatch, (self.buffer, self._layout, self._strings)
 
     def __len__(self) -> int:
@@ -349,111 +371,248 @@ def _padded(nbytes: int) -> int:
 
 
 def _allocate(nbytes: int, shared: bool) -> torch.Tensor:
-    """A ``uint8`` tensor of ``nbytes``; in shared memory when ``shared`` (a DataLoader
-    worker's batch then reaches the training process without another copy, as torch's
-    own collate does)."""
+    """A fresh ``uint8`` tensor of ``nbytes``; in shared memory when ``shared`` (a
+    DataLoader worker's result then reaches the training process the way torch shares
+    tensors, without another copy)."""
     if not shared:
         return torch.empty(nbytes, dtype=torch.uint8)
     storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
-# A worker's batches without a batch transform travel through a ring of shared memory
-# (one per worker process): torch shares a tensor by passing a file descriptor through a
-# socket handshake per tensor (about a millisecond each on a small VM, more than building
-# a batch of small records); a ring is mapped once, and a batch then costs one copy out
-# in the receiver.
-_RING_HEADER = 64  # the receiver's "consumed" counter (u64) at offset 0
+# Batch memory. A batch is built with one copy out of the native batch into memory that
+# is reused: a fresh 16 MiB tensor per batch costs its page faults every time, and a
+# worker's batch shared the way torch shares tensors costs a file descriptor handshake
+# (about a millisecond on a small VM). Reused memory is a ring (one per process that
+# builds batches) whose space is released in order once every view of a batch is gone;
+# the ring never waits for the caller: a batch that does not fit now (the caller keeps
+# many) gets fresh memory instead. A DataLoader worker's ring is an anonymous shared file
+# (memfd: no name, so nothing is left behind whoever dies) that the training process maps
+# once (its descriptor passed as torch passes one) and then only makes views of.
+_RING_HEADER = 64  # u64 at 0: bytes the receiver released; u64 at 8: its mapped token
 _RING_MIN_BYTES = 16 << 20
+_POOL_MIN_BYTES = 8 << 20
+# A worker hands torch several batches per item (torch's per-item round trip between
+# processes costs ~0.2 ms here, more than building a batch of small records).
+_BUNDLE_BYTES = 4 << 20
+_BUNDLE_MAX = 16
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
-_RING: _Ring | None = None
-_MAPPED: dict[str, tuple[int, mmap.mmap]] = {}  # receiver: ring path -> (writer pid, map)
+
+
+def _span(nbytes: int) -> int:
+    """Ring space taken by a batch of ``nbytes`` (64-byte aligned: every batch starts on
+    a cache line, and its int64/float64 sections stay aligned)."""
+    return (nbytes + 63) & ~63
+
+
+def _bundle_len(nbytes: int) -> int:
+    """Batches per worker item for batches of ``nbytes``."""
+    return max(1, min(_BUNDLE_MAX, _BUNDLE_BYTES // max(1, nbytes)))
+
+
+def _fit(produced: int, consumed: int, capacity: int, nbytes: int) -> int | None:
+    """The ring position of ``nbytes`` contiguous bytes free now, or None (a batch never
+    wraps: the tail it skips is released with it). Positions stay 64-byte aligned when
+    ``capacity`` and every ``nbytes`` are (see ``_span``)."""
+    start = produced
+    offset = start % capacity
+    if offset + nbytes > capacity:
+        start += capacity - offset
+    if nbytes > capacity or start + nbytes - consumed > capacity:
+        return None
+    return start
+
+
+class _Releases:
+    """In-order release of ring space whatever order batches are dropped in: ``publish``
+    gets the end of the longest released prefix (thread-safe: torch's pin-memory thread
+    drops batches too)."""
+
+    __slots__ = ("_lock", "_pending", "_publish")
+
+    def __init__(self, publish: Callable[[int], None]) -> None:
+        self._lock = threading.Lock()
+        self._pending: deque[list[Any]] = deque()
+        self._publish = publish
+
+    def view(
+        self, array: np.ndarray, at: int, nbytes: int, end: int
+    ) -> tuple[np.ndarray, torch.Tensor, list[Any]]:
+        """``array[at : at + nbytes]`` and a tensor over it, whose space is released (up
+        to ring position ``end``) once both and every view of them are gone, and the
+        entry that records it."""
+        region = array[at : at + nbytes]
+        entry = [end, False]
+        with self._lock:
+            self._pending.append(entry)
+        weakref.finalize(region, self._release, entry)
+        return region, torch.from_numpy(region), entry
+
+    def retarget(self, entry: list[Any], end: int) -> None:
+        """Release only up to ``end`` for ``entry`` (the latest, trimmed)."""
+        with self._lock:
+            entry[0] = end
+
+    def _release(self, entry: list[Any]) -> None:
+        with self._lock:
+            entry[1] = True
+            pending = self._pending
+            end = None
+            while pending and pending[0][1]:
+                end = pending.popleft()[0]
+            if end is not None:
+                self._publish(end)
+
+
+class _Pool:
+    """The ring of a process that builds batches for itself (``num_workers=0``, or a
+    worker whose ``batch_transform_fn`` gets them): one tensor, pre-faulted once."""
+
+    def __init__(self, capacity: int) -> None:
+        self.pid = os.getpid()
+        self.capacity = capacity
+        self.array = torch.empty(capacity, dtype=torch.uint8).numpy()
+        self.produced = 0
+        self.consumed = 0
+        self.releases = _Releases(self._publish)
+
+    def _publish(self, end: int) -> None:
+        self.consumed = end
+
+    def take(self, nbytes: int) -> tuple[np.ndarray, torch.Tensor, list[Any]] | None:
+        span = _span(nbytes)
+        start = _fit(self.produced, self.consumed, self.capacity, span)
+        if start is None:
+            return None
+        self.produced = start + span
+        return self.releases.view(self.array, start % self.capacity, nbytes, start + span)
+
+
+_POOL: _Pool | None = None
+
+
+def _pool_for(nbytes: int) -> _Pool:
+    """This process's pool, with room for a few batches of ``nbytes``."""
+    global _POOL
+    if _POOL is None or _POOL.pid != os.getpid() or 4 * nbytes > _POOL.capacity:
+        _POOL = _Pool(max(_POOL_MIN_BYTES, 4 * _span(nbytes + nbytes // 4)))
+    return _POOL
+
+
+def _anonymous_file(size: int) -> int:
+    """A descriptor of an unnamed shared file of ``size`` bytes."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("dataset_rt-batches", os.MFD_CLOEXEC)
+    else:  # no memfd: a file unlinked at once (only a kill in between leaves it)
+        fd, path = tempfile.mkstemp(prefix="dataset_rt-batches-", dir=_SHM_DIR)
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class _Ring:
-    """A single-producer, single-consumer byte ring in a shared file, written by one
-    DataLoader worker; the training process copies each batch out and releases it in
-    the order written (it receives a worker's batches in order), by advancing the
-    ``consumed`` counter to the batch's end. The writer never waits: a batch that does
-    not fit now goes the way torch shares tensors instead."""
+    """A DataLoader worker's ring, written by the worker, read (mapped) by the training
+    process, which releases space in order by advancing the header's counter."""
 
     def __init__(self, capacity: int) -> None:
-        fd, path = tempfile.mkstemp(prefix=f"dataset_rt-batches-{os.getpid()}-", dir=_SHM_DIR)
+        fd = _anonymous_file(_RING_HEADER + capacity)
         try:
-            os.ftruncate(fd, _RING_HEADER + capacity)
             self._map = mmap.mmap(fd, _RING_HEADER + capacity)
-        finally:
+        except BaseException:
             os.close(fd)
-        # The receiver unlinks it once mapped; this covers a ring nobody mapped.
-        weakref.finalize(self, _unlink_quietly, path)
-        self.path = path
+            raise
+        self.fd = fd
+        weakref.finalize(self, os.close, fd)
         self.pid = os.getpid()
         self.capacity = capacity
+        self.token = int.from_bytes(os.urandom(8), "little") | 1
         self.produced = 0
         self.array = np.frombuffer(self._map, dtype=np.uint8)
+        self.header = self.array[:16].view(np.uint64)
 
     def reserve(self, nbytes: int) -> int | None:
-        """The ring position of ``nbytes`` contiguous bytes free now, or None."""
-        capacity = self.capacity
-        start = self.produced
-        offset = start % capacity
-        if offset + nbytes > capacity:
-            start += capacity - offset  # wrap: the skipped tail is released with this batch
-        consumed = int(self.array[:8].view(np.uint64)[0])
-        if nbytes > capacity or start + nbytes - consumed > capacity:
-            return None
-        self.produced = start + nbytes
+        span = _span(nbytes)
+        start = _fit(self.produced, int(self.header[0]), self.capacity, span)
+        if start is not None:
+            self.produced = start + span
         return start
 
     def region(self, start: int, nbytes: int) -> np.ndarray:
         at = _RING_HEADER + start % self.capacity
         return self.array[at : at + nbytes]
 
+    def handoff(self) -> Any:
+        """What the receiver needs to map this ring: None once it has (it writes the
+        token into the header), else the descriptor, passed as torch passes one."""
+        if int(self.header[1]) == self.token:
+            return None
+        return DupFd(self.fd)
 
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+
+_RING: _Ring | None = None
 
 
-def _worker_ring(nbytes: int) -> _Ring:
-    """This worker process's ring (made on its first batch, sized for several)."""
+def _worker_ring(nbytes: int, prefetch: int) -> _Ring:
+    """This worker process's ring, with room for the items torch prefetches and those
+    the training process holds, of batches of ``nbytes``."""
     global _RING
-    if _RING is None or _RING.pid != os.getpid():
-        _RING = _Ring(max(_RING_MIN_BYTES, _padded(8 * nbytes)))
+    batches = (prefetch + 4) * _bundle_len(nbytes)
+    if _RING is None or _RING.pid != os.getpid() or batches * _span(nbytes) > _RING.capacity:
+        # (A quarter more: a gathered batch reserves a little more than the last one.)
+        _RING = _Ring(max(_RING_MIN_BYTES, batches * _span(nbytes + nbytes // 4)))
     return _RING
 
 
-def _from_ring(
-    path: str,
-    pid: int,
-    capacity: int,
-    start: int,
-    nbytes: int,
-    layout: tuple[Any, ...],
-    strings: dict[str, list[str]],
-) -> TensorBatch:
-    """Unpickling a ring batch in the receiver: copy it into an owned tensor and
-    release its ring space."""
-    entry = _MAPPED.get(path)
-    if entry is None:
-        for known, (writer, _) in list(_MAPPED.items()):
-            if not _alive(writer):
-                del _MAPPED[known]  # that worker has exited: drop its mapping
-        fd = os.open(path, os.O_RDWR)
+class _Mapped:
+    """The training process's mapping of one worker's ring."""
+
+    def __init__(self, fd: int, capacity: int, token: int) -> None:
+        self.map = mmap.mmap(fd, _RING_HEADER + capacity)
+        self.token = token
+        self.capacity = capacity
+        self.array = np.frombuffer(self.map, dtype=np.uint8)
+        self.header = self.array[:16].view(np.uint64)
+        self.releases = _Releases(self._publish)
+        self.header[1] = token
+
+    def _publish(self, end: int) -> None:
+        self.header[0] = end
+
+    def view(self, start: int, nbytes: int) -> torch.Tensor:
+        at = _RING_HEADER + start % self.capacity
+        return self.releases.view(self.array, at, nbytes, start + _span(nbytes))[1]
+
+
+_MAPPED: dict[int, _Mapped] = {}  # writer pid -> its current ring
+
+
+def _mapped_ring(pid: int, token: int, capacity: int, handoff: Any) -> _Mapped:
+    """The receiver's mapping of worker ``pid``'s ring ``token``, mapped from
+    ``handoff`` the first time. A mapping stays valid while views of it exist, after
+    the worker is gone or has a new ring."""
+    mapped = _MAPPED.get(pid)
+    if handoff is not None:
+        fd = handoff.detach()
         try:
-            entry = (pid, mmap.mmap(fd, _RING_HEADER + capacity))
+            if mapped is None or mapped.token != token:
+                _forget_dead_rings()
+                mapped = _MAPPED[pid] = _Mapped(fd, capacity, token)
         finally:
             os.close(fd)
-        _unlink_quietly(path)  # both sides have it mapped; nothing else opens it
-        _MAPPED[path] = entry
-    ring = np.frombuffer(entry[1], dtype=np.uint8)
-    at = _RING_HEADER + start % capacity
-    buffer = torch.empty(nbytes, dtype=torch.uint8)
-    buffer.numpy()[:] = ring[at : at + nbytes]
-    ring[:8].view(np.uint64)[0] = start + nbytes
-    return TensorBatch(buffer, layout, strings)
+    if mapped is None or mapped.token != token:
+        raise RuntimeError(f"DataLoader worker {pid} sent a batch from a ring never passed")
+    return mapped
+
+
+def _forget_dead_rings() -> None:
+    """Drop the mappings of workers that have exited (each stays mapped until the last
+    view of it is gone)."""
+    for writer in [w for w in _MAPPED if not _alive(w)]:
+        del _MAPPED[writer]
 
 
 def _alive(pid: int) -> bool:
@@ -466,52 +625,305 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _pack(piece: Any, shared: bool | str) -> TensorBatch:
-    """One ``TensorBatch`` from a native batch (``RawBatch``, its views valid now): the
-    payloads, offsets, identities and numeric metadata copied once into one buffer
-    (8-byte aligned sections, the payloads last): this worker's ring when ``shared`` is
-    ``"ring"`` and it fits, torch shared memory when ``shared``, else ordinary memory."""
-    data, offsets, cache_id, sample_id, columns = piece
-    count = len(cache_id)
-    nbytes = int(offsets[-1])
-    lengths = np.diff(offsets)
-    width = int(lengths[0]) if count and not np.any(lengths != lengths[0]) else -1
-    ids = 8 * (count + 1)
-    position = ids + 16 * count
+class _Bundle:
+    """Several consecutive items of one DataLoader worker, sent to the training process
+    as one (which flattens them back in the order torch would have yielded them). Its
+    ring batches travel as positions in the worker's ring."""
+
+    __slots__ = ("items", "worker")
+
+    def __init__(self, worker: int, items: list[Any]) -> None:
+        self.worker = worker
+        self.items = items
+
+    def __reduce__(self) -> Any:
+        ring = None
+        items: list[Any] = []
+        for item in self.items:
+            place = item._ring if isinstance(item, TensorBatch) else None
+            if place is not None and ring is None:
+                ring = place[2]
+            if place is not None and place[2] is ring:
+                items.append((place[0], place[1], item._layout, item._strings))
+            else:
+                items.append(item)  # (a batch of a replaced ring shares a copy)
+        info = None
+        if ring is not None:
+            info = (ring.pid, ring.token, ring.capacity, ring.handoff())
+        return _restore_bundle, (self.worker, info, items)
+
+    def pin_memory(self, *args: Any) -> _Bundle:
+        """Every item pinned as the DataLoader pins a batch."""
+        return _Bundle(self.worker, [pin_memory(item) for item in self.items])
+
+
+def _restore_bundle(worker: int, info: tuple[Any, ...] | None, items: list[Any]) -> _Bundle:
+    """Unpickling a bundle in the training process: ring batches become views of the
+    worker's ring (no copy); their space is released when they are dropped."""
+    mapped = None if info is None else _mapped_ring(*info)
+    restored = []
+    for item in items:
+        if type(item) is tuple:
+            start, nbytes, layout, strings = item
+            restored.append(TensorBatch(mapped.view(start, nbytes), layout, strings))  # type: ignore[union-attr]
+        else:
+            restored.append(item)
+    return _Bundle(worker, restored)
+
+
+def _bundles(
+    batches: Iterator[TensorBatch],
+    worker: int,
+    transform: Callable[[TensorBatch], Any] | None,
+) -> Iterator[_Bundle]:
+    """A worker's batches (``transform`` applied) grouped into bundles of
+    ``_bundle_len`` of the first batch's size (the last one shorter)."""
+    group: list[Any] = []
+    limit = 0
+    for batch in batches:
+        if not limit:
+            limit = _bundle_len(batch.buffer.numel())
+        group.append(batch if transform is None else transform(batch))
+        if len(group) == limit:
+            yield _Bundle(worker, group)
+            group = []
+    if group:
+        yield _Bundle(worker, group)
+
+
+def _single_process(iterator: Any) -> Iterator[Any]:
+    """The items torch's single-process iterator ``iterator`` yields on the tensor path
+    (batches arrive built, collate passes them through), taken straight from the dataset
+    iterator it opened and pinned as it would pin them: torch's per-item steps (a
+    profiler range, an index drawn from a sampler, a fetch) cost about as much as
+    building a batch of small records. Falls back to ``iterator`` itself if this torch
+    keeps those parts elsewhere."""
+    source = getattr(getattr(iterator, "_dataset_fetcher", None), "dataset_iter", None)
+    pin = getattr(iterator, "_pin_memory", None)
+    if source is None or pin is None:
+        return iterator
+    if pin:
+        device = getattr(iterator, "_pin_memory_device", None)
+        return (pin_memory(batch, device) for batch in source)
+    return source
+
+
+def _unbundle(bundles: Iterator[Any], counts: list[int]) -> Iterator[Any]:
+    """The batches of ``bundles`` (workers ``0 .. len(counts)`` with ``counts[w]``
+    batches each) in the order torch yields one item per batch: worker 0, 1, ... in a
+    cycle, skipping workers that have run out."""
+    pending: list[deque[Any]] = [deque() for _ in counts]
+    for round_ in range(max(counts, default=0)):
+        for worker, count in enumerate(counts):
+            if round_ >= count:
+                continue
+            queue = pending[worker]
+            while not queue:
+                bundle = next(bundles, None)
+                if bundle is None:
+                    raise RuntimeError(f"DataLoader worker {worker} ended before its batches")
+                pending[bundle.worker].extend(bundle.items)
+                bundle.items = []
+            yield queue.popleft()
+    for bundle in bundles:
+        if bundle.items:
+            raise RuntimeError(f"DataLoader worker {bundle.worker} sent more batches than planned")
+    _forget_dead_rings()  # workers that do not persist have exited by now
+
+
+class _Space:
+    """Memory reserved for one batch (see ``_reserve``): ``raw`` (numpy) and ``buffer``
+    (a tensor over it), ``nbytes`` long; ``place`` is its ring position in a worker."""
+
+    __slots__ = ("_entry", "_owner", "buffer", "place", "raw", "start")
+
+    def __init__(self, raw: np.ndarray, buffer: torch.Tensor) -> None:
+        self.raw = raw
+        self.buffer = buffer
+        self.place: tuple[int, int, _Ring] | None = None
+        self._owner: Any = None
+        self._entry: list[Any] | None = None
+        self.start = 0
+
+    def trim(self, nbytes: int) -> None:
+        """Keep only the first ``nbytes`` (the reservation was the latest)."""
+        self.raw = self.raw[:nbytes]
+        self.buffer = self.buffer[:nbytes]
+        end = self.start + _span(nbytes)
+        if isinstance(self._owner, _Ring):
+            self._owner.produced = end
+            self.place = (self.start, nbytes, self._owner)
+        elif isinstance(self._owner, _Pool):
+            self._owner.produced = end
+            self._owner.releases.retarget(self._entry, end)  # type: ignore[arg-type]
+
+
+def _reserve(nbytes: int, sink: str) -> _Space:
+    """``nbytes`` for a batch: ``sink`` ``"ring"`` (this worker's ring), ``"pool"`` (this
+    process's pool), ``"shared"`` (torch shared memory), falling back to fresh memory
+    (shared unless ``"pool"``) when the ring or pool is full."""
+    if sink == "ring":
+        ring = _worker_ring(nbytes, _PREFETCH)
+        start = ring.reserve(nbytes)
+        if start is not None:
+            raw = ring.region(start, nbytes)
+            space = _Space(raw, torch.from_numpy(raw))
+            space.place = (start, nbytes, ring)
+            space._owner, space.start = ring, start
+            return space
+    elif sink == "pool":
+        pool = _pool_for(nbytes)
+        taken = pool.take(nbytes)
+        if taken is not None:
+            raw, buffer, entry = taken
+            space = _Space(raw, buffer)
+            space._owner, space._entry, space.start = pool, entry, pool.produced - _span(nbytes)
+            return space
+    buffer = _allocate(nbytes, sink != "pool")
+    return _Space(buffer.numpy(), buffer)
+
+
+def _width(offsets: np.ndarray) -> int:
+    """The payload length when every payload has the same one, else -1."""
+    count = len(offsets) - 1
+    if not count:
+        return -1
+    width = int(offsets[1])
+    if int(offsets[-1]) != width * count or (offsets[1:] - offsets[:-1] != width).any():
+        return -1
+    return width
+
+
+def _header(count: int, schema: list[tuple[str, Any]]) -> tuple[int, dict[str, tuple[str, int]]]:
+    """Where the payloads start in a batch of ``count`` samples of ``schema`` (column name,
+    numpy dtype or None for strings), and where each numeric column is."""
+    position = 8 * (count + 1) + 16 * count
     numeric: dict[str, tuple[str, int]] = {}
+    for name, dtype in schema:
+        if dtype is not None:
+            numeric[name] = (dtype.kind, position)
+            position += _padded(dtype.itemsize * count)
+    return position, numeric
+
+
+def _schema(columns: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    return [(n, None if isinstance(v, list) else v.dtype) for n, v in columns.items()]
+
+
+def _finish(
+    space: _Space,
+    offsets: np.ndarray,
+    cache_id: np.ndarray,
+    sample_id: np.ndarray,
+    columns: Mapping[str, Any],
+    head: int,
+    numeric: dict[str, tuple[str, int]],
+) -> TensorBatch:
+    """Write the header of a batch whose payloads are in place from ``head``."""
+    raw = space.raw
+    count = len(cache_id)
+    words = raw[: 8 * (3 * count + 1)].view(np.uint64)
+    words[: count + 1] = offsets
+    words[count + 1 : 2 * count + 1] = cache_id
+    words[2 * count + 1 :] = sample_id
     strings: dict[str, list[str]] = {}
-    arrays = []
     for name, values in columns.items():
         if isinstance(values, list):
             strings[name] = values
-            continue
-        numeric[name] = (values.dtype.kind, position)
-        arrays.append((position, values))
-        position += _padded(values.nbytes)
-    total = position + nbytes
-    ring = None
-    if shared == "ring":
-        ring = _worker_ring(total)
-        start = ring.reserve(total)
-        if start is None:
-            ring = None
-    if ring is not None:
-        raw = ring.region(start, total)
-        buffer = torch.from_numpy(raw)
-    else:
-        buffer = _allocate(total, bool(shared))
-        raw = buffer.numpy()
-    raw[:ids].view(np.uint64)[:] = offsets
-    raw[ids : ids + 8 * count].view(np.uint64)[:] = cache_id
-    raw[ids + 8 * count : ids + 16 * count].view(np.uint64)[:] = sample_id
-    for at, values in arrays:
-        raw[at : at + values.nbytes] = values.view(np.uint8)
-    raw[position:] = data
-    layout = (count, width, position, nbytes, tuple(columns), numeric)
-    batch = TensorBatch(buffer, layout, strings)
-    if ring is not None:
-        batch._ring = (ring.path, ring.pid, ring.capacity, start, total)
+        else:
+            at = numeric[name][1]
+            raw[at : at + values.nbytes] = values.view(np.uint8)
+    nbytes = int(offsets[-1])
+    layout = (count, _width(offsets), head, nbytes, tuple(columns), numeric)
+    batch = TensorBatch(space.buffer, layout, strings)
+    batch._ring = space.place
     return batch
+
+
+def _pack(piece: Any, sink: str) -> TensorBatch:
+    """One ``TensorBatch`` from a contiguous native batch (``RawBatch``, its views valid
+    now): the payloads, offsets, identities and numeric metadata copied once into one
+    buffer from ``_reserve`` (8-byte aligned sections, the payloads last)."""
+    data, offsets, cache_id, sample_id, columns = piece
+    head, numeric = _header(len(cache_id), _schema(columns))
+    space = _reserve(head + len(data), sink)
+    space.raw[head:] = data
+    return _finish(space, offsets, cache_id, sample_id, columns, head, numeric)
+
+
+# Records of at least this many bytes on average are read without the native contiguous
+# copy and gathered straight into the batch's buffer (one copy instead of two); smaller
+# ones take one native call per batch instead of several.
+_GATHER_BYTES = 16 << 10
+# Reserved for a gathered batch: the latest batch's bytes a sample times this, plus this.
+_GATHER_SLACK = 1.125
+_GATHER_MARGIN = 64 << 10
+
+
+def _gather(
+    reader: Any, wanted: int, sink: str, schema: list[tuple[str, Any]], per_sample: float
+) -> TensorBatch | None:
+    """One ``TensorBatch`` of ``wanted`` samples from native batches read without a
+    contiguous copy, their payloads gathered into its buffer (reserved for
+    ``per_sample`` bytes a sample and a margin, trimmed after). None at the end of the
+    range; a batch cut short by a read error raises it."""
+    head, numeric = _header(wanted, schema)
+    space = _reserve(head + int(per_sample * wanted * _GATHER_SLACK) + _GATHER_MARGIN, sink)
+    raw = space.raw
+    at = head
+    lengths, cache_ids, sample_ids = [], [], []
+    columns: dict[str, list[Any]] = {name: [] for name, _ in schema}
+    spilled: list[np.ndarray] = []  # payloads that did not fit the reservation
+    got = 0
+    while got < wanted:
+        piece = reader.next_into(wanted - got, raw[at:] if not spilled else raw[:0])
+        if piece is None:
+            break
+        n = len(piece.cache_id)
+        if spilled or piece.data.ctypes.data != raw[at:].ctypes.data:
+            spilled.append(piece.data)
+        else:
+            at += len(piece.data)
+        lengths.append(np.diff(piece.offsets))
+        cache_ids.append(piece.cache_id.copy())
+        sample_ids.append(piece.sample_id.copy())
+        for name, values in piece.columns.items():
+            columns[name].append(values)
+        got += n
+    if got == 0:
+        return None
+    if got < wanted:
+        # Short before a read error, which the next call raises: raise it now.
+        reader.next_into(1, raw[:0])
+        raise RuntimeError("a native range ended early without an error")
+    offsets = np.zeros(got + 1, dtype=np.uint64)
+    np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    merged = {
+        name: [v for part in parts for v in part] if dtype is None else np.concatenate(parts)
+        for (name, dtype), parts in ((s, columns[s[0]]) for s in schema)
+    }
+    total = head + int(offsets[-1])
+    if spilled:  # rare: payloads larger than foreseen; one more copy
+        fresh = _reserve(total, sink if sink != "ring" else "shared")
+        fresh.raw[head:at] = raw[head:at]
+        for part in spilled:
+            fresh.raw[at : at + len(part)] = part
+            at += len(part)
+        space = fresh
+    else:
+        space.trim(total)
+    return _finish(
+        space,
+        offsets,
+        np.concatenate(cache_ids),
+        np.concatenate(sample_ids),
+        merged,
+        head,
+        numeric,
+    )
+
+
+_PREFETCH = 2  # torch's prefetch_factor in this worker (set when its iteration starts)
 
 
 def _tensor_batches(
@@ -521,32 +933,40 @@ def _tensor_batches(
     block_len: int,
     block_stride: int,
     size: int,
-    ring: bool,
+    sink: str,
 ) -> Iterator[TensorBatch]:
     """The ``TensorBatch`` es of ``count`` stream positions (as ``_iter_range`` numbers
     them) cut into batches of ``size``, the last one shorter: the batches torch's
     auto-batching makes of the same samples (with ``drop_last`` the plans give every
-    consumer whole batches, so there is no short one to drop). Each is one native batch
-    (a contiguous native batch holds every sample asked for, unless the range ends or a
-    read fails)."""
+    consumer whole batches, so there is no short one to drop). The first is one
+    contiguous native batch (it holds every sample asked for, unless the range ends or a
+    read fails); when records are large (``_GATHER_BYTES``), later ones gather their
+    payloads straight into the batch's buffer. Packed into ``sink`` (see ``_reserve``)."""
     if count <= 0:
         return
-    shared: bool | str = get_worker_info() is not None
-    if shared and ring:
-        shared = "ring"
     with dataset._range_batches(start, count, block_len, block_stride) as reader:
         remaining = count
+        per_sample = -1.0  # payload bytes a sample in the latest batch (none yet)
+        schema: list[tuple[str, Any]] = []
         while remaining:
             wanted = min(size, remaining)
-            piece = reader.next(wanted)
-            if piece is None:
-                return
-            if len(piece.cache_id) < wanted:
-                # Short before a read error, which the next call raises: raise it now,
-                # where the per-sample path would, not after a short batch.
-                reader.next(wanted)
-                raise RuntimeError("a native batch ended early without an error")
-            yield _pack(piece, shared)
+            if per_sample >= _GATHER_BYTES:
+                batch = _gather(reader, wanted, sink, schema, per_sample)
+                if batch is None:
+                    return
+            else:
+                piece = reader.next(wanted)
+                if piece is None:
+                    return
+                if len(piece.cache_id) < wanted:
+                    # Short before a read error, which the next call raises: raise it now,
+                    # where the per-sample path would, not after a short batch.
+                    reader.next(wanted)
+                    raise RuntimeError("a native batch ended early without an error")
+                schema = _schema(piece.columns)
+                batch = _pack(piece, sink)
+            per_sample = int(batch._layout[3]) / wanted
+            yield batch
             remaining -= wanted
 
 
@@ -596,6 +1016,7 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
         verbose: bool,
         batch_format: str = "samples",
         batch_transform: Callable[[TensorBatch], Any] | None = None,
+        prefetch: int | None = None,
     ) -> None:
         self.layout = layout
         self.recipe = recipe
@@ -603,6 +1024,7 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
         self.verbose = verbose
         self.tensors = batch_format == "tensors"
         self.batch_transform = batch_transform
+        self.prefetch = prefetch or 2
         self.resume = _Resume()
         self.pass_base = 0  # pass index of the consumer's first iter() in this process
         self._passes = 0
@@ -663,6 +1085,16 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
     def _batch_counts(self) -> list[int]:
         return [_batch_count(p.sample_count, self.layout) for p in self.layout.plans]
 
+    def worker_batches(self, pass_index: int) -> list[int]:
+        """The tensor path's batches of each DataLoader worker in pass ``pass_index``."""
+        workers = max(1, self.layout.workers)
+        counts = []
+        for worker in range(workers):
+            consumer = self.consumer(pass_index, worker)
+            count = self.positions(pass_index, consumer, workers)[1]
+            counts.append(-(-count // self.layout.batch_size))
+        return counts
+
     def positions(self, pass_index: int, consumer: int, workers: int) -> tuple[int, int, int, int]:
         """``(start, count, block_len, block_stride)`` consumer ``consumer`` (a worker
         index) reads in pass ``pass_index`` (see ``drt_iter_open_range``)."""
@@ -703,16 +1135,17 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
         if dataset is None:
             return iter(())
         if self.tensors:
+            in_worker = get_worker_info() is not None
+            if in_worker:
+                global _PREFETCH
+                _PREFETCH = self.prefetch
+            # In a worker, a transform's result is shared the way torch shares tensors.
+            sink = "pool" if not in_worker else "ring" if self.batch_transform is None else "shared"
             batches = _tensor_batches(
-                dataset,
-                start % 2**64,
-                count,
-                block_len,
-                block_stride,
-                layout.batch_size,
-                # A transform's result is shared the way torch shares tensors.
-                ring=self.batch_transform is None,
+                dataset, start % 2**64, count, block_len, block_stride, layout.batch_size, sink
             )
+            if in_worker:
+                return _bundles(batches, worker, self.batch_transform)
             if self.batch_transform is None:
                 return batches
             return map(self.batch_transform, batches)
@@ -799,7 +1232,14 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
         # Reference modes count a resumed pass's batches from its start.
         self._drt_steps = resume.steps if resumed else 0
         self._drt_dataset.begin(pass_index)
-        return self._drt_count(super().__iter__(), pass_index)
+        inner = super().__iter__()
+        if self._drt_dataset.tensors and self.num_workers:
+            # Workers send bundles of batches: flatten them in torch's order.
+            counts = self._drt_dataset.worker_batches(pass_index)
+            inner = _unbundle(inner, counts)
+        elif self._drt_dataset.tensors:
+            inner = _single_process(inner)
+        return self._drt_count(inner, pass_index)
 
     def _drt_count(self, inner: Iterator[Any], pass_index: int) -> Iterator[Any]:
         for batch in inner:
@@ -1124,6 +1564,7 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
             options.verbose,
             kwargs["batch_format"],
             batch_transform,
+            workers.prefetch,
         )
         loader = DatasetRTDataLoader(
             adapter,

@@ -505,6 +505,15 @@ int32_t drt_iter_window(drt_iter *iter, drt_iter_range *out);
  * Returns DRT_E_INVALID_CACHE, DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
 int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, uint32_t flags, drt_batch *out);
 
+/* Copies the payloads of a batch (any batch: from drt_iter_next_batch or drt_lookup_get,
+ * while it is valid) back to back into dst[0 .. capacity): payload i at the sum of the
+ * lengths before it, so a caller gathers a batch read without DRT_BATCH_CONTIGUOUS into
+ * memory of its own with one copy (ABI 1.5). *out_len is the bytes the payloads take, set
+ * even when they do not fit (nothing is copied then; DRT_E_INVALID_ARGUMENT).
+ * dst may be NULL when they take 0 bytes. Thread-safe for distinct dst. */
+int32_t drt_batch_copy_payloads(const drt_batch *batch, uint8_t *dst, uint64_t capacity,
+                                uint64_t *out_len);
+
 /* Cancels outstanding reads and releases the iterator's buffers. */
 void drt_iter_close(drt_iter *iter);
 

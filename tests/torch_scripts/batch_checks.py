@@ -15,6 +15,7 @@ import json
 import os
 import random
 import sys
+import time
 import warnings
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory
 
 import dataset_rt as drt
+from dataset_rt.integrations import torch as drt_torch
 from dataset_rt.integrations.torch import TensorBatch
 
 MIXED: list[str] = []
@@ -224,6 +226,124 @@ def check_pin_memory() -> None:
     check("payload(i)", batch.payload(-1).hex() == from_tensors(batch)["payloads"][-1])
 
 
+def shm_rings(pids: list[int]) -> set[str]:
+    """Names of files in /dev/shm that name one of ``pids`` (ring files of those
+    processes would; other work on the machine may have files of its own there)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {n for n in os.listdir("/dev/shm") if any(f"-{pid}-" in n for pid in pids)}
+
+
+def check_reused_memory() -> None:
+    """Batch memory is reused only once a batch is dropped: batches kept (all of a pass,
+    every other one, or across passes) keep their bytes while later ones are built, with
+    rings and pools small enough to wrap and fill (fresh memory then) many times."""
+    saved = drt_torch._RING_MIN_BYTES, drt_torch._POOL_MIN_BYTES, drt_torch._BUNDLE_BYTES
+    drt_torch._RING_MIN_BYTES = drt_torch._POOL_MIN_BYTES = 4096
+    drt_torch._BUNDLE_BYTES = 1024  # bundles of a few batches of this data
+    drt_torch._POOL = None
+    try:
+        for setup in SETUPS[:2]:
+            kwargs = {"worker_partition": "global", "shuffle": True, "seed": 3, **setup}
+            kwargs.update(batch_size=3, samples_per_epoch=60)
+            expected = passes(loader(MIXED, **kwargs), 3, from_samples)
+            data = loader(MIXED, **kwargs, batch_format="tensors")
+            kept = [list(data) for _ in range(2)]  # two whole passes kept
+            rendered = [[from_tensors(b) for b in one_pass] for one_pass in kept]
+            check(f"kept batches keep their bytes {setup}", rendered == expected[:2], rendered[:1])
+            alternate: list[Any] = []
+            rendered = []
+            for i, batch in enumerate(data):  # every other batch kept, the rest dropped
+                rendered.append(from_tensors(batch))
+                if i % 2:
+                    alternate.append((len(rendered) - 1, batch))
+            later = all(from_tensors(b) == rendered[i] for i, b in alternate)
+            check(f"every other batch kept {setup}", rendered == expected[2] and later)
+    finally:
+        drt_torch._RING_MIN_BYTES, drt_torch._POOL_MIN_BYTES, drt_torch._BUNDLE_BYTES = saved
+        drt_torch._POOL = None
+
+
+def check_gathered_batches() -> None:
+    """Batches of large records are gathered from several native batches straight into
+    their buffer: forced here for small records (every batch after the first, a reader
+    prefetch of 3, so 1 sample per native batch, and room for half the bytes foreseen,
+    so payloads spill), they are the per-sample path's."""
+    saved = drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK
+    drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK = 0, 0, 0.5
+    runtime = drt.DatasetRuntime(num_workers=1)
+    dataset = runtime.cached_dataset(MIXED, reader_config=drt.ReaderConfig(seed=0, prefetch_size=3))
+    calls = []
+    original = drt_torch._gather
+
+    def counting(*args: Any) -> Any:
+        calls.append(1)
+        return original(*args)
+
+    drt_torch._gather = counting
+    try:
+        for mode, setup in itertools.product(MODES, SETUPS[:2]):
+            kwargs = {**mode, **setup, "batch_size": 4, "samples_per_epoch": 23}
+            kwargs.update(verbose=False, native_num_workers=1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                samples = dataset.to_torch_dataloader(**kwargs)
+                tensors = dataset.to_torch_dataloader(**kwargs, batch_format="tensors")
+            expected = passes(samples, 2, from_samples)
+            got = passes(tensors, 2, from_tensors)
+            check(f"gathered batches {mode} {setup}", got == expected, (got[:1], expected[:1]))
+        check("gathered batches: gathered in-process", len(calls) > 10, len(calls))
+    finally:
+        drt_torch._gather = original
+        drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK = saved
+
+
+def check_rings_forgotten() -> None:
+    """After a pass of workers that do not persist, the training process keeps no
+    mapping of their rings but through batches it still holds, which stay intact."""
+    kwargs = {"batch_size": 3, "num_workers": 2, "persistent_workers": False}
+    kwargs.update(multiprocessing_context="fork", shuffle=False)
+    expected = passes(loader(MIXED, **kwargs), 1, from_samples)[0]
+    kept = list(loader(MIXED, **kwargs, batch_format="tensors"))
+    check("rings of exited workers are unmapped", not drt_torch._MAPPED, drt_torch._MAPPED)
+    check("their batches stay intact", [from_tensors(b) for b in kept] == expected)
+
+
+def check_killed_worker_leaves_nothing() -> None:
+    """A worker killed with batches in flight (its ring not yet mapped by the training
+    process) leaves no file behind: rings are unnamed shared memory."""
+    import signal
+
+    data = loader(
+        MIXED,
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+        batch_format="tensors",
+        samples_per_epoch=200,
+    )
+    iterator = iter(data)
+    time.sleep(1.0)  # the workers build their first batches; none is received yet
+    workers = data._iterator._workers
+    pids = [worker.pid for worker in workers]
+    # What a kill now would leave behind (rings not mapped by the training process).
+    unmapped = shm_rings(pids)
+    os.kill(workers[1].pid, signal.SIGKILL)
+    workers[1].join()
+    raised = False
+    try:
+        for _ in iterator:
+            pass
+    except RuntimeError:
+        raised = True
+    data._drt_shutdown_workers()
+    after = shm_rings(pids)
+    check("killed worker: the loader raises", raised)
+    check("unmapped rings have no file", not unmapped, sorted(unmapped))
+    check("killed worker: no ring file left", not after, sorted(after))
+
+
 def check_raises(name: str, call: Any, error: type[Exception], text: str) -> None:
     try:
         call()
@@ -290,6 +410,10 @@ def main() -> None:
         check_resume,
         check_pin_memory,
         check_validation,
+        check_reused_memory,
+        check_gathered_batches,
+        check_rings_forgotten,
+        check_killed_worker_leaves_nothing,
     ):
         try:
             step()

@@ -492,6 +492,49 @@ export fn drt_iter_next_batch(it: ?*IterHandle, max_count: u64, flags: u32, out:
     return ok();
 }
 
+export fn drt_batch_copy_payloads(b: ?*const abi.Batch, dst: ?[*]u8, capacity: u64, out_len: ?*u64) Rc {
+    const bt = b orelse return nullArgument("batch");
+    const o = out_len orelse return nullArgument("out_len");
+    status.clear();
+    const n: usize = @intCast(bt.count);
+    o.* = 0;
+    if (n == 0) return ok();
+    const lens = (bt.payload_lens orelse return nullArgument("batch.payload_lens"))[0..n];
+    const payloads = (bt.payloads orelse return nullArgument("batch.payloads"))[0..n];
+    var total: u64 = 0;
+    for (lens) |len| total += len;
+    o.* = total;
+    if (total > capacity) return fromError(status.fail(error.InvalidArgument, "the payloads take {d} bytes, the buffer has {d}", .{ total, capacity }));
+    if (total == 0) return ok();
+    const d = dst orelse return nullArgument("dst");
+    var at: usize = 0;
+    for (payloads, lens) |p, len| {
+        const l: usize = @intCast(len);
+        @memcpy(d[at..][0..l], p[0..l]);
+        at += l;
+    }
+    return ok();
+}
+
+test "drt_batch_copy_payloads gathers payloads back to back" {
+    const a = "abc";
+    const b2 = "";
+    const c = "defg";
+    const ptrs = [_][*]const u8{ a.ptr, b2.ptr, c.ptr };
+    const lens = [_]u64{ 3, 0, 4 };
+    const bt: abi.Batch = .{ .count = 3, .payloads = &ptrs, .payload_lens = &lens, .payload_base = null, .payload_offsets = null, .cache_ids = null, .sample_ids = null, .columns = null };
+    var buf: [8]u8 = undefined;
+    var len: u64 = 99;
+    try std.testing.expectEqual(@as(Rc, 0), drt_batch_copy_payloads(&bt, &buf, buf.len, &len));
+    try std.testing.expectEqual(@as(u64, 7), len);
+    try std.testing.expectEqualStrings("abcdefg", buf[0..7]);
+    try std.testing.expect(drt_batch_copy_payloads(&bt, &buf, 6, &len) != 0);
+    try std.testing.expectEqual(@as(u64, 7), len);
+    const empty: abi.Batch = .{ .count = 0, .payloads = null, .payload_lens = null, .payload_base = null, .payload_offsets = null, .cache_ids = null, .sample_ids = null, .columns = null };
+    try std.testing.expectEqual(@as(Rc, 0), drt_batch_copy_payloads(&empty, null, 0, &len));
+    try std.testing.expectEqual(@as(u64, 0), len);
+}
+
 export fn drt_iter_close(it: ?*IterHandle) void {
     if (it) |h| h.close();
 }
