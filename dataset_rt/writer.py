@@ -419,6 +419,7 @@ def _write_one(
             min(prefetch_size, BATCH_SAMPLES_MAX) if small else BATCH_SAMPLES_MAX,
             progress,
             timings,
+            step=prefetch_size,
             direct=compression == _native.Compression.NONE,
         )
         if feed is None:
@@ -448,15 +449,19 @@ class _Ingest:
         progress: _Progress | None,
         timings: _Timings | None,
         *,
+        step: int,
         direct: bool = False,
     ) -> None:
-        """``direct``: hand large payloads over one by one, by pointer (uncompressed
-        caches, where the library writes them from the caller's buffer)."""
+        """``step``: samples pulled at a time (``prefetch_size``); ``direct``: hand large
+        payloads over one by one, by pointer (uncompressed caches, where the library
+        writes them from the caller's buffer)."""
         self.writer = writer
         self.direct = direct
         self.timings = timings
         self.name = name
         self.batch_size = batch_size
+        # Samples pulled from the source at a time (the in-memory bound per step).
+        self.step = max(1, min(step, batch_size))
         self.progress = progress
         self.keys: list[str] | None = None
         self.kinds: list[Kind] = []
@@ -496,27 +501,47 @@ class _Ingest:
 
     def _batch(self, iterator: Iterator[Any], size: int) -> tuple[int, bool]:
         """Pull up to ``size`` samples and hand them over; returns the next batch size and
-        whether the source may have more."""
-        chunk: list[Any] = []
-        append = chunk.append
-        try:
-            for item in islice(iterator, size):
-                append(item)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as exc:
-            # The samples pulled before the failure are checked first, as when each
-            # sample is checked as it arrives.
-            self._take(chunk)
-            raise SourceFailure(python_error(exc)) from exc
-        count = len(chunk)
+        whether the source may have more.
+
+        Samples are pulled ``step`` (at most ``prefetch_size``) at a time and the batch
+        stops once its payloads reach BATCH_BYTES_MAX, so a source whose records grow
+        from small to large holds at most BATCH_BYTES_MAX plus one step of samples."""
+        payloads: list[Any] = []
+        rows: list[Any] = []
+        nbytes = 0
+        more = True
+        while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
+            want = min(self.step, size - len(payloads))
+            chunk: list[Any] = []
+            append = chunk.append
+            try:
+                for item in islice(iterator, want):
+                    append(item)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:
+                # The samples pulled before the failure are checked first, as when each
+                # sample is checked as it arrives.
+                self._take(chunk)
+                raise SourceFailure(python_error(exc)) from exc
+            if chunk:
+                step_payloads, step_rows = self._take(chunk)
+                del chunk
+                payloads.extend(step_payloads)
+                rows.extend(step_rows)
+                nbytes += sum(map(len, step_payloads))
+                if len(step_payloads) < want:
+                    more = False
+                    break
+            else:
+                more = False
+                break
+        count = len(payloads)
         if count == 0:
             return size, False
-        payloads, rows = self._take(chunk)
-        del chunk
-        nbytes = self._flush(payloads, rows)
+        self._flush(payloads, rows)
         average = max(1, nbytes // count)
-        return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), count == size
+        return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), more
 
     def _take(self, chunk: list[Any]) -> tuple[Any, Any]:
         """The payloads and metadata dicts of pulled samples, with the per-sample checks

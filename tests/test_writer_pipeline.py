@@ -66,3 +66,49 @@ def test_failure_in_a_later_batch_publishes_nothing(tmp_path: Path) -> None:
     assert result == drt.CacheWriteError("bad", "metadata field 'x' must be a finite float")
     assert not (tmp_path / "bad").exists()
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_batches_stay_within_the_byte_bound_when_records_grow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small records size batches up to thousands of samples; when the source switches to
+    large records, a batch still holds at most BATCH_BYTES_MAX plus one prefetch step."""
+    from dataset_rt import writer as writer_module
+
+    flushed: list[tuple[int, int]] = []
+    flush = writer_module._Ingest._flush
+
+    def recording_flush(self, payloads, rows):  # type: ignore[no-untyped-def]
+        flushed.append((len(payloads), sum(map(len, payloads))))
+        return flush(self, payloads, rows)
+
+    monkeypatch.setattr(writer_module._Ingest, "_flush", recording_flush)
+    big = 1 << 20
+
+    class Growing:
+        name = "growing"
+
+        def __iter__(self):
+            for i in range(20_000):
+                yield drt.CacheInput(b"s" * 16, {"i": i})
+            for i in range(40):
+                yield drt.CacheInput(bytes([i]) * big, {"i": 20_000 + i})
+
+    prefetch = 8
+    runtime = drt.DatasetRuntime(num_workers=2)
+    [result] = runtime.write_cache(
+        Growing(),
+        tmp_path,
+        writer_config=drt.WriterConfig(prefetch_size=prefetch, show_progress=False),
+    )
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    assert sum(count for count, _ in flushed) == 20_040
+    assert max(count for count, _ in flushed) > 1000  # small records: big batches
+    bound = writer_module.BATCH_BYTES_MAX + prefetch * big
+    assert max(nbytes for _, nbytes in flushed) <= bound
+    dataset = runtime.cached_dataset(
+        [result.path], reader_config=drt.ReaderConfig(seed=0, shuffle=False)
+    )
+    samples = list(dataset)
+    assert len(samples) == 20_040
+    assert samples[-1].data == bytes([39]) * big
