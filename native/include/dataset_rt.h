@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 4
+    DRT_ABI_VERSION_MINOR = 5
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -355,6 +355,13 @@ int32_t drt_dataset_epoch_len(drt_dataset *dataset, uint64_t *out);
 /* Sets the epoch length for iterators opened from now on (>= 1). Does not move the
  * cursor or draw counter. Thread-safe. */
 int32_t drt_dataset_set_epoch_len(drt_dataset *dataset, uint64_t epoch_len);
+
+/* Sets the read-ahead byte budget of iterators opened from now on (ABI 1.5): the read
+ * buffers of one iterator hold at most this many bytes (or one read, when a single
+ * record is larger), besides the prefetch_size bound. 0 (the default) picks a quarter of
+ * the CPU's last-level cache, between 2 and 16 MiB. Samples and order do not depend on
+ * it. Thread-safe. */
+int32_t drt_dataset_set_prefetch_bytes(drt_dataset *dataset, uint64_t prefetch_bytes);
 
 /* The stream state of a dataset (ABI 1.2): what the next iterator reads. */
 typedef struct drt_stream {
