@@ -160,8 +160,19 @@ const ByteRing = struct {
     live: usize = 0,
 
     fn deinit(r: *ByteRing, gpa: std.mem.Allocator) void {
-        gpa.free(r.mem);
+        freeBytes(gpa, r.mem);
         r.* = .{};
+    }
+
+    /// Uninitialized bytes: `gpa.alloc` would write `undefined` (0xaa) over all of them in
+    /// safety-checked builds, touching every page of the budget up front.
+    fn allocBytes(gpa: std.mem.Allocator, n: usize) error{OutOfMemory}![]u8 {
+        const p = gpa.rawAlloc(n, .@"1", @returnAddress()) orelse return error.OutOfMemory;
+        return p[0..n];
+    }
+
+    fn freeBytes(gpa: std.mem.Allocator, mem: []u8) void {
+        if (mem.len > 0) gpa.rawFree(mem, .@"1", @returnAddress());
     }
 
     /// Bytes handed out and not given back (counting the unused end before a wrap).
@@ -190,8 +201,8 @@ const ByteRing = struct {
             r.tail = 0;
             r.wrapped = false;
             if (n > r.mem.len) {
-                const mem = try gpa.alloc(u8, @max(n, capacity));
-                gpa.free(r.mem);
+                const mem = try allocBytes(gpa, @max(n, capacity));
+                freeBytes(gpa, r.mem);
                 r.mem = mem;
             }
         }
@@ -341,12 +352,18 @@ pub const Iter = struct {
     /// Plans and queues reads until the prefetch window or the byte budget is full, or
     /// the window ends. Before the first batch, plans the first record alone.
     fn fill(it: *Iter) status.Error!void {
+        return it.fillReads(std.math.maxInt(usize));
+    }
+
+    /// `fill`, planning at most `reads_max` reads.
+    fn fillReads(it: *Iter, reads_max: usize) status.Error!void {
         defer it.checkInvariants();
         const ds = it.ds;
         const prefetch = it.loc_ring.len;
         const window_limit = @min(it.schedule.count, it.delivered - it.held_samples + prefetch);
         const limit = if (it.started) window_limit else @min(window_limit, it.planned + 1);
-        while (it.planned < limit and it.used < it.slots.len) {
+        var reads: usize = 0;
+        while (it.planned < limit and it.used < it.slots.len and reads < reads_max) : (reads += 1) {
             const slot = &it.slots[(it.head + it.used) % it.slots.len];
             std.debug.assert(slot.read.state.load(.monotonic) != .queued and slot.file == null);
             const span = plan.next(ds, it.table, it.schedule, it.planned, limit, it.coalesce, it.loc_ring);
@@ -366,7 +383,12 @@ pub const Iter = struct {
                 slot.fail(err);
                 break :blk false;
             };
-            if (needs_read) try it.io.queue(&slot.read) else slot.read.skip();
+            if (!needs_read) {
+                slot.read.skip();
+            } else if (!it.started) {
+                // The first record: the consumer waits for it next, so it reads it itself.
+                io.runInline(&slot.read);
+            } else try it.io.queue(&slot.read);
         }
         try it.io.submit();
     }
@@ -461,9 +483,10 @@ pub const Iter = struct {
             const taken = try it.deliver(@min(max_count, half_window), it.budget / 2);
             std.debug.assert(taken >= 1 and taken <= half_window);
             it.held_samples = taken;
-            // The first record came alone; the rest of the window reads while the caller
-            // works on it.
-            if (first_batch) try it.fill();
+            // The first record came alone; the next read runs while the caller works on
+            // it (the rest of the window is planned on the next call, so the first sample
+            // never waits for a window's worth of submissions).
+            if (first_batch) try it.fillReads(1);
         } else {
             // Payloads are copied into the batch arena, so slots are released round by
             // round and a batch may be larger than the prefetch window.
@@ -641,8 +664,11 @@ fn expectEarlyCloseLeaksNothing(backend: io.Kind) !void {
                 const it = try env.openIter();
                 const view = try it.nextBatch(1, false);
                 try testing.expectEqual(@as(u64, 1), view.count);
-                // Reads are planned (queued, running or complete) beyond the one sample.
-                try testing.expectEqual(@min(prefetch, env.total()), it.planned);
+                // The next read is planned (queued, running or complete) beyond the one
+                // sample; the next call plans the rest of the window.
+                try testing.expect(it.planned > 1 or prefetch == 1);
+                _ = try it.nextBatch(1, false);
+                try testing.expectEqual(@min(prefetch + 1, env.total()), it.planned);
                 it.close();
             }
             {
