@@ -640,6 +640,74 @@ fn expectRanges(backend: io.Kind) !void {
     try testing.expectEqualStrings("max_count must be at least 1", status.lastMessage());
 }
 
+test "byte ring: FIFO allocations wrap, never overlap, and grow only when empty" {
+    const gpa = testing.allocator;
+    var r: ByteRing = .{};
+    defer r.deinit(gpa);
+    const a = (try r.alloc(gpa, 40, 100)).?; // grows to the capacity
+    try testing.expectEqual(@as(usize, 100), r.mem.len);
+    const b = (try r.alloc(gpa, 50, 100)).?;
+    try testing.expectEqual(@as(?[]u8, null), try r.alloc(gpa, 20, 100)); // 10 left at the end
+    try testing.expectEqual(@as(usize, 90), r.inUse());
+    r.free(a);
+    // 40 free at the start, 10 at the end: wraps to the start.
+    const c = (try r.alloc(gpa, 30, 100)).?;
+    try testing.expectEqual(@intFromPtr(r.mem.ptr), @intFromPtr(c.ptr));
+    try testing.expectEqual(@as(?usize, null), r.place(20)); // only 10 left before b
+    @memset(c, 1);
+    @memset(b, 2);
+    try testing.expect(std.mem.allEqual(u8, c, 1) and std.mem.allEqual(u8, b, 2));
+    r.free(b);
+    try testing.expectEqual(@as(usize, 30), r.inUse());
+    r.free(c);
+    try testing.expectEqual(@as(usize, 0), r.inUse());
+    // Empty: a read larger than the budget grows it; nothing else may be live then.
+    const big = (try r.alloc(gpa, 500, 100)).?;
+    try testing.expectEqual(@as(usize, 500), big.len);
+    try testing.expectEqual(@as(?[]u8, null), try r.alloc(gpa, 1, 100));
+    r.free(big);
+}
+
+/// Byte budgets from one byte (every read alone, each larger than the budget) to the
+/// default: the same samples in the same order, and the read buffers within
+/// `max(budget, largest read)`.
+fn expectBudgets(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    for ([_]u64{ 1, 300, 5000, 0 }) |budget| {
+        for ([_]u64{ 1, 3, 64 }) |prefetch| {
+            for ([_]bool{ false, true }) |shuffle| {
+                var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
+                defer env.close();
+                env.ds.setPrefetchBytes(budget);
+                var largest: u64 = 0;
+                for (env.ds.caches) |*c| {
+                    for (0..c.sampleCount()) |sid| largest = @max(largest, c.row(sid).byte_len);
+                }
+                for ([_]u64{ 1, 7, 1 << 20 }) |max_count| {
+                    for ([_]bool{ false, true }) |contiguous| {
+                        errdefer std.debug.print("budget {d} prefetch {d} shuffle {} max_count {d} contiguous {}\n", .{ budget, prefetch, shuffle, max_count, contiguous });
+                        const it = try env.openIter();
+                        defer it.close();
+                        try testing.expectEqual(env.total(), try env.expectEpoch(it, max_count, contiguous));
+                        const want = if (budget == 0) env.ds.auto_prefetch_bytes else budget;
+                        try testing.expectEqual(want, it.budget);
+                        // Coalesced reads stay below a quarter of the budget plus one record.
+                        try testing.expect(it.ring.mem.len <= @max(want, largest + want / 4));
+                    }
+                }
+            }
+        }
+    }
+}
+
+test "iterator (io_uring): every byte budget reads the same stream within its bound" {
+    try expectBudgets(.io_uring);
+}
+
+test "iterator (threads): every byte budget reads the same stream within its bound" {
+    try expectBudgets(.threads);
+}
+
 test "iterator (io_uring): explicit ranges, with validate_cache" {
     try expectRanges(.io_uring);
 }
