@@ -440,7 +440,8 @@ int32_t drt_iter_window(drt_iter *iter, drt_iter_range *out);
 
 /* Fills *out with the next up to max_count (>= 1) samples in stream order; out->count
  * is 0 at the end of the window. Without flags, payloads point into the read buffers and
- * a batch holds at most half of prefetch_size samples (at least one), so reads continue
+ * a batch holds at most half of prefetch_size samples and half the byte budget (at least
+ * one; an iterator's first batch holds one), so reads continue
  * while the caller works on it. With DRT_BATCH_CONTIGUOUS, payloads are copied into one
  * buffer and the batch holds max_count samples (fewer only at the end of the window or
  * before an error). When a record fails after some samples were batched, those samples
