@@ -49,6 +49,10 @@ const Table = dataset_mod.Table;
 
 pub const Schedule = plan.Schedule;
 
+/// A read shorter than this that the consumer would wait for at once runs on the
+/// consumer's thread (see `fill`).
+const inline_read_max = 64 << 10;
+
 /// Where one record's parts are after its slot is read and decoded.
 const Decoded = struct {
     json_at: u32,
@@ -385,8 +389,10 @@ pub const Iter = struct {
             };
             if (!needs_read) {
                 slot.read.skip();
-            } else if (!it.started) {
-                // The first record: the consumer waits for it next, so it reads it itself.
+            } else if (!it.started or (it.used == 1 and slot.span.len < inline_read_max)) {
+                // The consumer waits for this read next (the first record, or a small
+                // read when nothing else is in flight): it reads it itself, without a
+                // hand-off to another thread and back.
                 io.runInline(&slot.read);
             } else try it.io.queue(&slot.read);
         }
