@@ -275,8 +275,14 @@ def run_rss(spec: dict[str, Any], backend: str) -> dict[str, Any]:
 
     script = "from __future__ import annotations\n" + portable_source() + RSS_MAIN
     args = [spec["paths"]["w2"], spec["digests"]["w2"], str(spec["num_workers"]), backend]
+    # Run from the cache's directory: "-c" puts the working directory first on sys.path,
+    # which must not shadow the dataset_rt this process imported.
     proc = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, check=False
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=os.path.dirname(spec["paths"]["w2"]),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"RSS run failed:\n{proc.stderr[-2000:]}")
