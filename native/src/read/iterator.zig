@@ -374,7 +374,7 @@ pub const Iter = struct {
             // The budget: a read that does not fit waits until older buffers come back
             // (an empty ring takes any read, so one larger than the budget still runs).
             if (span.len > 0 and it.ring.live > 0 and
-                (it.ring.inUse() + span.len > it.budget or it.ring.place(@intCast(span.len)) == null)) break;
+                (it.ring.inUse() +| span.len > it.budget or it.ring.place(@intCast(span.len)) == null)) break;
             slot.span = span;
             it.planned += slot.span.count;
             it.used += 1;
@@ -523,9 +523,9 @@ pub const Iter = struct {
             const slot = it.slotAt(i);
             if (i == 0) try it.io.wait(&slot.read) else if (!slot.read.isDone()) break;
             if (bytes_max) |m| {
-                if (i > 0 and bytes + slot.span.len > m) break;
+                if (i > 0 and bytes +| slot.span.len > m) break;
             }
-            bytes += slot.span.len;
+            bytes +|= slot.span.len;
             std.debug.assert(slot.span.first + (if (i == 0) it.head_taken else 0) == it.delivered + taken);
             var k: u32 = if (i == 0) it.head_taken else 0;
             while (k < slot.span.count and taken < limit) : (k += 1) {
