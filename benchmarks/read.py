@@ -100,6 +100,7 @@ CONFIGS: list[dict[str, Any]] = [
         "w1_batches", f"W1 iter_batches({W1_BATCH}) ordered", "batches", ref=False, batch=W1_BATCH
     ),
     _config("w2_ordered_warm", "W2 ordered per-sample warm", "samples"),
+    _config("w2_shuffled_warm", "W2 shuffled per-sample warm", "samples", shuffle=True),
     _config(
         "w2_batches_warm",
         f"W2 iter_batches({W2_BATCH}) ordered warm",
@@ -262,6 +263,74 @@ def run_config(
     }
 
 
+def measure_reopen(
+    d: Any, rt: Any, path: str, digests: bytes, backend: str | None, runs: int
+) -> dict[str, Any]:
+    """Median and best time from opening ``path`` (an existing cache, page cache warm) to
+    holding its first sample, with default reader settings; every first sample verified."""
+    import time as _time
+
+    extra = {} if backend is None else {"io_backend": backend}
+    config = d.ReaderConfig(seed=0, **extra)
+    times = []
+    bad = 0
+    for _ in range(runs):
+        t0 = _time.perf_counter()
+        ds = rt.cached_dataset([path], reader_config=config)
+        sample = next(iter(ds))
+        times.append(_time.perf_counter() - t0)
+        check = SampleCheck(digests)
+        check.add(sample.data, sample.metadata, sample.cache_id, sample.sample_id)
+        bad += check.bad
+        del sample, ds
+    times.sort()
+    return {"median_s": times[len(times) // 2], "best_s": times[0], "runs": runs, "bad": bad}
+
+
+# Run in a fresh interpreter (ours or the reference's): read one whole epoch of W2
+# per-sample with default reader settings, verify every payload, print peak RSS (MiB).
+# Peak RSS is VmHWM of /proc/self/status: ru_maxrss would report the forking parent's
+# size (Linux carries the pre-exec peak over exec).
+RSS_MAIN = r"""
+import json, sys
+import dataset_rt as d
+
+path, digests_path, num_workers, backend = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+with open(digests_path, "rb") as handle:
+    digests = handle.read()
+rt = d.DatasetRuntime(num_workers=num_workers)
+extra = {} if backend == "-" else {"io_backend": backend}
+ds = rt.cached_dataset([path], reader_config=d.ReaderConfig(seed=0, **extra))
+check = SampleCheck(digests)
+for s in ds:
+    check.add(s.data, s.metadata, s.cache_id, s.sample_id)
+with open("/proc/self/status") as status:
+    hwm = [line for line in status if line.startswith("VmHWM:")][0]
+peak = int(hwm.split()[1]) / 1024
+print(json.dumps({"peak_mib": peak, "verify": check.summary()}))
+"""
+
+
+def run_rss(spec: dict[str, Any], backend: str) -> dict[str, Any]:
+    """Peak RSS of a fresh interpreter of ours reading W2 (see RSS_MAIN)."""
+    import subprocess
+
+    script = "from __future__ import annotations\n" + portable_source() + RSS_MAIN
+    args = [spec["paths"]["w2"], spec["digests"]["w2"], str(spec["num_workers"]), backend]
+    # Run from the cache's directory: "-c" puts the working directory first on sys.path,
+    # which must not shadow the dataset_rt this process imported.
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=os.path.dirname(spec["paths"]["w2"]),
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"RSS run failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
 REFERENCE_MAIN = r"""
 import json, sys
 import dataset_rt as d
@@ -271,6 +340,11 @@ rt = d.DatasetRuntime(num_workers=spec["num_workers"])
 out = {"version": __import__("importlib.metadata").metadata.version("dataset-rt"), "results": {}}
 for cfg in spec["configs"]:
     out["results"][cfg["key"]] = run_config(d, rt, cfg, spec, None)
+if spec.get("reopen_runs"):
+    with open(spec["digests"]["w2"], "rb") as handle:
+        w2_digests = handle.read()
+    runs = spec["reopen_runs"]
+    out["reopen"] = measure_reopen(d, rt, spec["paths"]["w2"], w2_digests, None, runs)
 print(json.dumps(out))
 """
 
@@ -388,15 +462,15 @@ def limit_for(cfg: dict[str, Any], limits: dict[str, float]) -> tuple[str, float
         return "py pread random", limits["py_random_rps"], "rps"
     if key == "w1_batches":
         return "page cache", limits["pagecache_bps"] / RECORD_BYTES["w1"], "rps"
-    if key in ("w2_ordered_warm", "w2_batches_warm"):
+    if key in ("w2_ordered_warm", "w2_shuffled_warm", "w2_batches_warm"):
         return "page cache", limits["pagecache_bps"], "bps"
     if key == "w2_ordered_cold":
         return "cold seq", limits["cold_seq_bps"], "bps"
     return "cold rand 1M d1", limits["cold_rand_bps"], "bps"
 
 
-# SPEC section 7 (measured there next to a page-cache read of about 18.7 GB/s).
-SPEC_PAGECACHE_BPS = 18.7e9
+# SPEC section 7 (its absolute W2 figures were measured next to a 21 GB/s page cache).
+SPEC_PAGECACHE_BPS = 21e9
 
 
 def target_for(
@@ -412,17 +486,22 @@ def target_for(
         ok = rps >= 1e6 and (ref_rps is None or rps >= 20 * ref_rps)
         return ">=1M/s, >=20x ref", yn(ok)
     if key == "w1_shuffled":
-        return ">=800k/s", yn(rps >= 800e3)
+        return ">=900k/s", yn(rps >= 900e3)
     if key == "w1_get_item":
         return ">=400k/s", yn(rps >= 400e3)
     if key == "w1_get_items":
         return ">=10M/s", yn(rps >= 10e6)
     if key == "w1_batches":
-        return ">=10M/s", yn(rps >= 10e6)
-    if key in ("w2_ordered_warm", "w2_batches_warm"):
-        # The absolute targets assume an 18.7 GB/s page cache; judged here as the same
-        # fraction of this machine's page-cache bandwidth.
-        absolute = 12e9 if key == "w2_ordered_warm" else 16e9
+        return ">=12M/s", yn(rps >= 12e6)
+    if key == "w2_batches_warm":
+        return ">=80% pc", yn(bps >= 0.8 * limits["pagecache_bps"])
+    if key in ("w2_ordered_warm", "w2_shuffled_warm"):
+        # 1.5x / 1.4x the reference measured in the same run; without it, the SPEC's
+        # absolute figure (20 / 18 GB/s next to a 21 GB/s page cache) as the same fraction
+        # of this machine's page-cache bandwidth.
+        factor, absolute = (1.5, 20e9) if key == "w2_ordered_warm" else (1.4, 18e9)
+        if ref_rps is not None:
+            return f">={factor}x ref", yn(rps >= factor * ref_rps)
         fraction = absolute / SPEC_PAGECACHE_BPS
         return (
             f">={absolute / GB:.0f} GB/s (~{fraction:.0%} pc)",
@@ -459,6 +538,68 @@ def verify_status(
     if any(other != v["ids"] for other in peer_ids):
         return "FAIL: shuffled order differs between implementations/backends"
     return f"ok ({v['distinct']:,} distinct)"
+
+
+REOPEN_LABEL = "W2 reopen -> first sample"
+RSS_LABEL = "W2 reader peak RSS"
+
+
+def print_reopen_and_memory(
+    ours_reopen: dict[str, dict[str, Any]],
+    ref_reopen: dict[str, Any] | None,
+    ours_rss: dict[str, dict[str, Any]],
+    ref_rss: dict[str, Any] | None,
+) -> list[str]:
+    """The reopen and peak-RSS table (SPEC section 7); returns verification problems."""
+    print()
+    print("## Reopen and memory (W2, default reader settings)")
+    print()
+    rows = []
+    problems = []
+    for backend, res in ours_reopen.items():
+        ok = res["median_s"] <= 2e-3
+        rows.append(
+            [
+                REOPEN_LABEL,
+                backend,
+                f"{res['median_s'] * 1e3:.2f} ms (best {res['best_s'] * 1e3:.2f})",
+                f"{ref_reopen['median_s'] * 1e3:.2f} ms" if ref_reopen else "-",
+                "<=2 ms",
+                "yes" if ok else "NO",
+                "ok" if res["bad"] == 0 else f"FAIL: {res['bad']} bad",
+            ]
+        )
+        if res["bad"]:
+            problems.append(f"{REOPEN_LABEL} [{backend}]: {res['bad']} bad first samples")
+    for backend, res in ours_rss.items():
+        ref_mib = ref_rss["peak_mib"] if ref_rss else None
+        ok = res["peak_mib"] <= (ref_mib if ref_mib is not None else 120)
+        verify = res["verify"]
+        status = "ok" if not verify["bad"] else f"FAIL: {verify['bad']} bad"
+        rows.append(
+            [
+                RSS_LABEL,
+                backend,
+                f"{res['peak_mib']:.0f} MiB",
+                f"{ref_mib:.0f} MiB" if ref_mib is not None else "-",
+                "<= ref" if ref_mib is not None else "<=120 MiB",
+                "yes" if ok else "NO",
+                status,
+            ]
+        )
+        if verify["bad"]:
+            problems.append(f"{RSS_LABEL} [{backend}]: {status}")
+    print_table(
+        ["measure", "backend", "ours", "ref", "target", "met", "verified"],
+        rows,
+        [False, False, True, True, False, False, False],
+    )
+    print()
+    print(
+        "reopen: median of the runs, open of a warm cache to the first sample in hand; "
+        "RSS: VmHWM of a fresh interpreter that read one W2 epoch per-sample."
+    )
+    return problems
 
 
 def main() -> int:
@@ -517,7 +658,10 @@ def run(
     (workdir / "limits.bin").unlink(missing_ok=True)
 
     configs = [c for c in CONFIGS if args.only.lower() in c["label"].lower()]
+    do_reopen = args.only.lower() in REOPEN_LABEL.lower()
+    do_rss = args.only.lower() in RSS_LABEL.lower()
     runnable = {k: v for k, v in spec.items() if k != "perm_list"}
+    reopen_runs = (10 if args.quick else 30) if do_reopen else 0
 
     ours: dict[tuple[str, str], dict[str, Any]] = {}
     rt = d.DatasetRuntime(num_workers=args.num_workers)
@@ -525,24 +669,49 @@ def run(
         for backend in BACKENDS:
             print(f"ours: {cfg['label']} [{backend}] ...", flush=True)
             ours[(cfg["key"], backend)] = run_config(d, rt, cfg, runnable, backend)
+    ours_reopen: dict[str, dict[str, Any]] = {}
+    if do_reopen:
+        w2_digests = Path(spec["digests"]["w2"]).read_bytes()
+        for backend in BACKENDS:
+            print(f"ours: {REOPEN_LABEL} [{backend}] ...", flush=True)
+            ours_reopen[backend] = measure_reopen(
+                d, rt, spec["paths"]["w2"], w2_digests, backend, reopen_runs
+            )
     del rt
+    ours_rss: dict[str, dict[str, Any]] = {}
+    if do_rss:
+        for backend in BACKENDS:
+            print(f"ours: {RSS_LABEL} [{backend}] (a fresh interpreter) ...", flush=True)
+            ours_rss[backend] = run_rss(runnable, backend)
 
     ref_results: dict[str, Any] = {}
+    ref_reopen: dict[str, Any] | None = None
+    ref_rss: dict[str, Any] | None = None
     ref_version = None
     ref = get_reference(not args.no_reference)
     ref_configs = [c for c in configs if c["ref"]]
-    if ref is not None and ref_configs:
+    if ref is not None and (ref_configs or do_reopen):
         print(
             f"reference: running {len(ref_configs)} configurations in {ref.python} ...", flush=True
         )
         spec_path = workdir / "reference-spec.json"
-        spec_path.write_text(json.dumps({**runnable, "configs": ref_configs}))
-        script = portable_source([run_config]) + REFERENCE_MAIN
+        spec_path.write_text(
+            json.dumps({**runnable, "configs": ref_configs, "reopen_runs": reopen_runs})
+        )
+        script = portable_source([run_config, measure_reopen]) + REFERENCE_MAIN
         try:
             out = ref.run_json(script, [str(spec_path)])
             ref_results, ref_version = out["results"], out["version"]
+            ref_reopen = out.get("reopen")
         except (RuntimeError, ValueError, OSError) as exc:
             print(f"reference: not available (its run failed: {exc})")
+    if ref is not None and do_rss:
+        print(f"reference: {RSS_LABEL} (a fresh interpreter) ...", flush=True)
+        args_rss = [spec["paths"]["w2"], spec["digests"]["w2"], str(args.num_workers), "-"]
+        try:
+            ref_rss = ref.run_json(portable_source() + RSS_MAIN, args_rss)
+        except (RuntimeError, ValueError, OSError) as exc:
+            print(f"reference: RSS run failed ({exc})")
 
     # ---------------------------------------------------------------- tables
     print()
@@ -661,6 +830,8 @@ def run(
             f"reference verified: {'ok' if ref_ok else 'FAILED'} "
             "(same checks; shuffled order compared with ours)"
         )
+    if ours_reopen or ours_rss:
+        problems += print_reopen_and_memory(ours_reopen, ref_reopen, ours_rss, ref_rss)
     for line in problems:
         print(f"VERIFY {line}")
     print(
@@ -674,6 +845,8 @@ def run(
                     "limits": limits,
                     "ours": {f"{k}/{b}": v for (k, b), v in ours.items()},
                     "reference": ref_results,
+                    "reopen": {"ours": ours_reopen, "reference": ref_reopen},
+                    "rss": {"ours": ours_rss, "reference": ref_rss},
                 },
                 indent=1,
             )

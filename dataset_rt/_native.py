@@ -825,6 +825,10 @@ class Dataset(_Handle):
         """``drt_dataset_set_epoch_len``."""
         check(lib.drt_dataset_set_epoch_len(self._ptr, epoch_len))
 
+    def set_prefetch_bytes(self, prefetch_bytes: int) -> None:
+        """``drt_dataset_set_prefetch_bytes`` (0: automatic)."""
+        check(lib.drt_dataset_set_prefetch_bytes(self._ptr, prefetch_bytes))
+
     def stream(self) -> Stream:
         """``drt_dataset_stream``."""
         out = ffi.new("drt_stream *")

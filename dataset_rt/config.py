@@ -260,6 +260,7 @@ DEFAULT_WRITER_CONFIG = WriterConfig()
 _READER_EXTENSION_DEFAULTS: dict[str, object] = {
     "io_backend": "auto",
     "sampling": "with_replacement",
+    "prefetch_bytes": 0,
 }
 
 
@@ -275,11 +276,15 @@ class ReaderConfig(_WithExtensions):
     verifies every checksum while loading and compares each sample's embedded metadata
     with its table row on every read. Unknown keys are rejected.
 
-    `io_backend` and `sampling` are this package's extensions (not in dataset-rt
-    0.4.8): which I/O backend reads shards (every backend returns the same samples in
-    the same order), and whether shuffled reading draws with replacement (the
-    reference) or in permutation passes. At their defaults the fields are omitted from
-    dumps, reprs and pickles (see the module docstring).
+    `io_backend`, `sampling` and `prefetch_bytes` are this package's extensions (not in
+    dataset-rt 0.4.8): which I/O backend reads shards (every backend returns the same
+    samples in the same order), whether shuffled reading draws with replacement (the
+    reference) or in permutation passes, and the read-ahead byte budget of an iterator
+    (0: automatic, a quarter of the CPU's last-level cache between 2 and 16 MiB), which
+    bounds read-ahead together with `prefetch_size` so large records never keep
+    `prefetch_size` of them in memory; samples and order never depend on it. At their
+    defaults the fields are omitted from dumps, reprs and pickles (see the module
+    docstring).
     """
 
     __module__ = _PUBLIC_MODULE
@@ -315,6 +320,15 @@ class ReaderConfig(_WithExtensions):
             "draws) or 'permutation' (passes that visit every active row exactly once in a "
             "seeded order; weights count only through duplicated rows). Ignored when "
             "shuffle=False. Omitted from dumps at its default."
+        ),
+    )
+    prefetch_bytes: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Extension: read-ahead byte budget per iterator, besides prefetch_size; 0 "
+            "picks a quarter of the CPU's last-level cache (2 to 16 MiB). A record larger "
+            "than the budget is read alone. Omitted from dumps at its default."
         ),
     )
 

@@ -107,6 +107,12 @@ class CachedDataset:
             )
         else:
             handle = _native.Dataset.open(runtime, paths, options)
+        prefetch_bytes = int(getattr(reader_config, "prefetch_bytes", 0))
+        if prefetch_bytes:
+            if not 0 < prefetch_bytes < 2**64:
+                handle.close()
+                raise OverflowError("prefetch_bytes does not fit in 64 bits")
+            handle.set_prefetch_bytes(prefetch_bytes)
         self = object.__new__(cls)
         self.cache_paths = list(paths)
         self.reader_config = reader_config

@@ -214,7 +214,15 @@ def test_facade_reexports_the_same_objects(facade: ModuleType) -> None:
         # io_backend is our extension and comes after the reference's fields.
         (
             ReaderConfig,
-            ["seed", "prefetch_size", "shuffle", "validate_cache", "io_backend", "sampling"],
+            [
+                "seed",
+                "prefetch_size",
+                "shuffle",
+                "validate_cache",
+                "io_backend",
+                "sampling",
+                "prefetch_bytes",
+            ],
         ),
     ],
 )
@@ -252,11 +260,13 @@ def test_config_field_order(cls: Any, fields: list[str]) -> None:
         ),
         (
             ReaderConfig,
-            # The reference's signature plus the io_backend and sampling extensions.
+            # The reference's signature plus the io_backend, sampling and prefetch_bytes
+            # extensions.
             "(*, seed: int, prefetch_size: typing.Annotated[int, Gt(gt=0)] = 64, "
             "shuffle: bool = True, validate_cache: bool = False, "
             "io_backend: Literal['auto', 'io_uring', 'threads'] = 'auto', "
-            "sampling: Literal['with_replacement', 'permutation'] = 'with_replacement') -> None",
+            "sampling: Literal['with_replacement', 'permutation'] = 'with_replacement', "
+            "prefetch_bytes: typing.Annotated[int, Ge(ge=0)] = 0) -> None",
         ),
     ],
 )

@@ -419,6 +419,13 @@ int32_t drt_dataset_epoch_len(drt_dataset *dataset, uint64_t *out);
  * cursor or draw counter. Thread-safe. */
 int32_t drt_dataset_set_epoch_len(drt_dataset *dataset, uint64_t epoch_len);
 
+/* Sets the read-ahead byte budget of iterators opened from now on (ABI 1.5): the read
+ * buffers of one iterator hold at most this many bytes (or one read, when a single
+ * record is larger), besides the prefetch_size bound. 0 (the default) picks a quarter of
+ * the CPU's last-level cache, between 2 and 16 MiB. Samples and order do not depend on
+ * it. Thread-safe. */
+int32_t drt_dataset_set_prefetch_bytes(drt_dataset *dataset, uint64_t prefetch_bytes);
+
 /* The stream state of a dataset (ABI 1.2): what the next iterator reads. */
 typedef struct drt_stream {
     uint64_t position;   /* next stream position (ordered cursor or draw counter) */
@@ -496,7 +503,8 @@ int32_t drt_iter_window(drt_iter *iter, drt_iter_range *out);
 
 /* Fills *out with the next up to max_count (>= 1) samples in stream order; out->count
  * is 0 at the end of the window. Without flags, payloads point into the read buffers and
- * a batch holds at most half of prefetch_size samples (at least one), so reads continue
+ * a batch holds at most half of prefetch_size samples and half the byte budget (at least
+ * one; an iterator's first batch holds one), so reads continue
  * while the caller works on it. With DRT_BATCH_CONTIGUOUS, payloads are copied into one
  * buffer and the batch holds max_count samples (fewer only at the end of the window or
  * before an error). When a record fails after some samples were batched, those samples

@@ -364,6 +364,12 @@ export fn drt_dataset_set_epoch_len(ds: ?*Dataset, epoch_len: u64) Rc {
     return call(Dataset.setEpochLen, .{ d, epoch_len });
 }
 
+export fn drt_dataset_set_prefetch_bytes(ds: ?*Dataset, prefetch_bytes: u64) Rc {
+    const d = ds orelse return nullArgument("dataset");
+    d.setPrefetchBytes(prefetch_bytes);
+    return ok();
+}
+
 export fn drt_dataset_stream(ds: ?*Dataset, out: ?*abi.Stream) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");

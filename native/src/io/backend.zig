@@ -162,6 +162,18 @@ pub const Io = union(Kind) {
     }
 };
 
+/// Runs a prepared, idle `read` to completion on the calling thread (`readAll`, then its
+/// hook), without a backend: for a read the caller is about to wait for anyway (an
+/// iterator's first record), where a hand-off to another thread only adds latency.
+pub fn runInline(read: *Read) void {
+    std.debug.assert(read.state.load(.monotonic) == .idle and read.buf.len > 0);
+    read.state.store(.queued, .monotonic);
+    const result = readAll(read.fd, read.buf, read.offset);
+    if (result == .ok) read.done_bytes = read.buf.len;
+    read.finish(result);
+    read.state.store(.done, .release);
+}
+
 /// Fills `buf` from `offset` of `fd` with positioned reads (a short read continues),
 /// on the calling thread: lookups and the thread pool share this one loop.
 pub fn readAll(fd: posix.fd_t, buf: []u8, offset: u64) Result {
@@ -278,4 +290,33 @@ test "readAll fills the buffer or says why not" {
     try testing.expectEqualStrings("3456", &buf);
     try testing.expectEqual(Result.eof, readAll(file.handle, &buf, 8));
     try testing.expectEqual(Result{ .os = .BADF }, readAll(-1, &buf, 0));
+}
+
+test "runInline completes a read on the calling thread and runs its hook" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.writeFile(.{ .sub_path = "f", .data = "0123456789" });
+    const file = try tmp.dir.openFile("f", .{});
+    defer file.close();
+    const Probe = struct {
+        read: Read = .{ .complete = onComplete },
+        completions: u32 = 0,
+        fn onComplete(r: *Read) void {
+            const p: *@This() = @fieldParentPtr("read", r);
+            p.completions += 1;
+        }
+    };
+    var probe: Probe = .{};
+    var buf: [4]u8 = undefined;
+    probe.read.prepare(file.handle, &buf, 2);
+    runInline(&probe.read);
+    try testing.expect(probe.read.isDone());
+    try testing.expectEqual(Result.ok, probe.read.result);
+    try testing.expectEqualStrings("2345", &buf);
+    try testing.expectEqual(@as(u32, 1), probe.completions);
+    // Past the end: eof, still done and hooked.
+    probe.read.prepare(file.handle, &buf, 8);
+    runInline(&probe.read);
+    try testing.expectEqual(Result.eof, probe.read.result);
+    try testing.expectEqual(@as(u32, 2), probe.completions);
 }

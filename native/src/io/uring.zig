@@ -1,7 +1,9 @@
 //! The io_uring backend: one ring per reader, driven by the thread that queues and waits
 //! (the consumer). Reads are queued as SQEs and submitted in one `io_uring_enter`; the
 //! waiter reaps completions, continues short reads where they stopped, and runs each
-//! read's completion hook on the reaping thread. Everything that churns between Zig
+//! read's completion hook on the reaping thread. Reads of 64 KiB and more are punted to
+//! io-wq (IOSQE_ASYNC), so their copies use the other cores even when the data is in
+//! the page cache. Everything that churns between Zig
 //! versions or kernels (std's IoUring API, errnos) stays in this file.
 //!
 //! Invariants:
@@ -27,6 +29,12 @@ pub fn available() bool {
 pub const Uring = struct {
     ring: linux.IoUring,
     in_flight: u32 = 0,
+    /// Reads of at least this many bytes are punted to the kernel's io-wq workers
+    /// (IOSQE_ASYNC) instead of being tried inline in io_uring_enter, where a page-cache
+    /// hit is copied on the submitting (consumer) thread: punted, the copies of
+    /// page-cache-resident data run on the other cores while the consumer works. Small
+    /// reads stay inline (a punt costs more than their copy).
+    async_min_bytes: u64 = 64 << 10,
 
     /// A ring with room for `reads_max` reads (rounded up to a power of two, at most 4096).
     pub fn init(reads_max: u32) error{Unavailable}!Uring {
@@ -49,11 +57,12 @@ pub const Uring = struct {
         const at: usize = @intCast(read.done_bytes);
         const buf = read.buf[at..];
         const offset = read.offset + read.done_bytes;
-        _ = u.ring.read(@intFromPtr(read), read.fd, .{ .buffer = buf }, offset) catch {
+        const sqe = u.ring.read(@intFromPtr(read), read.fd, .{ .buffer = buf }, offset) catch blk: {
             try u.submit();
-            _ = u.ring.read(@intFromPtr(read), read.fd, .{ .buffer = buf }, offset) catch
+            break :blk u.ring.read(@intFromPtr(read), read.fd, .{ .buffer = buf }, offset) catch
                 return status.fail(error.Internal, "io_uring submission queue stays full", .{});
         };
+        if (buf.len >= u.async_min_bytes) sqe.flags |= linux.IOSQE_ASYNC;
         u.in_flight += 1;
         std.debug.assert(u.in_flight <= u.ring.sq.sqes.len + u.ring.cq.cqes.len);
     }

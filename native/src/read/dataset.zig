@@ -36,7 +36,58 @@ pub const Options = struct {
     /// With a transport, paths that are URLs (`remote.isUrl`) open as caches on object
     /// storage (the dataset takes a reference); without one every path is local.
     remote: ?*remote.Remote = null,
+    /// Read-ahead byte budget per iterator (`prefetch_bytes`); 0 picks
+    /// `autoPrefetchBytes()`. Read-ahead is bounded by this and by `prefetch_size`.
+    prefetch_bytes: u64 = 0,
 };
+
+/// The automatic read-ahead budget: a quarter of the last-level cache (read from sysfs),
+/// between 2 and 16 MiB (8 MiB when sysfs does not say). Bytes read ahead stay in the CPU
+/// caches until the consumer copies them out, and no iterator pins `prefetch_size`
+/// large records in memory.
+pub fn autoPrefetchBytes() u64 {
+    const fallback: u64 = 8 << 20;
+    const llc = lastLevelCacheBytes() orelse return fallback;
+    return std.math.clamp(llc / 4, 2 << 20, 16 << 20);
+}
+
+/// The largest cache size cpu0 reports in /sys/devices/system/cpu/cpu0/cache/index*/size
+/// ("32768K"), or null.
+fn lastLevelCacheBytes() ?u64 {
+    var best: ?u64 = null;
+    var path_buf: [64]u8 = undefined;
+    var text_buf: [32]u8 = undefined;
+    for (0..8) |i| {
+        const path = std.fmt.bufPrint(&path_buf, "/sys/devices/system/cpu/cpu0/cache/index{d}/size", .{i}) catch return best;
+        const text = std.fs.cwd().readFile(path, &text_buf) catch continue;
+        if (parseCacheSize(std.mem.trim(u8, text, " \n"))) |n| best = @max(best orelse 0, n);
+    }
+    return best;
+}
+
+fn parseCacheSize(text: []const u8) ?u64 {
+    if (text.len == 0) return null;
+    const unit: u64 = switch (text[text.len - 1]) {
+        'K' => 1 << 10,
+        'M' => 1 << 20,
+        'G' => 1 << 30,
+        '0'...'9' => 1,
+        else => return null,
+    };
+    const digits = if (unit == 1) text else text[0 .. text.len - 1];
+    const n = std.fmt.parseInt(u64, digits, 10) catch return null;
+    return std.math.mul(u64, n, unit) catch null;
+}
+
+test "cache sizes parse as sysfs prints them; the automatic budget is clamped" {
+    try std.testing.expectEqual(@as(?u64, 32 << 20), parseCacheSize("32768K"));
+    try std.testing.expectEqual(@as(?u64, 1 << 20), parseCacheSize("1M"));
+    try std.testing.expectEqual(@as(?u64, 512), parseCacheSize("512"));
+    try std.testing.expectEqual(@as(?u64, null), parseCacheSize("K"));
+    try std.testing.expectEqual(@as(?u64, null), parseCacheSize("12Q"));
+    const auto = autoPrefetchBytes();
+    try std.testing.expect(auto >= 2 << 20 and auto <= 16 << 20);
+}
 
 /// A physical sample: cache position in the path list and sample id within it.
 pub const Loc = struct {
@@ -80,6 +131,8 @@ pub const Dataset = struct {
     options: Options,
     /// The backend iterators use (resolved from `options.io_backend` at open).
     io_kind: io.Kind,
+    /// `autoPrefetchBytes()`, read once at open.
+    auto_prefetch_bytes: u64,
     caches: []Cache,
     fields: []const schema.Field,
     /// prefix[i] = samples in caches before i; prefix[caches.len] = total.
@@ -152,6 +205,7 @@ pub const Dataset = struct {
             .runtime = rt.retain(),
             .options = options,
             .io_kind = io_kind,
+            .auto_prefetch_bytes = autoPrefetchBytes(),
             .caches = caches,
             .fields = caches[0].manifest.fields,
             .prefix = prefix,
@@ -400,6 +454,21 @@ pub const Dataset = struct {
         ds.mutex.lock();
         defer ds.mutex.unlock();
         return ds.epoch_len;
+    }
+
+    /// The read-ahead byte budget of iterators opened from now on (0: automatic).
+    pub fn setPrefetchBytes(ds: *Dataset, n: u64) void {
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        ds.options.prefetch_bytes = n;
+    }
+
+    /// The byte budget an iterator opened now gets (`auto_prefetch_bytes` for 0).
+    pub fn prefetchBytes(ds: *Dataset) u64 {
+        ds.mutex.lock();
+        const n = ds.options.prefetch_bytes;
+        ds.mutex.unlock();
+        return if (n == 0) ds.auto_prefetch_bytes else n;
     }
 
     pub fn setEpochLen(ds: *Dataset, n: u64) status.Error!void {

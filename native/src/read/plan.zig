@@ -1,6 +1,7 @@
 //! Planning reads: which stream positions an iterator reads (`Schedule`), and how the
 //! next planned positions become one positioned read (`next`): one record, or in ordered
-//! mode a run of records adjacent in one shard, coalesced up to `coalesce_bytes_max`.
+//! mode a run of records adjacent in one shard, coalesced up to a byte size the iterator
+//! chooses (at most `coalesce_bytes_max`; 0 reads every record alone).
 //!
 //! Invariants:
 //! - A span covers window indexes `[first, first + count)` with `count >= 1`, all in one
@@ -14,8 +15,8 @@ const Dataset = dataset_mod.Dataset;
 const Loc = dataset_mod.Loc;
 const Table = dataset_mod.Table;
 
-/// A coalesced read stops growing once it reaches this size (its last record may take it
-/// past it, by less than one record).
+/// A coalesced read stops growing once it reaches its size bound, at most this (its last
+/// record may take it past the bound, by less than one record).
 pub const coalesce_bytes_max = 4 << 20;
 
 /// Which stream positions an iterator reads: window index k (< count) maps to
@@ -52,10 +53,11 @@ pub const Span = struct {
 
 /// Plans the read that starts at window index `first` (< `limit`): locates each position
 /// (sampler → index row), stores its location in `locs[index % locs.len]`, and with
-/// `coalesce` extends the read over following records adjacent in the same shard.
+/// `coalesce > 0` extends the read over following records adjacent in the same shard
+/// while it is shorter than `coalesce` bytes.
 /// A record reaching past its shard ends the run, so it fails alone after the ones
 /// before it were delivered.
-pub fn next(ds: *const Dataset, table: *const Table, schedule: Schedule, first: u64, limit: u64, coalesce: bool, locs: []Loc) Span {
+pub fn next(ds: *const Dataset, table: *const Table, schedule: Schedule, first: u64, limit: u64, coalesce: u64, locs: []Loc) Span {
     std.debug.assert(first < limit and limit <= schedule.count);
     std.debug.assert(limit - first <= locs.len);
     const loc = ds.locate(table, schedule.position(first));
@@ -63,9 +65,9 @@ pub fn next(ds: *const Dataset, table: *const Table, schedule: Schedule, first: 
     const row = c.row(loc.sample_id);
     locs[@intCast(first % locs.len)] = loc;
     var span: Span = .{ .first = first, .count = 1, .cache = loc.cache, .shard_id = row.shard_id, .offset = row.offset, .len = row.byte_len };
-    if (!coalesce) return span;
+    if (coalesce == 0) return span;
     const shard_bytes = c.manifest.shards[@intCast(row.shard_id)].byte_len;
-    while (first + span.count < limit and span.len < coalesce_bytes_max and span.len <= shard_bytes -| span.offset) {
+    while (first + span.count < limit and span.len < coalesce and span.len <= shard_bytes -| span.offset) {
         const at = first + span.count;
         const following = ds.locate(table, schedule.position(at));
         if (following.cache != loc.cache) break;
@@ -123,7 +125,7 @@ fn expectWellFormed(ds: *const Dataset, schedule: Schedule, span: Span, locs: []
 
 /// Plans a whole window the way an iterator with `locs.len` prefetch does; returns the
 /// count of each read, checked with `expectWellFormed`. Caller frees.
-fn planWindow(ds: *const Dataset, schedule: Schedule, coalesce: bool, locs: []Loc) ![]u32 {
+fn planWindow(ds: *const Dataset, schedule: Schedule, coalesce: u64, locs: []Loc) ![]u32 {
     var counts: std.ArrayList(u32) = .empty;
     errdefer counts.deinit(testing.allocator);
     var first: u64 = 0;
@@ -147,7 +149,7 @@ test "plan: shuffled mode (no coalescing) plans one record per read" {
     var locs: [16]Loc = undefined;
     for (0..schedule.count) |first| {
         const limit = @min(schedule.count, first + locs.len);
-        const span = next(ds, ds.table, schedule, first, limit, false, &locs);
+        const span = next(ds, ds.table, schedule, first, limit, 0, &locs);
         try testing.expectEqual(@as(u32, 1), span.count);
         const loc = ds.locate(ds.table, schedule.position(first));
         try testing.expectEqual(loc, locs[first % locs.len]);
@@ -163,7 +165,7 @@ test "plan: without coalescing even adjacent records are read one by one" {
     var env = try helpers.Env.openFixtures(testing.allocator, &.{"plain_one_shard"}, .{});
     defer env.close();
     var locs: [8]Loc = undefined;
-    const counts = try planWindow(env.ds, .{ .start = 0, .count = 120 }, false, &locs);
+    const counts = try planWindow(env.ds, .{ .start = 0, .count = 120 }, 0, &locs);
     defer testing.allocator.free(counts);
     try testing.expectEqual(@as(usize, 120), counts.len);
     for (counts) |c| try testing.expectEqual(@as(u32, 1), c);
@@ -177,30 +179,30 @@ test "plan: ordered mode coalesces adjacent records of a shard, never past the l
     const schedule: Schedule = .{ .start = 0, .count = 120 };
     var locs: [120]Loc = undefined;
     // The whole single-shard cache is one run of back-to-back records.
-    const all = next(ds, ds.table, schedule, 0, 120, true, &locs);
+    const all = next(ds, ds.table, schedule, 0, 120, coalesce_bytes_max, &locs);
     try expectWellFormed(ds, schedule, all, &locs);
     try testing.expectEqual(@as(u32, 120), all.count);
     try testing.expectEqual(@as(u64, 0), all.offset);
     try testing.expectEqual(c.manifest.shards[0].byte_len, all.len);
     // The limit ends a run: [3, 10) is seven records.
-    const part = next(ds, ds.table, schedule, 3, 10, true, &locs);
+    const part = next(ds, ds.table, schedule, 3, 10, coalesce_bytes_max, &locs);
     try expectWellFormed(ds, schedule, part, &locs);
     try testing.expectEqual(@as(u32, 7), part.count);
     try testing.expectEqual(c.row(3).offset, part.offset);
     // Every limit is honoured exactly when all records are adjacent.
     var limit: u64 = 1;
     while (limit <= 120) : (limit += 7) {
-        const span = next(ds, ds.table, schedule, 0, limit, true, &locs);
+        const span = next(ds, ds.table, schedule, 0, limit, coalesce_bytes_max, &locs);
         try testing.expectEqual(limit, span.count);
     }
-    try testing.expectEqual(@as(u32, 1), next(ds, ds.table, schedule, 119, 120, true, &locs).count);
+    try testing.expectEqual(@as(u32, 1), next(ds, ds.table, schedule, 119, 120, coalesce_bytes_max, &locs).count);
     // A window that wraps past the last sample: 115..119, then 0..4 from offset 0.
     const wrapping: Schedule = .{ .start = 115, .count = 10 };
-    const tail = next(ds, ds.table, wrapping, 0, 10, true, &locs);
+    const tail = next(ds, ds.table, wrapping, 0, 10, coalesce_bytes_max, &locs);
     try expectWellFormed(ds, wrapping, tail, &locs);
     try testing.expectEqual(@as(u32, 5), tail.count);
     try testing.expectEqual(c.manifest.shards[0].byte_len, tail.offset + tail.len);
-    const head = next(ds, ds.table, wrapping, 5, 10, true, &locs);
+    const head = next(ds, ds.table, wrapping, 5, 10, coalesce_bytes_max, &locs);
     try expectWellFormed(ds, wrapping, head, &locs);
     try testing.expectEqual(@as(u32, 5), head.count);
     try testing.expectEqual(@as(u64, 0), head.offset);
@@ -211,7 +213,7 @@ test "plan: a shard boundary ends a read" {
     defer env.close();
     const c = &env.ds.caches[0];
     var locs: [300]Loc = undefined;
-    const counts = try planWindow(env.ds, .{ .start = 0, .count = 300 }, true, &locs);
+    const counts = try planWindow(env.ds, .{ .start = 0, .count = 300 }, coalesce_bytes_max, &locs);
     defer testing.allocator.free(counts);
     // One read per shard, covering exactly the shard's records (they fill it).
     try testing.expectEqual(c.manifest.shards.len, counts.len);
@@ -256,7 +258,7 @@ test "plan: a cache boundary ends a read even where the next record is adjacent"
     try testing.expectEqual(last.offset + last.byte_len, following.offset);
 
     var locs: [120]Loc = undefined;
-    const counts = try planWindow(ds, .{ .start = 0, .count = 120 }, true, &locs);
+    const counts = try planWindow(ds, .{ .start = 0, .count = 120 }, coalesce_bytes_max, &locs);
     defer gpa.free(counts);
     try testing.expectEqualSlices(u32, &.{ 10, 110 }, counts);
 
@@ -273,7 +275,7 @@ test "plan: a cache boundary ends a read even where the next record is adjacent"
     var rotated = try helpers.Env.open(gpa, &.{ rotated_path, tail_path }, null, .{});
     defer rotated.close();
     try testing.expectEqual(rotated.ds.caches[0].row(0).offset, rotated.ds.caches[0].row(9).byte_len);
-    const rotated_counts = try planWindow(rotated.ds, .{ .start = 0, .count = 120 }, true, &locs);
+    const rotated_counts = try planWindow(rotated.ds, .{ .start = 0, .count = 120 }, coalesce_bytes_max, &locs);
     defer gpa.free(rotated_counts);
     try testing.expectEqualSlices(u32, &.{ 9, 1, 110 }, rotated_counts);
 }
@@ -293,7 +295,7 @@ test "plan: a non-adjacent offset ends a read" {
     var env = try helpers.Env.open(gpa, &.{path}, null, .{});
     defer env.close();
     var locs: [120]Loc = undefined;
-    const counts = try planWindow(env.ds, .{ .start = 0, .count = 120 }, true, &locs);
+    const counts = try planWindow(env.ds, .{ .start = 0, .count = 120 }, coalesce_bytes_max, &locs);
     defer gpa.free(counts);
     try testing.expectEqualSlices(u32, &.{ 1, 1, 1, 117 }, counts);
 }
@@ -329,7 +331,7 @@ test "plan: a read stops growing once it reaches coalesce_bytes_max" {
         var env = try helpers.Env.open(gpa, &.{path}, null, .{});
         defer env.close();
         var locs: [16]Loc = undefined;
-        const counts = try planWindow(env.ds, .{ .start = 0, .count = case.count }, true, &locs);
+        const counts = try planWindow(env.ds, .{ .start = 0, .count = case.count }, coalesce_bytes_max, &locs);
         defer gpa.free(counts);
         try testing.expectEqualSlices(u32, case.want, counts);
     }
@@ -351,7 +353,7 @@ test "plan: a record reaching past its shard ends the run before it and is plann
     var env = try helpers.Env.open(gpa, &.{path}, null, .{});
     defer env.close();
     var locs: [4]Loc = undefined;
-    const counts = try planWindow(env.ds, .{ .start = 0, .count = 4 }, true, &locs);
+    const counts = try planWindow(env.ds, .{ .start = 0, .count = 4 }, coalesce_bytes_max, &locs);
     defer gpa.free(counts);
     try testing.expectEqualSlices(u32, &.{ 2, 1, 1 }, counts);
 }

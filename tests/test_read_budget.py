@@ -1,0 +1,168 @@
+"""The read-ahead byte budget (``ReaderConfig.prefetch_bytes``): large records read with a
+tight budget hold memory within it, and no configuration changes what is read.
+
+Every configuration (I/O backend, ``prefetch_size``, byte budget, per-sample or
+``iter_batches`` of several sizes, ordered or shuffled, compressed or not) must return the
+same samples in the same order as the default configuration.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dataset_rt as drt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SAMPLES = 60
+
+
+class _Mixed:
+    """Records from a few bytes to 600 KiB (several larger than the tight budgets below)."""
+
+    name = "mixed"
+
+    def __iter__(self) -> Any:
+        for i in range(SAMPLES):
+            size = (i * 37 % 13) * 50_000 + i
+            yield drt.CacheInput(bytes([i % 251]) * size, {"i": i, "tag": f"t{i % 3}"})
+
+
+@pytest.fixture(scope="module", params=["none", "lz4"])
+def mixed_cache(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp(f"budget-{request.param}")
+    rt = drt.DatasetRuntime(num_workers=2)
+    config = drt.WriterConfig(
+        show_progress=False,
+        max_shard_bytes=2_000_000,  # several shards: coalesced reads end at shard ends
+        shard_compression=drt.ShardCompression(algo=request.param),
+    )
+    [result] = rt.write_cache(_Mixed(), base, writer_config=config)
+    assert type(result).__name__ == "CacheWriteSuccess", result
+    return Path(result.path)
+
+
+def _stream(dataset: Any, mode: int) -> list[tuple[int, int, bytes, dict[str, Any]]]:
+    """One epoch as (cache_id, sample_id, payload, metadata): per sample (mode 0) or
+    through ``iter_batches(mode)``."""
+    if mode == 0:
+        return [(s.cache_id, s.sample_id, s.data, s.metadata) for s in dataset]
+    out = []
+    for batch in dataset.iter_batches(mode):
+        assert 1 <= len(batch) <= mode
+        rows = batch.metadata.to_dicts()
+        for i in range(len(batch)):
+            out.append((int(batch.cache_id[i]), int(batch.sample_id[i]), batch.payload(i), rows[i]))
+    return out
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_every_configuration_reads_the_same_stream(
+    runtime, io_backend: str, mixed_cache: Path, shuffle: bool
+) -> None:
+    def open_dataset(**options: Any) -> Any:
+        config = drt.ReaderConfig(seed=5, shuffle=shuffle, io_backend=io_backend, **options)
+        return runtime.cached_dataset([mixed_cache], reader_config=config)
+
+    expected = _stream(open_dataset(), 0)
+    assert len(expected) == SAMPLES
+    if not shuffle:
+        assert [sid for _, sid, _, _ in expected] == list(range(SAMPLES))
+    for prefetch_size in (1, 3, 64):
+        # 1 byte: every read alone, each larger than the budget; 200,000: a few records;
+        # 0: the automatic budget.
+        for prefetch_bytes in (1, 200_000, 0):
+            for mode in (0, 1, 7, 500):
+                # A fresh dataset: its first window is the stream `expected` holds.
+                dataset = open_dataset(prefetch_size=prefetch_size, prefetch_bytes=prefetch_bytes)
+                got = _stream(dataset, mode)
+                assert got == expected, (prefetch_size, prefetch_bytes, mode)
+
+
+def test_prefetch_bytes_validation_and_dumps() -> None:
+    with pytest.raises(ValueError):
+        drt.ReaderConfig(seed=0, prefetch_bytes=-1)
+    # An extension at its default is invisible; a set value is kept.
+    assert "prefetch_bytes" not in drt.ReaderConfig(seed=0).model_dump()
+    assert drt.ReaderConfig(seed=0, prefetch_bytes=4096).model_dump()["prefetch_bytes"] == 4096
+
+
+BOUND = textwrap.dedent("""
+    import sys
+    import dataset_rt as drt
+
+    def hwm_mib():
+        with open("/proc/self/status") as status:
+            line = [x for x in status if x.startswith("VmHWM:")][0]
+        return int(line.split()[1]) / 1024
+
+    path, backend, budget, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    rt = drt.DatasetRuntime(num_workers=2)
+    ds = rt.cached_dataset([path], reader_config=drt.ReaderConfig(
+        seed=0, shuffle=False, prefetch_size=64, prefetch_bytes=budget, io_backend=backend))
+    if batches:
+        import numpy, polars  # their import is not the reader's memory
+        polars.DataFrame({"x": numpy.zeros(3)})
+    before = hwm_mib()
+    if batches:
+        for i, batch in enumerate(ds.iter_batches(1, copy=False)):
+            assert len(batch.data) == 2 << 20 and batch.data[0] == i
+    else:
+        for i, sample in enumerate(ds):
+            assert sample.data[:1] == bytes([i]) and len(sample.data) == 2 << 20
+    print(hwm_mib() - before)
+""")
+
+
+class _Big:
+    name = "big"
+
+    def __iter__(self) -> Any:
+        for i in range(64):
+            yield drt.CacheInput(bytes([i]) * (2 << 20), {"i": i})
+
+
+@pytest.fixture(scope="module")
+def big_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """64 records of 2 MiB in one shard (written here: the writer's own memory is not
+    part of the measurement)."""
+    base = tmp_path_factory.mktemp("budget-big")
+    rt = drt.DatasetRuntime(num_workers=2)
+    config = drt.WriterConfig(show_progress=False, max_shard_bytes=256 << 20)
+    [result] = rt.write_cache(_Big(), base, writer_config=config)
+    assert type(result).__name__ == "CacheWriteSuccess", result
+    return Path(result.path)
+
+
+def _growth_mib(path: Path, backend: str, budget: int, batches: bool) -> float:
+    """Peak RSS growth (MiB) of a fresh interpreter while it reads one epoch of ``path``."""
+    result = subprocess.run(
+        [sys.executable, "-c", BOUND, str(path), backend, str(budget), str(int(batches))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    return float(result.stdout.strip())
+
+
+@pytest.mark.parametrize("batches", [False, True])
+def test_tight_byte_budget_bounds_memory(big_cache: Path, io_backend: str, batches: bool) -> None:
+    """64 records of 2 MiB with prefetch_size=64: a 4 MiB budget keeps a few MiB in
+    memory; a budget of 1 GiB (bounded by prefetch_size only, as before the budget) holds
+    far more, so the measurement can tell them apart."""
+    tight = _growth_mib(big_cache, io_backend, 4 << 20, batches)
+    # The ring (4 MiB), one sample or batch in Python (2 MiB), allocator slack (about
+    # 6 MiB per-sample); batches add the batch arena (2 MiB) and Polars' per-frame
+    # allocations (about 29 MiB in all here).
+    bound = 40 if batches else 16
+    assert tight < bound, f"peak RSS grew by {tight:.0f} MiB with a 4 MiB budget"
+    loose = _growth_mib(big_cache, io_backend, 1 << 30, batches)
+    assert loose > tight + 32, (tight, loose)
