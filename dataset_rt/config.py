@@ -17,9 +17,10 @@ mean pydantic never has to resolve a name in that facade module while it is stil
 imported.
 """
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeAlias
+from typing import Annotated, Any, ClassVar, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -28,6 +29,8 @@ from pydantic import (
     Field,
     PositiveInt,
     SerializerFunctionWrapHandler,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
     model_serializer,
 )
 
@@ -46,6 +49,26 @@ __all__ = [
 # Pickles and reprs name the stable facade, as the reference's do, so a pickle
 # written by either implementation loads in the other.
 _PUBLIC_MODULE = "dataset_rt.api"
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def is_url(path: Any) -> bool:
+    """Whether ``path`` is an object store URL (``scheme://...``, not ``file://``): such a
+    cache path names a cache on object storage (``dataset_rt.remote``), as the core
+    decides for the same strings."""
+    return isinstance(path, str) and bool(_URL.match(path)) and not path.startswith("file://")
+
+
+def _url_or_directory(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A URL string as it is (a cache on object storage); anything else as
+    ``DirectoryPath`` validates it, with its messages."""
+    return value if is_url(value) else handler(value)
+
+
+# A cache path of `dataset.json`: an existing directory (the reference's rule and
+# messages) or an object store URL, kept as a string.
+CachePath: TypeAlias = Annotated[DirectoryPath, WrapValidator(_url_or_directory)]
 
 CompressionAlgo: TypeAlias = Literal["none", "lz4"]
 """Per-record payload compression of new shards."""
@@ -339,7 +362,9 @@ class DatasetConfiguration(BaseModel):
     Internal (not re-exported). Layout, validation and messages follow dataset-rt 0.4.8
     (reference section 2.8): strict types, unknown keys rejected, `version` must be 2,
     at least one `cache_paths` entry and each must be an existing directory (checked on
-    construction and on load), positive `num_workers`/`epoch_len`/`row_count`, and
+    construction and on load) or, our extension, an object store URL (`s3://...`, kept
+    as a string and checked when the dataset opens), positive
+    `num_workers`/`epoch_len`/`row_count`, and
     `metadata_file` fixed to `"metadata.arrow"`. The nested `reader_config` keeps
     `ReaderConfig`'s own (lax) rules, as in the reference. Write it with
     `model_dump_json(indent=2)` (no trailing newline) to produce the reference's bytes;
@@ -350,7 +375,7 @@ class DatasetConfiguration(BaseModel):
     model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
 
     version: Literal[2] = DATASET_CONFIG_VERSION
-    cache_paths: tuple[DirectoryPath, ...] = Field(min_length=1)
+    cache_paths: tuple[CachePath, ...] = Field(min_length=1)
     reader_config: ReaderConfig
     num_workers: PositiveInt
     epoch_len: PositiveInt

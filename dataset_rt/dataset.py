@@ -479,7 +479,7 @@ class CachedDataset:
         from a ``dataset.json`` written by :meth:`dump_config`. The stream starts at 0."""
         config, table = snapshot.load_config(path)
         runtime = _native.Runtime.open(config.num_workers)
-        dataset = cls._open(runtime, [Path(p) for p in config.cache_paths], config.reader_config)
+        dataset = cls._open(runtime, list(config.cache_paths), config.reader_config)
         dataset.update_metadata(table)
         dataset.set_epoch_len(config.epoch_len)
         return dataset

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dataset_rt import _native
+from dataset_rt.config import is_url as is_url  # the one rule; callers use remote.is_url
 
 CACHE_DIR_ENV = "DATASET_RT_CACHE_DIR"
 BUDGET_ENV = "DATASET_RT_SHARD_CACHE_BYTES"
@@ -35,17 +36,11 @@ DEFAULT_RETRIES = 5
 #: Upload part size: files larger than this are uploaded in parts of this size.
 UPLOAD_CHUNK = 16 << 20
 
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _TRANSIENT = re.compile(
     r"error sending request|connection|connect|reset|timed out|timeout|broken pipe|"
     r"\b5\d\d\b|slow ?down|incomplete|body",
     re.IGNORECASE,
 )
-
-
-def is_url(path: Any) -> bool:
-    """Whether ``path`` is an object store URL (``scheme://...``), as the core decides."""
-    return isinstance(path, str) and bool(_URL.match(path)) and not path.startswith("file://")
 
 
 def join(base: str, name: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import DirectoryPath, FilePath, TypeAdapter
 
 from dataset_rt import _native
-from dataset_rt.config import DatasetConfiguration
+from dataset_rt.config import DatasetConfiguration, is_url
 
 CONFIG_NAME = "dataset.json"
 METADATA_NAME = "metadata.arrow"
@@ -29,7 +29,7 @@ def dump_config(dataset: Any, path: str | os.PathLike[str]) -> Path:
         writer.write_table(table)
     _publish(directory, METADATA_NAME, sink.getvalue())
     config = DatasetConfiguration(
-        cache_paths=tuple(Path(p).resolve() for p in dataset.cache_paths),
+        cache_paths=tuple(p if is_url(p) else Path(p).resolve() for p in dataset.cache_paths),
         reader_config=dataset.reader_config,
         num_workers=dataset._runtime.num_workers,
         epoch_len=len(dataset),

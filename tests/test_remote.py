@@ -189,6 +189,30 @@ def test_mixed_local_and_remote_paths(runtime, s3_bucket, shard_cache, tmp_path)
     assert mixed.get_metadata().equals(plain.get_metadata())
 
 
+def test_dump_config_keeps_urls_and_from_config_reads_the_same(
+    runtime, s3_bucket, shard_cache, tmp_path
+) -> None:
+    """`dataset.json` names a remote cache by its URL (a local one by its resolved
+    directory), and the dataset it rebuilds reads the same stream; the PyTorch loader's
+    workers open their readers from the same file."""
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=90)
+    config = drt.ReaderConfig(seed=4, prefetch_size=8, shuffle=True)
+    mixed = runtime.cached_dataset([local / "a", f"{base}/b"], reader_config=config)
+    plain = runtime.cached_dataset([local / "a", local / "b"], reader_config=config)
+    saved = []
+    for name, dataset in (("mixed", mixed), ("plain", plain)):
+        (tmp_path / name).mkdir()
+        saved.append(dataset.dump_config(tmp_path / name))
+    assert json.loads(saved[0].read_text())["cache_paths"] == [
+        str((local / "a").resolve()),
+        f"{base}/b",
+    ]
+    # from_config installs the active table (weighted draws, as in 0.4.8): compare the
+    # rebuilt remote dataset with the rebuilt local one.
+    again = [drt.CachedDataset.from_config(path) for path in saved]
+    assert rows(again[0]) == rows(again[1])
+
+
 def test_write_never_replaces_and_from_cache_sources_reuses(
     runtime, s3_bucket, shard_cache
 ) -> None:
