@@ -30,7 +30,8 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Sequence
-from itertools import pairwise
+from itertools import pairwise, repeat
+from operator import add, sub
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, NoReturn, Protocol, TypeVar
 
@@ -875,9 +876,11 @@ class Batch:
 
         Per batch, a handful of C-level copies (``ffi.unpack``; no numpy: batches are
         small, and its per-call overhead would dominate); per sample, one payload slice.
-        Payloads live in several native buffers: one cffi buffer spanning from the lowest
-        payload address to the highest end lets each be sliced out with one C-level copy
-        (slicing reads only the payloads' own bytes, never the gaps between buffers)."""
+        Payloads live in several native buffers (and shard mappings): one cffi buffer
+        spanning from the lowest payload address past the highest end (bounded by the
+        highest start plus the longest length) lets each be sliced out with one C-level
+        copy (slicing reads only the payloads' own bytes, never the gaps between buffers).
+        The slices are made by C-level ``map`` calls, with no bytecode per sample."""
         raw = self._raw
         n = int(raw.count)
         if n == 0:
@@ -885,9 +888,9 @@ class Batch:
         starts = ffi.unpack(ffi.cast("uint64_t *", raw.payloads), n)
         lengths = ffi.unpack(raw.payload_lens, n)
         base = min(starts)
-        end = max(map(sum, zip(starts, lengths)))
-        span = ffi.buffer(ffi.cast("uint8_t *", base), end - base)
-        payloads = [span[a - base : a - base + length] for a, length in zip(starts, lengths)]
+        span = ffi.buffer(ffi.cast("uint8_t *", base), max(starts) - base + max(lengths))
+        at = list(map(sub, starts, repeat(base)))
+        payloads = list(map(span.__getitem__, map(slice, at, map(add, at, lengths))))
         columns = raw.columns
         values = [_column_values(columns[i], kind, n) for i, kind in enumerate(kinds)]
         return payloads, ffi.unpack(raw.cache_ids, n), ffi.unpack(raw.sample_ids, n), values
@@ -1119,6 +1122,10 @@ def _column_values(column: Any, kind: int, n: int) -> list[Any]:
         return ffi.unpack(ffi.cast("_Bool *", column.values), n)
     offsets = ffi.unpack(column.offsets, n + 1)
     data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
+    if data.isascii():
+        # One decode; byte offsets are character offsets.
+        text = data.decode("ascii")
+        return list(map(text.__getitem__, map(slice, offsets, offsets[1:])))
     return [data[a:b].decode("utf-8") for a, b in pairwise(offsets)]
 
 

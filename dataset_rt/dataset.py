@@ -164,7 +164,8 @@ class CachedDataset:
     def io_stats(self) -> dict[str, int]:
         """Read counters since the dataset was opened: ``uring_reads``, ``pool_reads``
         (prefetch reads by backend), ``lookup_reads`` (``get_item``, ``get_items``) and
-        ``bytes_read``."""
+        ``bytes_read``. Iterators serve records under 16 KiB whose pages are in the page
+        cache from a mapping of the shard: they count in ``bytes_read`` only."""
         return self._handle.io_stats()._asdict()
 
     def __iter__(self) -> Iterator[CachedSample]:

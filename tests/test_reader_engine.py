@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
+import mmap
+import os
 import shutil
 import subprocess
 import sys
@@ -16,9 +19,58 @@ from tests.conftest import FIXTURES
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_io_uring_really_reads(runtime, io_backend: str) -> None:
+def _resident_pages(path: Path) -> int:
+    """Pages of the files under ``path`` that are in the page cache (mincore)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    resident = 0
+    for name in sorted(p for p in path.rglob("*") if p.is_file() and p.stat().st_size > 0):
+        size = name.stat().st_size
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+            vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+            try:
+                assert libc.mincore(address, size, vec) == 0, os.strerror(ctypes.get_errno())
+            finally:
+                libc.munmap(address, size)
+            resident += sum(v & 1 for v in vec)
+        finally:
+            os.close(fd)
+    return resident
+
+
+def cold_copy(source: Path, target: Path) -> Path:
+    """A copy of a cache whose shards are not in the page cache (fsync, then
+    ``POSIX_FADV_DONTNEED``); skips where the page cache cannot be dropped (tmpfs)."""
+    shutil.copytree(source, target)
+    for name in (target / "shards").iterdir():
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if _resident_pages(target / "shards") > 0:
+        pytest.skip("the page cache cannot be dropped here (tmpfs?)")
+    return target
+
+
+def test_io_uring_really_reads(runtime, io_backend: str, tmp_path: Path) -> None:
+    """Records not in the page cache are read through the backend asked for."""
     dataset = runtime.cached_dataset(
-        [FIXTURES / "plain_many_shards"],
+        [cold_copy(FIXTURES / "plain_many_shards", tmp_path / "cold")],
         reader_config=drt.ReaderConfig(seed=0, io_backend=io_backend),
     )
     assert dataset.io_backend == io_backend
@@ -32,6 +84,33 @@ def test_io_uring_really_reads(runtime, io_backend: str) -> None:
     assert dataset.io_stats["lookup_reads"] == 1
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_resident_small_records_come_from_mappings(
+    runtime, io_backend: str, tmp_path: Path, shuffle: bool
+) -> None:
+    """Small records whose pages are in the page cache are served from shard mappings
+    (no read through the backend, bytes still counted), and give exactly the samples,
+    in the same order, that reads through the backend give."""
+    config = drt.ReaderConfig(seed=5, shuffle=shuffle, prefetch_size=8, io_backend=io_backend)
+    cold = runtime.cached_dataset(
+        [cold_copy(FIXTURES / "plain_many_shards", tmp_path / "cold")], reader_config=config
+    )
+    warm_path = tmp_path / "warm"
+    shutil.copytree(FIXTURES / "plain_many_shards", warm_path)
+    for name in (warm_path / "shards").iterdir():
+        name.read_bytes()  # in the page cache now
+    warm = runtime.cached_dataset([warm_path], reader_config=config)
+    for _ in range(2):  # two windows: each iterator maps the shards anew
+        read = [(s.sample_id, s.data, s.metadata) for s in cold]
+        mapped = [(s.sample_id, s.data, s.metadata) for s in warm]
+        assert mapped == read and len(read) == 300
+    stats = warm.io_stats
+    assert stats["uring_reads"] == 0 and stats["pool_reads"] == 0
+    assert stats["bytes_read"] == cold.io_stats["bytes_read"] > 0
+    cold_stats = cold.io_stats
+    assert cold_stats["uring_reads"] + cold_stats["pool_reads"] > 0
+
+
 def test_auto_backend_and_native_info(runtime) -> None:
     info = drt.native_info()
     assert info["abi"].startswith("1.")
@@ -43,15 +122,17 @@ def test_auto_backend_and_native_info(runtime) -> None:
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
 def test_io_uring_syscalls_under_strace(tmp_path: Path) -> None:
-    """Independent of our counters: the kernel sees io_uring_enter, not preads."""
+    """Independent of our counters: the kernel sees io_uring_enter, not preads (for
+    records not in the page cache; resident small records come from mappings)."""
     if not drt.native_info()["io_uring_available"]:
         pytest.skip("io_uring is not available here")
     script = tmp_path / "read.py"
+    cold = cold_copy(FIXTURES / "plain_many_shards", tmp_path / "cold")
     script.write_text(
         textwrap.dedent(f"""
         import dataset_rt as drt
         rt = drt.DatasetRuntime(num_workers=1)
-        ds = rt.cached_dataset([{str(FIXTURES / "plain_many_shards")!r}],
+        ds = rt.cached_dataset([{str(cold)!r}],
                                reader_config=drt.ReaderConfig(seed=0, io_backend="io_uring"))
         print(sum(len(s.data) for s in ds))
     """)

@@ -13,6 +13,14 @@
 //! read (no new pages to fault in, and bytes read ahead are still in the CPU caches when
 //! the consumer copies them out).
 //!
+//! Small records whose pages are in the page cache skip the backend: a run of them is one
+//! slot, split straight out of read-only shard mappings on the consumer thread when it is
+//! planned (`planMapped`; the mappings and their residency snapshots are `io/files.zig`
+//! `Maps`). Such a slot holds no read buffer; its payloads point into the mapping. A
+//! record is served this way only when a read would return the same bytes (it lies
+//! inside its shard's manifest length, and the file is at least that long), so both
+//! paths give the same samples, errors and order.
+//!
 //! Invariants (asserted in `checkInvariants`):
 //! - At most `prefetch_size` samples are planned and not yet released by the consumer
 //!   (in flight, completed, or in the batch last handed out), and the slots' buffers hold
@@ -37,6 +45,8 @@
 const std = @import("std");
 const status = @import("../base/status.zig");
 const shard = @import("../format/shard.zig");
+const manifest = @import("../format/manifest.zig");
+const index = @import("../format/index.zig");
 const io = @import("../io/backend.zig");
 const files_mod = @import("../io/files.zig");
 const dataset_mod = @import("dataset.zig");
@@ -53,24 +63,43 @@ pub const Schedule = plan.Schedule;
 /// consumer's thread (see `fill`).
 const inline_read_max = 64 << 10;
 
+/// Records shorter than this whose pages are in the page cache are served from a
+/// read-only mapping of their shard (see `Iter.mappedRecord`).
+pub const mapped_record_max = 16 << 10;
+
+/// Records a step of a mapped run locates and prefetches together (see `planMapped`).
+const mapped_step = 16;
+
+/// A mapped record's bytes prefetched before it is decoded (its header, JSON and, for a
+/// small record, the payload the consumer copies out next).
+const prefetch_record_bytes = 1024;
+
 /// Where one record's parts are after its slot is read and decoded.
 const Decoded = struct {
-    json_at: u32,
-    json_len: u32,
-    /// Payload location: in `Slot.buf` or, for lz4, in `Slot.raw`.
-    payload_at: u64,
-    payload_len: u64,
-    in_raw: bool,
+    /// In `Slot.buf` or in a shard mapping: both stay put while the slot is in use.
+    json: []const u8,
+    /// The stored payload, where `json` is; unused for lz4 (`in_raw`).
+    payload: []const u8,
+    /// lz4: the payload is `raw_len` bytes at `raw_at` of `Slot.raw` (which may move
+    /// while the slot decodes, so it is located when the sample is taken).
+    raw_at: u64 = 0,
+    raw_len: u64 = 0,
+    in_raw: bool = false,
 };
 
-/// One positioned read of a planned span and its decoded records.
+/// One positioned read of a planned span and its decoded records, or (`mapped`) a run of
+/// records decoded straight from shard mappings, with no read.
 const Slot = struct {
     read: io.Read = .{ .complete = onRead },
     it: *Iter = undefined,
     span: plan.Span = undefined,
     file: ?files_mod.Files.Handle = null,
-    /// The span's bytes: a piece of the iterator's byte ring (empty for a 0-length span).
+    /// The span's bytes: a piece of the iterator's byte ring (empty for a 0-length span
+    /// and for a mapped run).
     buf: []u8 = &.{},
+    /// A run of records served from shard mappings: `span` holds only `first` and
+    /// `count` (`len` 0: no buffer), and the records were decoded when it was planned.
+    mapped: bool = false,
     raw: std.ArrayList(u8) = .empty,
     decoded: std.ArrayList(Decoded) = .empty,
     failure: ?status.Error = null,
@@ -118,7 +147,6 @@ const Slot = struct {
 
     /// Splits the records read and decompresses lz4 payloads into `raw`.
     fn decode(s: *Slot, ds: *Dataset) status.Error!void {
-        const gpa = ds.gpa;
         const c = &ds.caches[s.span.cache];
         const compression = c.manifest.shards[@intCast(s.span.shard_id)].compression;
         s.decoded.clearRetainingCapacity();
@@ -128,24 +156,24 @@ const Slot = struct {
         while (k < s.span.count) : (k += 1) {
             const loc = s.it.locAt(s.span.first + k);
             const row = c.row(loc.sample_id);
-            const image = s.buf[@intCast(at)..@intCast(at + row.byte_len)];
-            const rec = try shard.split(image);
-            var d: Decoded = .{
-                .json_at = @intCast(at + shard.header_bytes),
-                .json_len = @intCast(rec.json.len),
-                .payload_at = at + rec.payload_offset,
-                .payload_len = rec.stored_payload.len,
-                .in_raw = false,
-            };
-            if (compression == .lz4) {
-                d.payload_at = s.raw.items.len;
-                d.payload_len = try record.appendDecompressed(&s.raw, gpa, rec.stored_payload);
-                d.in_raw = true;
-            }
-            try s.decoded.append(gpa, d);
+            try s.decodeRecord(ds.gpa, s.buf[@intCast(at)..@intCast(at + row.byte_len)], compression);
             at += row.byte_len;
         }
         std.debug.assert(at == s.span.len);
+    }
+
+    /// Splits one record `image` (which stays where it is while the slot is in use) and
+    /// appends where its parts are; lz4 payloads are decompressed into `raw`.
+    fn decodeRecord(s: *Slot, gpa: std.mem.Allocator, image: []const u8, compression: manifest.Compression) status.Error!void {
+        const rec = try shard.split(image);
+        var d: Decoded = .{ .json = rec.json, .payload = rec.stored_payload };
+        if (compression == .lz4) {
+            d.raw_at = s.raw.items.len;
+            d.raw_len = try record.appendDecompressed(&s.raw, gpa, rec.stored_payload);
+            d.in_raw = true;
+            d.payload = &.{};
+        }
+        try s.decoded.append(gpa, d);
     }
 };
 
@@ -264,6 +292,15 @@ pub const Iter = struct {
     deferred_message: [status.message_bytes_max]u8 = undefined,
     deferred_len: usize = 0,
     files: files_mod.Files = .{},
+    /// Shard mappings for small resident records (see `mappedRecord`), and the last one
+    /// used (most runs stay in one shard).
+    maps: files_mod.Maps = .{},
+    last_map: ?struct { key: files_mod.Key, mapping: files_mod.Maps.Mapping } = null,
+    /// Records shorter than this may be served from a mapping (0: every record is read
+    /// through the backend; unit tests of the backends set it).
+    map_max: u64 = mapped_record_max,
+    /// Records served from mappings so far (tests check which path ran).
+    mapped_records: u64 = 0,
     batch: batch_mod.Buffers,
     /// The slots' read buffers, and the bytes they may hold (see //!).
     ring: ByteRing = .{},
@@ -370,12 +407,19 @@ pub const Iter = struct {
         while (it.planned < limit and it.used < it.slots.len and reads < reads_max) : (reads += 1) {
             const slot = &it.slots[(it.head + it.used) % it.slots.len];
             std.debug.assert(slot.read.state.load(.monotonic) != .queued and slot.file == null);
-            const span = plan.next(ds, it.table, it.schedule, it.planned, limit, it.coalesce, it.loc_ring);
+            const loc = ds.locate(it.table, it.schedule.position(it.planned));
+            if (it.planMapped(slot, loc, limit)) {
+                it.planned += slot.span.count;
+                it.used += 1;
+                continue;
+            }
+            const span = plan.nextFrom(ds, it.table, it.schedule, it.planned, loc, limit, it.coalesce, it.loc_ring);
             // The budget: a read that does not fit waits until older buffers come back
             // (an empty ring takes any read, so one larger than the budget still runs).
             if (span.len > 0 and it.ring.live > 0 and
                 (it.ring.inUse() +| span.len > it.budget or it.ring.place(@intCast(span.len)) == null)) break;
             slot.span = span;
+            slot.mapped = false;
             it.planned += slot.span.count;
             it.used += 1;
             slot.failure = null;
@@ -397,6 +441,91 @@ pub const Iter = struct {
             } else try it.io.queue(&slot.read);
         }
         try it.io.submit();
+    }
+
+    /// The bytes of a small record whose pages were in the page cache when its shard was
+    /// mapped, in the shard's mapping; null when it is read through the backend: a large
+    /// record (the backend's reads copy it on the other cores and keep the resident set
+    /// bounded by the byte budget), a record not in the page cache (many reads in flight
+    /// beat one page fault at a time on the consumer), a record reaching past its shard's
+    /// manifest length (the read reports it), or a shard that is not mapped.
+    fn mappedRecord(it: *Iter, loc: Loc) ?struct { []const u8, manifest.Compression } {
+        const ds = it.ds;
+        const c = &ds.caches[loc.cache];
+        const row = c.row(loc.sample_id);
+        if (row.byte_len == 0 or row.byte_len >= it.map_max) return null;
+        const entry = &c.manifest.shards[@intCast(row.shard_id)];
+        if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) return null;
+        const key: files_mod.Key = .{ .cache = loc.cache, .shard_id = row.shard_id };
+        const mapping = if (it.last_map != null and std.meta.eql(it.last_map.?.key, key)) it.last_map.?.mapping else blk: {
+            const m = it.maps.get(ds.gpa, key, entry.byte_len, &it.files, Dataset.ShardOpener{ .ds = ds }) orelse return null;
+            it.last_map = .{ .key = key, .mapping = m };
+            break :blk m;
+        };
+        if (!mapping.residentRange(row.offset, row.byte_len)) return null;
+        return .{ mapping.bytes[@intCast(row.offset)..][0..@intCast(row.byte_len)], entry.compression };
+    }
+
+    /// Plans into `slot` the run of records from window index `planned` (located at
+    /// `first`) served from shard mappings: consecutive records, each `mappedRecord`, in
+    /// any cache and shard, up to `limit`, decoded here on the consumer thread (no read,
+    /// no buffer). A record that fails to decode ends the run and is raised in plan
+    /// order. Returns false, planning nothing, when the first record is not mapped.
+    ///
+    /// Shuffled records are scattered over the index and the shards, so each costs cache
+    /// and TLB misses: the run goes in steps of up to `mapped_step` records, each step
+    /// locating its records and prefetching their index rows, then prefetching their
+    /// bytes, then decoding them, so the misses of a step overlap. Steps start at one
+    /// record and double while records keep being mapped, so a record read through the
+    /// backend is located once, not a step's worth of times.
+    fn planMapped(it: *Iter, slot: *Slot, first: Loc, limit: u64) bool {
+        const ds = it.ds;
+        var locs: [mapped_step]Loc = undefined;
+        var images: [mapped_step][]const u8 = undefined;
+        var compressions: [mapped_step]manifest.Compression = undefined;
+        var count: u32 = 0;
+        var bytes: u64 = 0;
+        var step: u64 = 1;
+        slot.decoded.clearRetainingCapacity();
+        slot.raw.clearRetainingCapacity();
+        slot.failure = null;
+        run: while (true) {
+            const base = it.planned + count;
+            const n: usize = @intCast(@min(step, limit - base));
+            locs[0] = if (count == 0) first else ds.locate(it.table, it.schedule.position(base));
+            for (1..n) |j| {
+                locs[j] = ds.locate(it.table, it.schedule.position(base + j));
+                const c = &ds.caches[locs[j].cache];
+                @prefetch(c.index_map.ptr + locs[j].sample_id * index.row_bytes, .{});
+            }
+            var mapped: usize = 0;
+            while (mapped < n) : (mapped += 1) {
+                images[mapped], compressions[mapped] = it.mappedRecord(locs[mapped]) orelse break;
+                const image = images[mapped];
+                var at: usize = 0;
+                while (at < @min(image.len, prefetch_record_bytes)) : (at += 64) @prefetch(image.ptr + at, .{});
+            }
+            for (0..mapped) |j| {
+                it.loc_ring[@intCast((base + j) % it.loc_ring.len)] = locs[j];
+                count += 1;
+                bytes += images[j].len;
+                slot.decodeRecord(ds.gpa, images[j], compressions[j]) catch |err| {
+                    slot.fail(err);
+                    break :run;
+                };
+            }
+            if (mapped < n or base + n >= limit) break;
+            step = @min(step * 2, mapped_step);
+        }
+        if (count == 0) return false;
+        _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
+        it.mapped_records += count;
+        slot.mapped = true;
+        slot.span = .{ .first = it.planned, .count = count, .cache = first.cache, .shard_id = 0, .offset = 0, .len = 0 };
+        slot.buf = &.{};
+        slot.read.prepare(-1, &.{}, 0);
+        slot.read.skip();
+        return true;
     }
 
     /// Checks a planned slot's range, pins its shard descriptor and sizes its buffer.
@@ -435,10 +564,8 @@ pub const Iter = struct {
 
     fn addSample(it: *Iter, slot: *Slot, k: u32) status.Error!void {
         const d = slot.decoded.items[k];
-        const json = slot.buf[d.json_at..][0..d.json_len];
-        const payload_buf = if (d.in_raw) slot.raw.items else slot.buf;
-        const payload = payload_buf[@intCast(d.payload_at)..][0..@intCast(d.payload_len)];
-        try it.batch.add(it.ds, it.locAt(slot.span.first + k), json, payload);
+        const payload = if (d.in_raw) slot.raw.items[@intCast(d.raw_at)..][0..@intCast(d.raw_len)] else d.payload;
+        try it.batch.add(it.ds, it.locAt(slot.span.first + k), d.json, payload);
     }
 
     fn deferFailure(it: *Iter, err: status.Error) void {
@@ -562,6 +689,7 @@ pub const Iter = struct {
         for (it.slots) |*s| it.releaseFile(s);
         it.io.deinit();
         it.files.deinit();
+        it.maps.deinit(gpa);
         for (it.slots) |*s| s.deinit(gpa);
         it.ring.deinit(gpa);
         gpa.free(it.slots);
@@ -579,19 +707,26 @@ const testing = std.testing;
 const helpers = @import("testing.zig");
 
 /// Whole windows equal expected.json for every prefetch size, ordered and shuffled, in
-/// batches of 1, 7 and more than an epoch, slot-backed and contiguous.
+/// batches of 1, 7 and more than an epoch, slot-backed and contiguous, read through the
+/// backend and (the fixtures' pages are in the page cache once read) from the mappings.
 fn expectEpochs(backend: io.Kind) !void {
     const gpa = testing.allocator;
     for ([_]u64{ 1, 2, 3, 64 }) |prefetch| {
         for ([_]bool{ false, true }) |shuffle| {
             var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
             defer env.close();
-            for ([_]u64{ 1, 7, 1 << 20 }) |max_count| {
-                for ([_]bool{ false, true }) |contiguous| {
-                    errdefer std.debug.print("prefetch {d} shuffle {} max_count {d} contiguous {}\n", .{ prefetch, shuffle, max_count, contiguous });
-                    const it = try env.openIter();
-                    defer it.close();
-                    try testing.expectEqual(env.total(), try env.expectEpoch(it, max_count, contiguous));
+            for ([_]bool{ false, true }) |mapped| {
+                for ([_]u64{ 1, 7, 1 << 20 }) |max_count| {
+                    for ([_]bool{ false, true }) |contiguous| {
+                        errdefer std.debug.print("prefetch {d} shuffle {} mapped {} max_count {d} contiguous {}\n", .{ prefetch, shuffle, mapped, max_count, contiguous });
+                        const it = try env.openIter();
+                        defer it.close();
+                        if (!mapped) it.map_max = 0;
+                        try testing.expectEqual(env.total(), try env.expectEpoch(it, max_count, contiguous));
+                        if (mapped) {
+                            try testing.expect(it.mapped_records > 0);
+                        } else try testing.expectEqual(@as(u64, 0), it.mapped_records);
+                    }
                 }
             }
             // Every read went through the backend asked for.
@@ -676,7 +811,8 @@ test "byte ring: FIFO allocations wrap, never overlap, and grow only when empty"
 
 /// Byte budgets from one byte (every read alone, each larger than the budget) to the
 /// default: the same samples in the same order, and the read buffers within
-/// `max(budget, largest read)`.
+/// `max(budget, largest read)`. Every record goes through the backend (records served
+/// from mappings take no buffer).
 fn expectBudgets(backend: io.Kind) !void {
     const gpa = testing.allocator;
     for ([_]u64{ 1, 300, 5000, 0 }) |budget| {
@@ -694,6 +830,7 @@ fn expectBudgets(backend: io.Kind) !void {
                         errdefer std.debug.print("budget {d} prefetch {d} shuffle {} max_count {d} contiguous {}\n", .{ budget, prefetch, shuffle, max_count, contiguous });
                         const it = try env.openIter();
                         defer it.close();
+                        it.map_max = 0;
                         try testing.expectEqual(env.total(), try env.expectEpoch(it, max_count, contiguous));
                         const want = if (budget == 0) env.ds.auto_prefetch_bytes else budget;
                         try testing.expectEqual(want, it.budget);
@@ -775,7 +912,8 @@ const Corruption = enum {
 
 /// A corrupt sample fails the iterator only after every sample planned before it was
 /// delivered (a failure met mid-batch is deferred to the next call); the iterator then
-/// stays finished. Ordered and shuffled, every batch shape.
+/// stays finished. Ordered and shuffled, every batch shape, through the backend and from
+/// the mappings (a record past its shard's end is never mapped: it is read and fails).
 fn expectCorruptRecordDeferred(backend: io.Kind, corruption: Corruption) !void {
     const gpa = testing.allocator;
     const bad: u64 = 5;
@@ -805,11 +943,12 @@ fn expectCorruptRecordDeferred(backend: io.Kind, corruption: Corruption) !void {
         for ([_]bool{ false, true }) |shuffle| {
             var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle, .seed = 3 });
             defer env.close();
-            for (shapes) |shape| {
+            for (shapes) |shape| for ([_]bool{ false, true }) |mapped| {
                 const max_count, const contiguous = shape;
-                errdefer std.debug.print("{s}: prefetch {d} shuffle {} max_count {d} contiguous {}\n", .{ @tagName(corruption), prefetch, shuffle, max_count, contiguous });
+                errdefer std.debug.print("{s}: prefetch {d} shuffle {} mapped {} max_count {d} contiguous {}\n", .{ @tagName(corruption), prefetch, shuffle, mapped, max_count, contiguous });
                 const it = try env.openIter();
                 defer it.close();
+                if (!mapped) it.map_max = 0;
                 // Where the corrupt sample first appears in this window, if it does.
                 var first_bad: ?u64 = null;
                 for (0..it.schedule.count) |j| {
@@ -844,7 +983,7 @@ fn expectCorruptRecordDeferred(backend: io.Kind, corruption: Corruption) !void {
                 try testing.expectEqual(first_bad orelse it.schedule.count, k);
                 // Finished: no more samples, no second error.
                 try testing.expectEqual(@as(u64, 0), (try it.nextBatch(max_count, contiguous)).count);
-            }
+            };
         }
     }
 }

@@ -58,9 +58,13 @@ pub const Span = struct {
 /// A record reaching past its shard ends the run, so it fails alone after the ones
 /// before it were delivered.
 pub fn next(ds: *const Dataset, table: *const Table, schedule: Schedule, first: u64, limit: u64, coalesce: u64, locs: []Loc) Span {
+    return nextFrom(ds, table, schedule, first, ds.locate(table, schedule.position(first)), limit, coalesce, locs);
+}
+
+/// `next`, with the location of window index `first` already known (`loc`).
+pub fn nextFrom(ds: *const Dataset, table: *const Table, schedule: Schedule, first: u64, loc: Loc, limit: u64, coalesce: u64, locs: []Loc) Span {
     std.debug.assert(first < limit and limit <= schedule.count);
     std.debug.assert(limit - first <= locs.len);
-    const loc = ds.locate(table, schedule.position(first));
     const c = &ds.caches[loc.cache];
     const row = c.row(loc.sample_id);
     locs[@intCast(first % locs.len)] = loc;
