@@ -311,12 +311,12 @@ print(json.dumps({"peak_mib": peak, "verify": check.summary()}))
 """
 
 
-def run_rss(spec: dict[str, Any], backend: str) -> dict[str, Any]:
-    """Peak RSS of a fresh interpreter of ours reading W2 (see RSS_MAIN)."""
+def run_rss(spec: dict[str, Any], backend: str, wl: str = "w2") -> dict[str, Any]:
+    """Peak RSS of a fresh interpreter of ours reading workload ``wl`` (see RSS_MAIN)."""
     import subprocess
 
     script = "from __future__ import annotations\n" + portable_source() + RSS_MAIN
-    args = [spec["paths"]["w2"], spec["digests"]["w2"], str(spec["num_workers"]), backend]
+    args = [spec["paths"][wl], spec["digests"][wl], str(spec["num_workers"]), backend]
     # Run from the cache's directory: "-c" puts the working directory first on sys.path,
     # which must not shadow the dataset_rt this process imported.
     proc = subprocess.run(
@@ -324,7 +324,7 @@ def run_rss(spec: dict[str, Any], backend: str) -> dict[str, Any]:
         capture_output=True,
         text=True,
         check=False,
-        cwd=os.path.dirname(spec["paths"]["w2"]),
+        cwd=os.path.dirname(spec["paths"][wl]),
     )
     if proc.returncode != 0:
         raise RuntimeError(f"RSS run failed:\n{proc.stderr[-2000:]}")
@@ -541,18 +541,24 @@ def verify_status(
 
 
 REOPEN_LABEL = "W2 reopen -> first sample"
-RSS_LABEL = "W2 reader peak RSS"
+RSS_LABEL = "reader peak RSS"
+
+
+def rss_label(wl: str) -> str:
+    """The row label of workload ``wl``'s peak RSS ("W1 reader peak RSS")."""
+    return f"{wl.upper()} {RSS_LABEL}"
 
 
 def print_reopen_and_memory(
     ours_reopen: dict[str, dict[str, Any]],
     ref_reopen: dict[str, Any] | None,
     ours_rss: dict[str, dict[str, Any]],
-    ref_rss: dict[str, Any] | None,
+    ref_rss: dict[str, Any],
 ) -> list[str]:
-    """The reopen and peak-RSS table (SPEC section 7); returns verification problems."""
+    """The reopen and peak-RSS table (SPEC section 7); returns verification problems.
+    ``ours_rss`` is keyed ``"<wl>/<backend>"``, ``ref_rss`` by workload."""
     print()
-    print("## Reopen and memory (W2, default reader settings)")
+    print("## Reopen and memory (default reader settings)")
     print()
     rows = []
     problems = []
@@ -571,14 +577,16 @@ def print_reopen_and_memory(
         )
         if res["bad"]:
             problems.append(f"{REOPEN_LABEL} [{backend}]: {res['bad']} bad first samples")
-    for backend, res in ours_rss.items():
-        ref_mib = ref_rss["peak_mib"] if ref_rss else None
+    for key, res in ours_rss.items():
+        wl, backend = key.split("/")
+        label = rss_label(wl)
+        ref_mib = ref_rss[wl]["peak_mib"] if wl in ref_rss else None
         ok = res["peak_mib"] <= (ref_mib if ref_mib is not None else 120)
         verify = res["verify"]
         status = "ok" if not verify["bad"] else f"FAIL: {verify['bad']} bad"
         rows.append(
             [
-                RSS_LABEL,
+                label,
                 backend,
                 f"{res['peak_mib']:.0f} MiB",
                 f"{ref_mib:.0f} MiB" if ref_mib is not None else "-",
@@ -588,7 +596,7 @@ def print_reopen_and_memory(
             ]
         )
         if verify["bad"]:
-            problems.append(f"{RSS_LABEL} [{backend}]: {status}")
+            problems.append(f"{label} [{backend}]: {status}")
     print_table(
         ["measure", "backend", "ours", "ref", "target", "met", "verified"],
         rows,
@@ -597,7 +605,8 @@ def print_reopen_and_memory(
     print()
     print(
         "reopen: median of the runs, open of a warm cache to the first sample in hand; "
-        "RSS: VmHWM of a fresh interpreter that read one W2 epoch per-sample."
+        "RSS: VmHWM of a fresh interpreter that read one epoch per-sample (W1: shard "
+        "pages mapped for small records count)."
     )
     return problems
 
@@ -659,7 +668,7 @@ def run(
 
     configs = [c for c in CONFIGS if args.only.lower() in c["label"].lower()]
     do_reopen = args.only.lower() in REOPEN_LABEL.lower()
-    do_rss = args.only.lower() in RSS_LABEL.lower()
+    rss_workloads = [wl for wl in ("w1", "w2") if args.only.lower() in rss_label(wl).lower()]
     runnable = {k: v for k, v in spec.items() if k != "perm_list"}
     reopen_runs = (10 if args.quick else 30) if do_reopen else 0
 
@@ -679,14 +688,14 @@ def run(
             )
     del rt
     ours_rss: dict[str, dict[str, Any]] = {}
-    if do_rss:
+    for wl in rss_workloads:
         for backend in BACKENDS:
-            print(f"ours: {RSS_LABEL} [{backend}] (a fresh interpreter) ...", flush=True)
-            ours_rss[backend] = run_rss(runnable, backend)
+            print(f"ours: {rss_label(wl)} [{backend}] (a fresh interpreter) ...", flush=True)
+            ours_rss[f"{wl}/{backend}"] = run_rss(runnable, backend, wl)
 
     ref_results: dict[str, Any] = {}
     ref_reopen: dict[str, Any] | None = None
-    ref_rss: dict[str, Any] | None = None
+    ref_rss: dict[str, Any] = {}
     ref_version = None
     ref = get_reference(not args.no_reference)
     ref_configs = [c for c in configs if c["ref"]]
@@ -705,11 +714,11 @@ def run(
             ref_reopen = out.get("reopen")
         except (RuntimeError, ValueError, OSError) as exc:
             print(f"reference: not available (its run failed: {exc})")
-    if ref is not None and do_rss:
-        print(f"reference: {RSS_LABEL} (a fresh interpreter) ...", flush=True)
-        args_rss = [spec["paths"]["w2"], spec["digests"]["w2"], str(args.num_workers), "-"]
+    for wl in rss_workloads if ref is not None else []:
+        print(f"reference: {rss_label(wl)} (a fresh interpreter) ...", flush=True)
+        args_rss = [spec["paths"][wl], spec["digests"][wl], str(args.num_workers), "-"]
         try:
-            ref_rss = ref.run_json(portable_source() + RSS_MAIN, args_rss)
+            ref_rss[wl] = ref.run_json(portable_source() + RSS_MAIN, args_rss)
         except (RuntimeError, ValueError, OSError) as exc:
             print(f"reference: RSS run failed ({exc})")
 

@@ -358,7 +358,8 @@ typedef struct drt_io_stats {
     uint64_t uring_reads;   /* positioned reads completed through io_uring */
     uint64_t pool_reads;    /* positioned reads run on the worker pool */
     uint64_t lookup_reads;  /* random-access reads (drt_lookup_get, calling thread) */
-    uint64_t bytes_read;    /* bytes read by all of them */
+    uint64_t bytes_read;    /* bytes read by all of them, and by iterators from shard
+                               mappings (small records in the page cache: no read) */
 } drt_io_stats;
 
 /* Copies the dataset's read counters. Thread-safe. */

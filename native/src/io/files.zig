@@ -75,8 +75,11 @@ pub const Files = struct {
     }
 };
 
-/// Shards mapped at most by one reader (further shards are read with positioned reads).
+/// Shards mapped at most by one reader, and their bytes at most (further shards are read
+/// with positioned reads): bounds the address space, the page tables and the mapped
+/// pages a reader can hold.
 pub const maps_max = 64;
+pub const mapped_bytes_max = 1 << 30;
 
 /// The read-only shared mappings of one reader's shards, made on first use, with a
 /// snapshot of which pages were in the page cache then (`mincore`). A small read of
@@ -90,13 +93,16 @@ pub const maps_max = 64;
 /// raises SIGBUS, the risk the memory-mapped index.bin already carries.
 ///
 /// Mapped pages count in the process's resident set (shared page-cache pages, not
-/// anonymous memory) until the mappings are dropped with the reader.
+/// anonymous memory) once touched, until the mappings are dropped with the reader: a
+/// reader that touches every small record of a shard has the whole shard resident.
 ///
-/// Invariant: at most `maps_max` shards are mapped; a key seen once keeps its outcome
-/// (mapped, or null: read with positioned reads) until `deinit`.
+/// Invariant: at most `maps_max` shards and `mapped_bytes_max` bytes are mapped; a key
+/// seen once keeps its outcome (mapped, or null: read with positioned reads) until
+/// `deinit`.
 pub const Maps = struct {
     entries: std.AutoHashMapUnmanaged(Key, ?Mapping) = .empty,
     mapped: u32 = 0,
+    mapped_bytes: u64 = 0,
 
     pub const Mapping = struct {
         bytes: []align(std.heap.page_size_min) const u8,
@@ -119,13 +125,17 @@ pub const Maps = struct {
 
     /// The mapping of `key` (`want_len` bytes), made on first use from the descriptor
     /// `files` gives (`opener`), or null when it is not mapped: the file is shorter than
-    /// `want_len`, mapping failed, or `maps_max` shards are mapped already.
+    /// `want_len`, mapping failed, or `maps_max` shards or `mapped_bytes_max` bytes are
+    /// mapped already.
     pub fn get(m: *Maps, gpa: std.mem.Allocator, key: Key, want_len: u64, files: *Files, opener: anytype) ?Mapping {
         if (m.entries.get(key)) |e| return e;
-        if (m.mapped >= maps_max) return null;
+        if (m.mapped >= maps_max or want_len > mapped_bytes_max - m.mapped_bytes) return null;
         const entry = m.entries.getOrPut(gpa, key) catch return null;
         entry.value_ptr.* = mapShard(gpa, key, want_len, files, opener);
-        if (entry.value_ptr.* != null) m.mapped += 1;
+        if (entry.value_ptr.* != null) {
+            m.mapped += 1;
+            m.mapped_bytes += want_len;
+        }
         return entry.value_ptr.*;
     }
 
@@ -240,6 +250,14 @@ test "shards are mapped once, with their resident pages, within maps_max" {
     for (2..maps_max + 5) |c| _ = maps.get(gpa, .{ .cache = @intCast(c), .shard_id = 0 }, data.len, &fs, &opener);
     try std.testing.expectEqual(@as(u32, maps_max), maps.mapped);
     try std.testing.expect(maps.get(gpa, .{ .cache = 1000, .shard_id = 0 }, data.len, &fs, &opener) == null);
+    try std.testing.expectEqual(@as(u64, maps_max * data.len), maps.mapped_bytes);
+    // At most mapped_bytes_max bytes (a shard that would pass it is not even opened).
+    var few: Maps = .{};
+    defer few.deinit(gpa);
+    few.mapped_bytes = mapped_bytes_max - data.len + 1;
+    const opened = opener.opened;
+    try std.testing.expect(few.get(gpa, .{ .cache = 2000, .shard_id = 0 }, data.len, &fs, &opener) == null);
+    try std.testing.expectEqual(opened, opener.opened);
     // A page marked not resident makes every range touching it not resident.
     var copy = m;
     var vec = [_]u8{ 1, 0, 1, 1 };
