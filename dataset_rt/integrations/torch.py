@@ -28,7 +28,6 @@ import os
 import pickle
 import shutil
 import tempfile
-import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -43,6 +42,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from dataset_rt._buffers import Pool, Releases
+from dataset_rt._buffers import fit as _fit
+from dataset_rt._buffers import span as _span
 from dataset_rt.config import DatasetConfiguration
 from dataset_rt.integrations import _loading as plan
 from dataset_rt.integrations.loader_logging import loader_event as _event
@@ -388,7 +390,9 @@ def _allocate(nbytes: int, shared: bool) -> torch.Tensor:
 # the ring never waits for the caller: a batch that does not fit now (the caller keeps
 # many) gets fresh memory instead. A DataLoader worker's ring is an anonymous shared file
 # (memfd: no name, so nothing is left behind whoever dies) that the training process maps
-# once (its descriptor passed as torch passes one) and then only makes views of.
+# once (its descriptor passed as torch passes one) and then only makes views of. The
+# ring arithmetic, the in-order releases and the process-local pool are
+# dataset_rt._buffers' (which iter_batches uses too).
 _RING_HEADER = 64  # u64 at 0: bytes the receiver released; u64 at 8: its mapped token
 _RING_MIN_BYTES = 16 << 20
 _POOL_MIN_BYTES = 8 << 20
@@ -399,103 +403,19 @@ _BUNDLE_MAX = 16
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
-def _span(nbytes: int) -> int:
-    """Ring space taken by a batch of ``nbytes`` (64-byte aligned: every batch starts on
-    a cache line, and its int64/float64 sections stay aligned)."""
-    return (nbytes + 63) & ~63
-
-
 def _bundle_len(nbytes: int) -> int:
     """Batches per worker item for batches of ``nbytes``."""
     return max(1, min(_BUNDLE_MAX, _BUNDLE_BYTES // max(1, nbytes)))
 
 
-def _fit(produced: int, consumed: int, capacity: int, nbytes: int) -> int | None:
-    """The ring position of ``nbytes`` contiguous bytes free now, or None (a batch never
-    wraps: the tail it skips is released with it). Positions stay 64-byte aligned when
-    ``capacity`` and every ``nbytes`` are (see ``_span``)."""
-    start = produced
-    offset = start % capacity
-    if offset + nbytes > capacity:
-        start += capacity - offset
-    if nbytes > capacity or start + nbytes - consumed > capacity:
-        return None
-    return start
+_POOL: Pool | None = None
 
 
-class _Releases:
-    """In-order release of ring space whatever order batches are dropped in: ``publish``
-    gets the end of the longest released prefix (thread-safe: torch's pin-memory thread
-    drops batches too)."""
-
-    __slots__ = ("_lock", "_pending", "_publish")
-
-    def __init__(self, publish: Callable[[int], None]) -> None:
-        self._lock = threading.Lock()
-        self._pending: deque[list[Any]] = deque()
-        self._publish = publish
-
-    def view(
-        self, array: np.ndarray, at: int, nbytes: int, end: int
-    ) -> tuple[np.ndarray, torch.Tensor, list[Any]]:
-        """``array[at : at + nbytes]`` and a tensor over it, whose space is released (up
-        to ring position ``end``) once both and every view of them are gone, and the
-        entry that records it."""
-        region = array[at : at + nbytes]
-        entry = [end, False]
-        with self._lock:
-            self._pending.append(entry)
-        weakref.finalize(region, self._release, entry)
-        return region, torch.from_numpy(region), entry
-
-    def retarget(self, entry: list[Any], end: int) -> None:
-        """Release only up to ``end`` for ``entry`` (the latest, trimmed)."""
-        with self._lock:
-            entry[0] = end
-
-    def _release(self, entry: list[Any]) -> None:
-        with self._lock:
-            entry[1] = True
-            pending = self._pending
-            end = None
-            while pending and pending[0][1]:
-                end = pending.popleft()[0]
-            if end is not None:
-                self._publish(end)
-
-
-class _Pool:
-    """The ring of a process that builds batches for itself (``num_workers=0``, or a
-    worker whose ``batch_transform_fn`` gets them): one tensor, pre-faulted once."""
-
-    def __init__(self, capacity: int) -> None:
-        self.pid = os.getpid()
-        self.capacity = capacity
-        self.array = torch.empty(capacity, dtype=torch.uint8).numpy()
-        self.produced = 0
-        self.consumed = 0
-        self.releases = _Releases(self._publish)
-
-    def _publish(self, end: int) -> None:
-        self.consumed = end
-
-    def take(self, nbytes: int) -> tuple[np.ndarray, torch.Tensor, list[Any]] | None:
-        span = _span(nbytes)
-        start = _fit(self.produced, self.consumed, self.capacity, span)
-        if start is None:
-            return None
-        self.produced = start + span
-        return self.releases.view(self.array, start % self.capacity, nbytes, start + span)
-
-
-_POOL: _Pool | None = None
-
-
-def _pool_for(nbytes: int) -> _Pool:
+def _pool_for(nbytes: int) -> Pool:
     """This process's pool, with room for a few batches of ``nbytes``."""
     global _POOL
     if _POOL is None or _POOL.pid != os.getpid() or 4 * nbytes > _POOL.capacity:
-        _POOL = _Pool(max(_POOL_MIN_BYTES, 4 * _span(nbytes + nbytes // 4)))
+        _POOL = Pool(max(_POOL_MIN_BYTES, 4 * _span(nbytes + nbytes // 4)))
     return _POOL
 
 
@@ -576,7 +496,7 @@ class _Mapped:
         self.capacity = capacity
         self.array = np.frombuffer(self.map, dtype=np.uint8)
         self.header = self.array[:16].view(np.uint64)
-        self.releases = _Releases(self._publish)
+        self.releases = Releases(self._publish)
         self.header[1] = token
 
     def _publish(self, end: int) -> None:
@@ -584,7 +504,8 @@ class _Mapped:
 
     def view(self, start: int, nbytes: int) -> torch.Tensor:
         at = _RING_HEADER + start % self.capacity
-        return self.releases.view(self.array, at, nbytes, start + _span(nbytes))[1]
+        region, _ = self.releases.view(self.array, at, nbytes, start + _span(nbytes))
+        return torch.from_numpy(region)
 
 
 _MAPPED: dict[int, _Mapped] = {}  # writer pid -> its current ring
@@ -753,9 +674,8 @@ class _Space:
         if isinstance(self._owner, _Ring):
             self._owner.produced = end
             self.place = (self.start, nbytes, self._owner)
-        elif isinstance(self._owner, _Pool):
-            self._owner.produced = end
-            self._owner.releases.retarget(self._entry, end)  # type: ignore[arg-type]
+        elif isinstance(self._owner, Pool):
+            self._owner.trim(self._entry, self.start, nbytes)  # type: ignore[arg-type]
 
 
 def _reserve(nbytes: int, sink: str) -> _Space:
@@ -775,9 +695,9 @@ def _reserve(nbytes: int, sink: str) -> _Space:
         pool = _pool_for(nbytes)
         taken = pool.take(nbytes)
         if taken is not None:
-            raw, buffer, entry = taken
-            space = _Space(raw, buffer)
-            space._owner, space._entry, space.start = pool, entry, pool.produced - _span(nbytes)
+            raw, entry, start = taken
+            space = _Space(raw, torch.from_numpy(raw))
+            space._owner, space._entry, space.start = pool, entry, start
             return space
     buffer = _allocate(nbytes, sink != "pool")
     return _Space(buffer.numpy(), buffer)
