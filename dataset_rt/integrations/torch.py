@@ -396,6 +396,10 @@ def _allocate(nbytes: int, shared: bool) -> torch.Tensor:
 _RING_HEADER = 64  # u64 at 0: bytes the receiver released; u64 at 8: its mapped token
 _RING_MIN_BYTES = 16 << 20
 _POOL_MIN_BYTES = 8 << 20
+# Smaller batches of a process's own take fresh memory: the allocator hands back what the
+# previous batch freed (no page faults, still in the CPU caches; a ring's next region is
+# cold), about five times faster for a batch of 512 B records.
+_POOL_BATCH_MIN_BYTES = 1 << 20
 # A worker hands torch several batches per item (torch's per-item round trip between
 # processes costs ~0.2 ms here, more than building a batch of small records).
 _BUNDLE_BYTES = 4 << 20
@@ -680,8 +684,9 @@ class _Space:
 
 def _reserve(nbytes: int, sink: str) -> _Space:
     """``nbytes`` for a batch: ``sink`` ``"ring"`` (this worker's ring), ``"pool"`` (this
-    process's pool), ``"shared"`` (torch shared memory), falling back to fresh memory
-    (shared unless ``"pool"``) when the ring or pool is full."""
+    process's pool, from ``_POOL_BATCH_MIN_BYTES``), ``"shared"`` (torch shared memory),
+    falling back to fresh memory (shared unless ``"pool"``) when the ring or pool is
+    full."""
     if sink == "ring":
         ring = _worker_ring(nbytes, _PREFETCH)
         start = ring.reserve(nbytes)
@@ -691,7 +696,7 @@ def _reserve(nbytes: int, sink: str) -> _Space:
             space.place = (start, nbytes, ring)
             space._owner, space.start = ring, start
             return space
-    elif sink == "pool":
+    elif sink == "pool" and nbytes >= _POOL_BATCH_MIN_BYTES:
         pool = _pool_for(nbytes)
         taken = pool.take(nbytes)
         if taken is not None:
@@ -703,26 +708,51 @@ def _reserve(nbytes: int, sink: str) -> _Space:
     return _Space(buffer.numpy(), buffer)
 
 
+# Offsets of batches whose payloads all have one length, by (count, width), as bytes:
+# comparing bytes costs far less than numpy's element-wise checks on a batch of small
+# records (a handful of ufunc calls), and a loader meets few (count, width) pairs.
+_EVEN_OFFSETS: dict[tuple[int, int], bytes] = {}
+_EVEN_OFFSETS_MAX = 64
+
+
 def _width(offsets: np.ndarray) -> int:
     """The payload length when every payload has the same one, else -1."""
     count = len(offsets) - 1
     if not count:
         return -1
     width = int(offsets[1])
-    if int(offsets[-1]) != width * count or (offsets[1:] - offsets[:-1] != width).any():
+    if int(offsets[-1]) != width * count:
         return -1
-    return width
+    even = _EVEN_OFFSETS.get((count, width))
+    if even is None:
+        if len(_EVEN_OFFSETS) >= _EVEN_OFFSETS_MAX:
+            _EVEN_OFFSETS.clear()
+        steps = np.arange(count + 1, dtype=np.uint64) * np.uint64(width)
+        even = _EVEN_OFFSETS[(count, width)] = steps.tobytes()
+    return width if offsets.tobytes() == even else -1
+
+
+# Batch layouts by (count, schema): most batches of a pass have the same.
+_HEADERS: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[int, dict[str, Any]]] = {}
 
 
 def _header(count: int, schema: list[tuple[str, Any]]) -> tuple[int, dict[str, tuple[str, int]]]:
     """Where the payloads start in a batch of ``count`` samples of ``schema`` (column name,
-    numpy dtype or None for strings), and where each numeric column is."""
+    numpy dtype or None for strings), and where each numeric column is (shared: not to
+    be changed)."""
+    key = (count, tuple(schema))
+    known = _HEADERS.get(key)
+    if known is not None:
+        return known
     position = 8 * (count + 1) + 16 * count
     numeric: dict[str, tuple[str, int]] = {}
     for name, dtype in schema:
         if dtype is not None:
             numeric[name] = (dtype.kind, position)
             position += _padded(dtype.itemsize * count)
+    if len(_HEADERS) >= _EVEN_OFFSETS_MAX:
+        _HEADERS.clear()
+    _HEADERS[key] = (position, numeric)
     return position, numeric
 
 
@@ -760,12 +790,13 @@ def _finish(
     return batch
 
 
-def _pack(piece: Any, sink: str) -> TensorBatch:
+def _pack(piece: Any, sink: str, schema: list[tuple[str, Any]]) -> TensorBatch:
     """One ``TensorBatch`` from a contiguous native batch (``RawBatch``, its views valid
-    now): the payloads, offsets, identities and numeric metadata copied once into one
-    buffer from ``_reserve`` (8-byte aligned sections, the payloads last)."""
+    now, its columns' ``schema``): the payloads, offsets, identities and numeric
+    metadata copied once into one buffer from ``_reserve`` (8-byte aligned sections, the
+    payloads last)."""
     data, offsets, cache_id, sample_id, columns = piece
-    head, numeric = _header(len(cache_id), _schema(columns))
+    head, numeric = _header(len(cache_id), schema)
     space = _reserve(head + len(data), sink)
     space.raw[head:] = data
     return _finish(space, offsets, cache_id, sample_id, columns, head, numeric)
@@ -844,6 +875,11 @@ def _gather(
 
 
 _PREFETCH = 2  # torch's prefetch_factor in this worker (set when its iteration starts)
+# Per reader (a CachedDataset of this process): (payload bytes a sample, metadata schema)
+# of its latest tensor batch, so its next pass gathers from the first batch on.
+_RECORD_SIZES: weakref.WeakKeyDictionary[Any, tuple[float, list[tuple[str, Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _tensor_batches(
@@ -858,16 +894,20 @@ def _tensor_batches(
     """The ``TensorBatch`` es of ``count`` stream positions (as ``_iter_range`` numbers
     them) cut into batches of ``size``, the last one shorter: the batches torch's
     auto-batching makes of the same samples (with ``drop_last`` the plans give every
-    consumer whole batches, so there is no short one to drop). The first is one
-    contiguous native batch (it holds every sample asked for, unless the range ends or a
-    read fails); when records are large (``_GATHER_BYTES``), later ones gather their
-    payloads straight into the batch's buffer. Packed into ``sink`` (see ``_reserve``)."""
+    consumer whole batches, so there is no short one to drop). The first of a reader's
+    first pass is one contiguous native batch (it holds every sample asked for, unless
+    the range ends or a read fails); when records are large (``_GATHER_BYTES``), later
+    ones, and every batch of later passes, gather their payloads straight into the
+    batch's buffer (a contiguous batch costs the native iterator an arena of the batch's
+    size, faulted in again by every pass's new iterator). Packed into ``sink`` (see
+    ``_reserve``)."""
     if count <= 0:
         return
     with dataset._range_batches(start, count, block_len, block_stride) as reader:
         remaining = count
-        per_sample = -1.0  # payload bytes a sample in the latest batch (none yet)
-        schema: list[tuple[str, Any]] = []
+        # Payload bytes a sample in the latest batch, and the metadata schema: this
+        # reader's previous pass's, or none yet.
+        per_sample, schema = _RECORD_SIZES.get(dataset, (-1.0, []))
         while remaining:
             wanted = min(size, remaining)
             if per_sample >= _GATHER_BYTES:
@@ -883,9 +923,11 @@ def _tensor_batches(
                     # where the per-sample path would, not after a short batch.
                     reader.next(wanted)
                     raise RuntimeError("a native batch ended early without an error")
-                schema = _schema(piece.columns)
-                batch = _pack(piece, sink)
+                if not schema:  # (the same for every batch of a reader)
+                    schema = _schema(piece.columns)
+                batch = _pack(piece, sink, schema)
             per_sample = int(batch._layout[3]) / wanted
+            _RECORD_SIZES[dataset] = (per_sample, schema)
             yield batch
             remaining -= wanted
 
@@ -1162,9 +1204,12 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
         return self._drt_count(inner, pass_index)
 
     def _drt_count(self, inner: Iterator[Any], pass_index: int) -> Iterator[Any]:
+        # Through __dict__: DataLoader.__setattr__ (a Python function) checks every
+        # assignment, which costs about as much per batch as a small record's batch.
+        state = self.__dict__
         for batch in inner:
-            if self._drt_current == pass_index:
-                self._drt_steps += 1
+            if state["_drt_current"] == pass_index:
+                state["_drt_steps"] += 1
             yield batch
         if self._drt_current == pass_index:
             self._drt_current = None
