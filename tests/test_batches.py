@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -192,3 +193,58 @@ def test_batch_views_outlive_their_batch(runtime, large_cache, monkeypatch) -> N
         views += [batch.data[a:b][::1] for a, b in pairwise(offsets)]
         del batch
     assert [v.tobytes() for v in views] == expected
+
+
+def _until_error(items) -> tuple[list, str | None]:
+    got: list = []
+    try:
+        for item in items:
+            got += item
+    except Exception as exc:  # the error ends the stream, as per sample
+        return got, f"{type(exc).__name__}: {exc}"
+    return got, None
+
+
+@pytest.mark.parametrize("batch_size", [5, 64])
+def test_large_record_batches_stop_at_a_bad_record(
+    runtime, io_backend: str, tmp_path, batch_size: int, monkeypatch
+) -> None:
+    """A record that cannot be decoded in the middle of a batch of large records: the
+    samples before it come in a shorter batch, then the per-sample path's error, for
+    gathered batches (in the pool or fresh memory) as for zero-copy ones."""
+    from dataset_rt import dataset as dataset_module
+
+    config = drt.WriterConfig(
+        show_progress=False,
+        max_shard_bytes=8_000_000,
+        shard_compression=drt.ShardCompression(algo="lz4"),
+    )
+    [result] = runtime.write_cache(_Large(60), tmp_path, writer_config=config)
+    shard = sorted((Path(result.path) / "shards").iterdir())[0]
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(64)
+    shard.write_bytes(bytes(data))
+    reader = drt.ReaderConfig(seed=0, shuffle=False, io_backend=io_backend)
+
+    def samples():
+        for s in runtime.cached_dataset([result.path], reader_config=reader):
+            yield [(s.cache_id, s.sample_id, s.data, s.metadata)]
+
+    expected, error = _until_error(samples())
+    assert error is not None and 0 < len(expected) < 60
+    for pool in (True, False):
+        if pool:
+            monkeypatch.setattr(dataset_module, "_POOL_BATCH_MIN_BYTES", 0)
+        for copy in (True, False):
+            sizes = []
+
+            def batches(copy=copy, sizes=sizes):
+                dataset = runtime.cached_dataset([result.path], reader_config=reader)
+                for batch in dataset.iter_batches(batch_size, copy=copy):
+                    sizes.append(len(batch))
+                    yield _rows(batch)
+
+            got, got_error = _until_error(batches())
+            assert (got, got_error) == (expected, error), (pool, copy)
+            assert all(size == batch_size for size in sizes[:-1])
