@@ -14,9 +14,11 @@ each record a ``uint8`` array and an int label), in temporary directories read w
 (page cache), so the numbers are about per-sample and per-batch work, not the disk. Every
 reader goes through the records in order (``shuffle=False``, ``worker_partition="global"``),
 touching each batch's payloads and sample ids, and each line is the best of ``--repeat``
-timed passes after one untimed pass (which also starts persistent workers). The timed
-passes are interleaved (one pass of every reader, LitData's included, then the next
-round), so load from other work on the machine falls on every line alike:
+timed passes after one untimed pass (which also starts persistent workers), with the
+median CPU time a sample took in all processes (the DataLoader workers and LitData's
+side included). The timed passes are interleaved (one pass of every reader, LitData's
+included, then the next round), so load from other work on the machine falls on every
+line alike:
 
 - ``iter_batches``: the dataset's own batch reader (numpy batches), the ceiling;
 - ``loader samples``: ``to_torch_dataloader`` per sample (``CachedSample`` records and
@@ -82,17 +84,48 @@ def touch(batch: Any) -> int:
     return len(batch.sample_id) if batch.data is not None else 0
 
 
-def interleaved(passes: int, runs: dict[str, Any]) -> dict[str, tuple[float, int]]:
+def tree_cpu_seconds() -> float:
+    """CPU time (user + system) of this process and its live descendants so far (the
+    DataLoader workers, the LitData side and its workers; Linux ``/proc``, else this
+    process only). Per-process counters: a run's CPU is the difference of two calls
+    while the same processes live (persistent workers do)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    pending, seen, total = [os.getpid()], set(), 0.0
+    while pending:
+        pid = pending.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                pending += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            if pid == os.getpid():
+                usage = os.times()
+                total += usage.user + usage.system
+    return total
+
+
+def interleaved(passes: int, runs: dict[str, Any]) -> dict[str, tuple[float, int, float]]:
     """For each ``runs[label]() -> (seconds, samples)``: the best of ``passes`` runs
-    after one untimed run, the runs interleaved (round ``k`` runs every label once)."""
+    after one untimed run, the runs interleaved (round ``k`` runs every label once),
+    with the median CPU seconds (all processes: ``tree_cpu_seconds``) of its runs,
+    which says more than the time when other work shares the machine."""
     for run in runs.values():
         run()
-    results: dict[str, tuple[float, int]] = {}
+    results: dict[str, tuple[float, int, float]] = {}
+    cpu: dict[str, list[float]] = {label: [] for label in runs}
     for _ in range(passes):
         for label, run in runs.items():
+            before = tree_cpu_seconds()
             seconds, count = run()
+            cpu[label].append(tree_cpu_seconds() - before)
             if label not in results or seconds < results[label][0]:
-                results[label] = (seconds, count)
+                results[label] = (seconds, count, 0.0)
+    for label, (seconds, count, _) in results.items():
+        results[label] = (seconds, count, sorted(cpu[label])[len(cpu[label]) // 2])
     return results
 
 
@@ -111,12 +144,14 @@ def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def line(label: str, count: int, seconds: float, size: int, ceiling: float | None) -> float:
+def line(
+    label: str, count: int, seconds: float, cpu: float, size: int, ceiling: float | None
+) -> float:
     per_second = count / seconds
     share = f"{per_second / ceiling:>6.0%}" if ceiling else "      "
     print(
         f"  {label:<34} {per_second:>12,.0f} samples/s {per_second * size / 1e6:>8,.0f} MB/s "
-        f"{share}",
+        f"{share} {cpu / count * 1e6:>9,.2f} us CPU/sample",
         flush=True,
     )
     return per_second
@@ -279,8 +314,8 @@ def measure(size: int, count: int, args, lit_env) -> None:
             if litdata is not None:
                 litdata.close()
         ceiling = None
-        for label, (seconds, n) in results.items():
-            rate = line(label, n, seconds, size, ceiling)
+        for label, (seconds, n, cpu) in results.items():
+            rate = line(label, n, seconds, cpu, size, ceiling)
             ceiling = ceiling or rate
         print(f"  (load average after: {load_average()})", flush=True)
         del loaders
@@ -315,7 +350,11 @@ def main() -> None:
         f"{LITDATA}; load average at start: {load}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
-    print("(last column: share of iter_batches)")
+    print(
+        "(columns: best of the timed passes; share of iter_batches; median CPU time of all "
+        "processes (workers, LitData's side) per sample, in 10 ms ticks: on a busy machine "
+        "it says more than the rate)"
+    )
     lit_env = None if args.no_litdata else litdata_env()
     for size, count in zip(SIZES, (args.small, args.large)):
         measure(size, count, args, lit_env)

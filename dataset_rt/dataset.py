@@ -132,6 +132,8 @@ class CachedDataset:
         # Progress of the latest iterator, for state_dict(): [start, count, base, rest,
         # closed] (see _Progress).
         self._progress: _Progress | None = None
+        # iter_batches(copy=True)'s reused payload memory, kept from epoch to epoch.
+        self._batch_memory = _BatchMemory()
         return self
 
     def __reduce__(self) -> Any:
@@ -244,8 +246,17 @@ class CachedDataset:
         ``len + 1`` offsets, the identities as ``numpy.uint64`` arrays, and the embedded
         metadata as a Polars frame.
 
-        Lifetime: with ``copy=True`` (the default) the arrays own their memory and stay
-        valid as long as the caller keeps them. With ``copy=False``, ``data``,
+        Lifetime: with ``copy=True`` (the default) the arrays stay valid as long as the
+        caller keeps them (or any view of them). Each payload is copied once, from the
+        reader's buffers into the batch's memory. Batches of 8 MiB or more are built in
+        a pool the dataset keeps (about three of its largest batches, at most 1 GiB;
+        pages faulted in once, not per batch): ``data`` is a view of it, whose space comes
+        back for a later batch when ``data`` and every view of it are gone (a
+        ``memoryview`` or a buffer handed to C keeps it, as the buffer protocol does). A
+        consumer that keeps batches gets fresh memory (owned by its arrays) once the pool
+        is full: the pool never grows for it. Smaller batches own fresh memory.
+
+        With ``copy=False``, ``data``,
         ``cache_id`` and ``sample_id`` are zero-copy views of the native batch buffer,
         valid only until the next batch is requested or the iterator is closed; reading
         them later returns other samples' bytes. Use it when each batch is consumed (or
@@ -260,6 +271,16 @@ class CachedDataset:
         iterator = _native.Iterator.open(self._handle)
         progress = self._track(iterator)
         try:
+            if copy:
+                # Payloads copied once, from the iterator's read buffers into reused memory.
+                gather = _Gather(iterator, self._columns, self._batch_memory)
+                while True:
+                    built = gather.next(size)
+                    if built is None:
+                        return
+                    progress.base += len(built.cache_id)
+                    yield built
+                    gather.raise_deferred()
             while True:
                 batch = iterator.next_batch(size, _native.BatchFlag.CONTIGUOUS)
                 count = batch.count
@@ -803,13 +824,211 @@ class _RangeBatches:
 def _sample_batch(batch: _native.Batch, columns: list[tuple[str, int]], copy: bool) -> SampleBatch:
     """One contiguous native batch as numpy arrays (copied, or views when ``copy`` is
     false) and a Polars frame (always its own memory)."""
+    data, offsets, cache_id, sample_id = batch.arrays(copy)
+    return SampleBatch(data, offsets, cache_id, sample_id, _metadata_frame(batch, columns))
+
+
+def _metadata_frame(batch: _native.Batch, columns: list[tuple[str, int]]) -> Any:
+    """The embedded metadata of one native batch (contiguous or not) as a Polars frame
+    (its own memory)."""
+    return _frame(_metadata_arrays(batch, columns), columns)
+
+
+def _metadata_arrays(batch: _native.Batch, columns: list[tuple[str, int]]) -> list[Any]:
+    """The embedded metadata columns of one native batch (see ``Batch.column_array``)."""
+    return [batch.column_array(i, kind) for i, (_, kind) in enumerate(columns)]
+
+
+def _frame(arrays: list[Any], columns: list[tuple[str, int]]) -> Any:
+    """A Polars frame of metadata ``arrays`` (one per column of ``columns``)."""
     import polars as pl
 
-    data, offsets, cache_id, sample_id = batch.arrays(copy)
-    frame = pl.DataFrame(
-        {name: batch.column_array(i, kind) for i, (name, kind) in enumerate(columns)}
-    )
-    return SampleBatch(data, offsets, cache_id, sample_id, frame)
+    return pl.DataFrame({name: array for (name, _), array in zip(columns, arrays)})
+
+
+def _concat_arrays(parts: list[Any]) -> Any:
+    """One column from its parts (numpy arrays, or pyarrow string arrays)."""
+    import numpy as np
+
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    import pyarrow as pa
+
+    return pa.concat_arrays(parts)
+
+
+# iter_batches(copy=True): records of at least this many bytes on average are taken from
+# the iterator without its contiguous copy (parts of at most half its read-ahead, their
+# payloads gathered straight into the batch's memory: one copy instead of two); smaller
+# ones in one contiguous native call per batch (fewer calls matter more than the copy).
+_GATHER_BYTES = 16 << 10
+# Reserved for a batch: the latest batch's bytes a sample times this, plus the margin
+# (trimmed to what the batch takes).
+_GATHER_SLACK = 1.125
+_GATHER_MARGIN = 64 << 10
+# The reused memory of iter_batches(copy=True): a pool of this many batches' bytes (the
+# consumer holds the previous batch while the next one is built, and sizes vary), at
+# least the minimum, at most the maximum (larger batches take fresh memory each time).
+# Batches under _POOL_BATCH_MIN_BYTES take fresh memory: the allocator hands back memory
+# just freed (no page faults, and still in the CPU caches), while a ring's next region is
+# cold; a fresh mapping per batch (and its page faults) is what larger batches avoid.
+_POOL_BATCH_MIN_BYTES = 8 << 20
+_POOL_BATCHES = 3
+_POOL_MIN_BYTES = 8 << 20
+_POOL_MAX_BYTES = 1 << 30
+
+
+class _BatchMemory:
+    """Where :meth:`CachedDataset.iter_batches` (``copy=True``) builds a batch's payloads:
+    a region of a :class:`dataset_rt._buffers.Pool` (pages already faulted in, given back
+    when the batch's ``data`` and every view of it are gone), or fresh memory owned by
+    the array when the pool is full (a consumer that keeps batches), or the batch is
+    under ``_POOL_BATCH_MIN_BYTES`` or too large for a pool. Bounded: a pool holds about
+    ``_POOL_BATCHES`` of the largest batches asked for and never grows past
+    ``_POOL_MAX_BYTES``. One per dataset (its iterators share it, also from several
+    threads), so later epochs fault nothing in; freed with the dataset and the last
+    batch built in it."""
+
+    __slots__ = ("_pool",)
+
+    def __init__(self) -> None:
+        self._pool: Any = None
+
+    def _pool_for(self, nbytes: int) -> Any:
+        from dataset_rt import _buffers
+
+        wanted = _POOL_BATCHES * _buffers.span(nbytes)
+        pool = self._pool
+        if pool is not None and pool.capacity >= wanted and pool.pid == os.getpid():
+            return pool
+        if wanted > _POOL_MAX_BYTES:
+            return None
+        capacity = max(wanted, _POOL_MIN_BYTES)
+        if pool is not None:
+            capacity = max(capacity, 2 * pool.capacity)  # records that grow: few re-makes
+        capacity = _buffers.span(min(capacity, _POOL_MAX_BYTES))
+        pool = self._pool = _buffers.Pool(capacity)
+        return pool
+
+    def take(self, nbytes: int) -> tuple[Any, Any]:
+        """``(region, lease)``: a writable ``numpy.uint8`` array of ``nbytes``, and what
+        :meth:`trim` needs (None for fresh memory)."""
+        import numpy as np
+
+        pool = self._pool_for(nbytes) if nbytes >= _POOL_BATCH_MIN_BYTES else None
+        taken = None if pool is None else pool.take(nbytes)
+        if taken is None:
+            return np.empty(nbytes, dtype=np.uint8), None
+        region, entry, start = taken
+        return region, (pool, entry, start)
+
+    @staticmethod
+    def trim(region: Any, lease: Any, nbytes: int) -> Any:
+        """``region[:nbytes]``, the rest of a pool region given back for the next batch."""
+        if lease is not None:
+            pool, entry, start = lease
+            pool.trim(entry, start, nbytes)
+        return region[:nbytes]
+
+
+class _Gather:
+    """The batches of ``iter_batches(copy=True)`` from one native iterator. Large records
+    (``_GATHER_BYTES``): each batch built from several native batches read without the
+    contiguous copy, its payloads copied once into memory from :class:`_BatchMemory`,
+    its identities and metadata concatenated. Small records: one contiguous native
+    batch, copied (as ``copy=False`` plus a copy). The same samples,
+    bytes and batch boundaries as contiguous native batches of the same size: a batch is
+    shorter only at the end of the window or right before a read error, which
+    :meth:`raise_deferred` raises after that batch was handed out."""
+
+    __slots__ = ("_columns", "_deferred", "_iterator", "_memory", "_per_sample")
+
+    def __init__(
+        self, iterator: _native.Iterator, columns: list[tuple[str, int]], memory: _BatchMemory
+    ) -> None:
+        self._iterator = iterator
+        self._columns = columns
+        self._memory = memory
+        self._per_sample = -1.0  # payload bytes a sample in the latest batch (none yet)
+        self._deferred: Exception | None = None
+
+    def raise_deferred(self) -> None:
+        """Raise the read error met after the latest batch's samples, if any."""
+        error, self._deferred = self._deferred, None
+        if error is not None:
+            raise error
+
+    def next(self, size: int) -> SampleBatch | None:
+        """The next batch of up to ``size`` samples, None at the end of the window."""
+        import numpy as np
+
+        iterator, memory = self._iterator, self._memory
+        if 0 <= self._per_sample < _GATHER_BYTES:
+            # Small records: one contiguous native batch, copied (a batch this small is
+            # still in the CPU caches, and one native call beats several).
+            whole = iterator.next_batch(size, _native.BatchFlag.CONTIGUOUS)
+            if whole.count == 0:
+                return None
+            built = _sample_batch(whole, self._columns, True)
+            self._per_sample = len(built.data) / len(built.cache_id)
+            return built
+        region: Any = None
+        lease: Any = None
+        at = 0
+        got = 0
+        lengths: list[Any] = []
+        cache_ids: list[Any] = []
+        sample_ids: list[Any] = []
+        arrays: list[list[Any]] = []  # per part, one array per metadata column
+        while got < size:
+            per_sample = self._per_sample
+            # (The first batch's first part tells the record size; small records take
+            # the rest of that batch in one contiguous call.)
+            flags = _native.BatchFlag.CONTIGUOUS if 0 <= per_sample < _GATHER_BYTES else 0
+            try:
+                part = iterator.next_batch(size - got, flags)
+            except Exception as error:
+                if got == 0:
+                    raise
+                self._deferred = error  # after the samples before it, as contiguous batches
+                break
+            count = part.count
+            if count == 0:
+                break
+            lens, ids, samples = part.lengths_and_ids()
+            need = int(lens.sum())
+            if region is None or at + need > len(region):
+                if per_sample < 0 or region is not None:
+                    per_sample = (at + need) / (got + count)  # this batch's so far
+                estimate = int(per_sample * size * _GATHER_SLACK) + _GATHER_MARGIN
+                bigger, bigger_lease = memory.take(max(estimate, at + need))
+                if at:  # payloads larger than foreseen: one more copy of this batch's
+                    bigger[:at] = region[:at]
+                region, lease = bigger, bigger_lease
+            part.copy_payloads(region[at : at + need])
+            at += need
+            lengths.append(lens.copy())
+            cache_ids.append(ids.copy())
+            sample_ids.append(samples.copy())
+            arrays.append(_metadata_arrays(part, self._columns))
+            got += count
+            if self._per_sample < 0:
+                self._per_sample = need / count
+        if got == 0:
+            return None
+        self._per_sample = at / got
+        offsets = np.zeros(got + 1, dtype=np.uint64)
+        np.cumsum(np.concatenate(lengths) if len(lengths) > 1 else lengths[0], out=offsets[1:])
+        frame = _frame([_concat_arrays(list(parts)) for parts in zip(*arrays)], self._columns)
+        return SampleBatch(
+            memory.trim(region, lease, at),
+            offsets,
+            np.concatenate(cache_ids) if len(cache_ids) > 1 else cache_ids[0],
+            np.concatenate(sample_ids) if len(sample_ids) > 1 else sample_ids[0],
+            frame,
+        )
 
 
 def _empty_batch(columns: list[tuple[str, int]]) -> SampleBatch:

@@ -41,6 +41,8 @@ LAYERS: list[tuple[str, set[str]]] = [
             "dataset_rt.resources",
             "dataset_rt._distribution",
             "dataset_rt.sdk",
+            # Reused batch memory (rings released by views' deaths; numpy only).
+            "dataset_rt._buffers",
         },
     ),
     # The binding: the only module that talks to the library (and cffi's module).

@@ -28,7 +28,6 @@ import os
 import pickle
 import shutil
 import tempfile
-import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -43,6 +42,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from dataset_rt._buffers import Pool, Releases
+from dataset_rt._buffers import fit as _fit
+from dataset_rt._buffers import span as _span
 from dataset_rt.config import DatasetConfiguration
 from dataset_rt.integrations import _loading as plan
 from dataset_rt.integrations.loader_logging import loader_event as _event
@@ -388,10 +390,16 @@ def _allocate(nbytes: int, shared: bool) -> torch.Tensor:
 # the ring never waits for the caller: a batch that does not fit now (the caller keeps
 # many) gets fresh memory instead. A DataLoader worker's ring is an anonymous shared file
 # (memfd: no name, so nothing is left behind whoever dies) that the training process maps
-# once (its descriptor passed as torch passes one) and then only makes views of.
+# once (its descriptor passed as torch passes one) and then only makes views of. The
+# ring arithmetic, the in-order releases and the process-local pool are
+# dataset_rt._buffers' (which iter_batches uses too).
 _RING_HEADER = 64  # u64 at 0: bytes the receiver released; u64 at 8: its mapped token
 _RING_MIN_BYTES = 16 << 20
 _POOL_MIN_BYTES = 8 << 20
+# Smaller batches of a process's own take fresh memory: the allocator hands back what the
+# previous batch freed (no page faults, still in the CPU caches; a ring's next region is
+# cold), about five times faster for a batch of 512 B records.
+_POOL_BATCH_MIN_BYTES = 1 << 20
 # A worker hands torch several batches per item (torch's per-item round trip between
 # processes costs ~0.2 ms here, more than building a batch of small records).
 _BUNDLE_BYTES = 4 << 20
@@ -399,103 +407,19 @@ _BUNDLE_MAX = 16
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
-def _span(nbytes: int) -> int:
-    """Ring space taken by a batch of ``nbytes`` (64-byte aligned: every batch starts on
-    a cache line, and its int64/float64 sections stay aligned)."""
-    return (nbytes + 63) & ~63
-
-
 def _bundle_len(nbytes: int) -> int:
     """Batches per worker item for batches of ``nbytes``."""
     return max(1, min(_BUNDLE_MAX, _BUNDLE_BYTES // max(1, nbytes)))
 
 
-def _fit(produced: int, consumed: int, capacity: int, nbytes: int) -> int | None:
-    """The ring position of ``nbytes`` contiguous bytes free now, or None (a batch never
-    wraps: the tail it skips is released with it). Positions stay 64-byte aligned when
-    ``capacity`` and every ``nbytes`` are (see ``_span``)."""
-    start = produced
-    offset = start % capacity
-    if offset + nbytes > capacity:
-        start += capacity - offset
-    if nbytes > capacity or start + nbytes - consumed > capacity:
-        return None
-    return start
+_POOL: Pool | None = None
 
 
-class _Releases:
-    """In-order release of ring space whatever order batches are dropped in: ``publish``
-    gets the end of the longest released prefix (thread-safe: torch's pin-memory thread
-    drops batches too)."""
-
-    __slots__ = ("_lock", "_pending", "_publish")
-
-    def __init__(self, publish: Callable[[int], None]) -> None:
-        self._lock = threading.Lock()
-        self._pending: deque[list[Any]] = deque()
-        self._publish = publish
-
-    def view(
-        self, array: np.ndarray, at: int, nbytes: int, end: int
-    ) -> tuple[np.ndarray, torch.Tensor, list[Any]]:
-        """``array[at : at + nbytes]`` and a tensor over it, whose space is released (up
-        to ring position ``end``) once both and every view of them are gone, and the
-        entry that records it."""
-        region = array[at : at + nbytes]
-        entry = [end, False]
-        with self._lock:
-            self._pending.append(entry)
-        weakref.finalize(region, self._release, entry)
-        return region, torch.from_numpy(region), entry
-
-    def retarget(self, entry: list[Any], end: int) -> None:
-        """Release only up to ``end`` for ``entry`` (the latest, trimmed)."""
-        with self._lock:
-            entry[0] = end
-
-    def _release(self, entry: list[Any]) -> None:
-        with self._lock:
-            entry[1] = True
-            pending = self._pending
-            end = None
-            while pending and pending[0][1]:
-                end = pending.popleft()[0]
-            if end is not None:
-                self._publish(end)
-
-
-class _Pool:
-    """The ring of a process that builds batches for itself (``num_workers=0``, or a
-    worker whose ``batch_transform_fn`` gets them): one tensor, pre-faulted once."""
-
-    def __init__(self, capacity: int) -> None:
-        self.pid = os.getpid()
-        self.capacity = capacity
-        self.array = torch.empty(capacity, dtype=torch.uint8).numpy()
-        self.produced = 0
-        self.consumed = 0
-        self.releases = _Releases(self._publish)
-
-    def _publish(self, end: int) -> None:
-        self.consumed = end
-
-    def take(self, nbytes: int) -> tuple[np.ndarray, torch.Tensor, list[Any]] | None:
-        span = _span(nbytes)
-        start = _fit(self.produced, self.consumed, self.capacity, span)
-        if start is None:
-            return None
-        self.produced = start + span
-        return self.releases.view(self.array, start % self.capacity, nbytes, start + span)
-
-
-_POOL: _Pool | None = None
-
-
-def _pool_for(nbytes: int) -> _Pool:
+def _pool_for(nbytes: int) -> Pool:
     """This process's pool, with room for a few batches of ``nbytes``."""
     global _POOL
     if _POOL is None or _POOL.pid != os.getpid() or 4 * nbytes > _POOL.capacity:
-        _POOL = _Pool(max(_POOL_MIN_BYTES, 4 * _span(nbytes + nbytes // 4)))
+        _POOL = Pool(max(_POOL_MIN_BYTES, 4 * _span(nbytes + nbytes // 4)))
     return _POOL
 
 
@@ -576,7 +500,7 @@ class _Mapped:
         self.capacity = capacity
         self.array = np.frombuffer(self.map, dtype=np.uint8)
         self.header = self.array[:16].view(np.uint64)
-        self.releases = _Releases(self._publish)
+        self.releases = Releases(self._publish)
         self.header[1] = token
 
     def _publish(self, end: int) -> None:
@@ -584,7 +508,8 @@ class _Mapped:
 
     def view(self, start: int, nbytes: int) -> torch.Tensor:
         at = _RING_HEADER + start % self.capacity
-        return self.releases.view(self.array, at, nbytes, start + _span(nbytes))[1]
+        region, _ = self.releases.view(self.array, at, nbytes, start + _span(nbytes))
+        return torch.from_numpy(region)
 
 
 _MAPPED: dict[int, _Mapped] = {}  # writer pid -> its current ring
@@ -753,15 +678,15 @@ class _Space:
         if isinstance(self._owner, _Ring):
             self._owner.produced = end
             self.place = (self.start, nbytes, self._owner)
-        elif isinstance(self._owner, _Pool):
-            self._owner.produced = end
-            self._owner.releases.retarget(self._entry, end)  # type: ignore[arg-type]
+        elif isinstance(self._owner, Pool):
+            self._owner.trim(self._entry, self.start, nbytes)  # type: ignore[arg-type]
 
 
 def _reserve(nbytes: int, sink: str) -> _Space:
     """``nbytes`` for a batch: ``sink`` ``"ring"`` (this worker's ring), ``"pool"`` (this
-    process's pool), ``"shared"`` (torch shared memory), falling back to fresh memory
-    (shared unless ``"pool"``) when the ring or pool is full."""
+    process's pool, from ``_POOL_BATCH_MIN_BYTES``), ``"shared"`` (torch shared memory),
+    falling back to fresh memory (shared unless ``"pool"``) when the ring or pool is
+    full."""
     if sink == "ring":
         ring = _worker_ring(nbytes, _PREFETCH)
         start = ring.reserve(nbytes)
@@ -771,16 +696,23 @@ def _reserve(nbytes: int, sink: str) -> _Space:
             space.place = (start, nbytes, ring)
             space._owner, space.start = ring, start
             return space
-    elif sink == "pool":
+    elif sink == "pool" and nbytes >= _POOL_BATCH_MIN_BYTES:
         pool = _pool_for(nbytes)
         taken = pool.take(nbytes)
         if taken is not None:
-            raw, buffer, entry = taken
-            space = _Space(raw, buffer)
-            space._owner, space._entry, space.start = pool, entry, pool.produced - _span(nbytes)
+            raw, entry, start = taken
+            space = _Space(raw, torch.from_numpy(raw))
+            space._owner, space._entry, space.start = pool, entry, start
             return space
     buffer = _allocate(nbytes, sink != "pool")
     return _Space(buffer.numpy(), buffer)
+
+
+# Offsets of batches whose payloads all have one length, by (count, width), as bytes:
+# comparing bytes costs far less than numpy's element-wise checks on a batch of small
+# records (a handful of ufunc calls), and a loader meets few (count, width) pairs.
+_EVEN_OFFSETS: dict[tuple[int, int], bytes] = {}
+_EVEN_OFFSETS_MAX = 64
 
 
 def _width(offsets: np.ndarray) -> int:
@@ -789,20 +721,38 @@ def _width(offsets: np.ndarray) -> int:
     if not count:
         return -1
     width = int(offsets[1])
-    if int(offsets[-1]) != width * count or (offsets[1:] - offsets[:-1] != width).any():
+    if int(offsets[-1]) != width * count:
         return -1
-    return width
+    even = _EVEN_OFFSETS.get((count, width))
+    if even is None:
+        if len(_EVEN_OFFSETS) >= _EVEN_OFFSETS_MAX:
+            _EVEN_OFFSETS.clear()
+        steps = np.arange(count + 1, dtype=np.uint64) * np.uint64(width)
+        even = _EVEN_OFFSETS[(count, width)] = steps.tobytes()
+    return width if offsets.tobytes() == even else -1
+
+
+# Batch layouts by (count, schema): most batches of a pass have the same.
+_HEADERS: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[int, dict[str, Any]]] = {}
 
 
 def _header(count: int, schema: list[tuple[str, Any]]) -> tuple[int, dict[str, tuple[str, int]]]:
     """Where the payloads start in a batch of ``count`` samples of ``schema`` (column name,
-    numpy dtype or None for strings), and where each numeric column is."""
+    numpy dtype or None for strings), and where each numeric column is (shared: not to
+    be changed)."""
+    key = (count, tuple(schema))
+    known = _HEADERS.get(key)
+    if known is not None:
+        return known
     position = 8 * (count + 1) + 16 * count
     numeric: dict[str, tuple[str, int]] = {}
     for name, dtype in schema:
         if dtype is not None:
             numeric[name] = (dtype.kind, position)
             position += _padded(dtype.itemsize * count)
+    if len(_HEADERS) >= _EVEN_OFFSETS_MAX:
+        _HEADERS.clear()
+    _HEADERS[key] = (position, numeric)
     return position, numeric
 
 
@@ -840,12 +790,13 @@ def _finish(
     return batch
 
 
-def _pack(piece: Any, sink: str) -> TensorBatch:
+def _pack(piece: Any, sink: str, schema: list[tuple[str, Any]]) -> TensorBatch:
     """One ``TensorBatch`` from a contiguous native batch (``RawBatch``, its views valid
-    now): the payloads, offsets, identities and numeric metadata copied once into one
-    buffer from ``_reserve`` (8-byte aligned sections, the payloads last)."""
+    now, its columns' ``schema``): the payloads, offsets, identities and numeric
+    metadata copied once into one buffer from ``_reserve`` (8-byte aligned sections, the
+    payloads last)."""
     data, offsets, cache_id, sample_id, columns = piece
-    head, numeric = _header(len(cache_id), _schema(columns))
+    head, numeric = _header(len(cache_id), schema)
     space = _reserve(head + len(data), sink)
     space.raw[head:] = data
     return _finish(space, offsets, cache_id, sample_id, columns, head, numeric)
@@ -924,6 +875,11 @@ def _gather(
 
 
 _PREFETCH = 2  # torch's prefetch_factor in this worker (set when its iteration starts)
+# Per reader (a CachedDataset of this process): (payload bytes a sample, metadata schema)
+# of its latest tensor batch, so its next pass gathers from the first batch on.
+_RECORD_SIZES: weakref.WeakKeyDictionary[Any, tuple[float, list[tuple[str, Any]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _tensor_batches(
@@ -938,16 +894,20 @@ def _tensor_batches(
     """The ``TensorBatch`` es of ``count`` stream positions (as ``_iter_range`` numbers
     them) cut into batches of ``size``, the last one shorter: the batches torch's
     auto-batching makes of the same samples (with ``drop_last`` the plans give every
-    consumer whole batches, so there is no short one to drop). The first is one
-    contiguous native batch (it holds every sample asked for, unless the range ends or a
-    read fails); when records are large (``_GATHER_BYTES``), later ones gather their
-    payloads straight into the batch's buffer. Packed into ``sink`` (see ``_reserve``)."""
+    consumer whole batches, so there is no short one to drop). The first of a reader's
+    first pass is one contiguous native batch (it holds every sample asked for, unless
+    the range ends or a read fails); when records are large (``_GATHER_BYTES``), later
+    ones, and every batch of later passes, gather their payloads straight into the
+    batch's buffer (a contiguous batch costs the native iterator an arena of the batch's
+    size, faulted in again by every pass's new iterator). Packed into ``sink`` (see
+    ``_reserve``)."""
     if count <= 0:
         return
     with dataset._range_batches(start, count, block_len, block_stride) as reader:
         remaining = count
-        per_sample = -1.0  # payload bytes a sample in the latest batch (none yet)
-        schema: list[tuple[str, Any]] = []
+        # Payload bytes a sample in the latest batch, and the metadata schema: this
+        # reader's previous pass's, or none yet.
+        per_sample, schema = _RECORD_SIZES.get(dataset, (-1.0, []))
         while remaining:
             wanted = min(size, remaining)
             if per_sample >= _GATHER_BYTES:
@@ -963,9 +923,11 @@ def _tensor_batches(
                     # where the per-sample path would, not after a short batch.
                     reader.next(wanted)
                     raise RuntimeError("a native batch ended early without an error")
-                schema = _schema(piece.columns)
-                batch = _pack(piece, sink)
+                if not schema:  # (the same for every batch of a reader)
+                    schema = _schema(piece.columns)
+                batch = _pack(piece, sink, schema)
             per_sample = int(batch._layout[3]) / wanted
+            _RECORD_SIZES[dataset] = (per_sample, schema)
             yield batch
             remaining -= wanted
 
@@ -1242,9 +1204,12 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
         return self._drt_count(inner, pass_index)
 
     def _drt_count(self, inner: Iterator[Any], pass_index: int) -> Iterator[Any]:
+        # Through __dict__: DataLoader.__setattr__ (a Python function) checks every
+        # assignment, which costs about as much per batch as a small record's batch.
+        state = self.__dict__
         for batch in inner:
-            if self._drt_current == pass_index:
-                self._drt_steps += 1
+            if state["_drt_current"] == pass_index:
+                state["_drt_steps"] += 1
             yield batch
         if self._drt_current == pass_index:
             self._drt_current = None

@@ -239,7 +239,9 @@ def check_reused_memory() -> None:
     every other one, or across passes) keep their bytes while later ones are built, with
     rings and pools small enough to wrap and fill (fresh memory then) many times."""
     saved = drt_torch._RING_MIN_BYTES, drt_torch._POOL_MIN_BYTES, drt_torch._BUNDLE_BYTES
+    saved_threshold = drt_torch._POOL_BATCH_MIN_BYTES
     drt_torch._RING_MIN_BYTES = drt_torch._POOL_MIN_BYTES = 4096
+    drt_torch._POOL_BATCH_MIN_BYTES = 0  # every batch in the pool, however small
     drt_torch._BUNDLE_BYTES = 1024  # bundles of a few batches of this data
     drt_torch._POOL = None
     try:
@@ -261,6 +263,7 @@ def check_reused_memory() -> None:
             check(f"every other batch kept {setup}", rendered == expected[2] and later)
     finally:
         drt_torch._RING_MIN_BYTES, drt_torch._POOL_MIN_BYTES, drt_torch._BUNDLE_BYTES = saved
+        drt_torch._POOL_BATCH_MIN_BYTES = saved_threshold
         drt_torch._POOL = None
 
 
@@ -400,11 +403,32 @@ def check_validation() -> None:
     )
 
 
+def check_width() -> None:
+    """The one payload length of a batch (its ``[batch, length]`` shape), or -1: offsets
+    compared with cached even offsets, including ones with the right total only."""
+    import numpy as np
+
+    cases = {
+        (0, 3, 6, 9): 3,
+        (0, 0, 0): 0,
+        (0,): -1,
+        (0, 2, 2, 6): -1,  # total 3 x 2, lengths 2, 0, 4
+        (0, 5): 5,
+        (0, 3, 6, 10): -1,
+        (0, 4, 8, 12): 4,
+    }
+    for _ in range(2):  # computed, then cached
+        for offsets, width in cases.items():
+            got = drt_torch._width(np.array(offsets, dtype=np.uint64))
+            check(f"width of {offsets}", got == width, got)
+
+
 def main() -> None:
     MIXED.extend(json.loads(sys.argv[1]))
     FIXED.extend(json.loads(sys.argv[2]))
     torch.set_num_threads(1)
     for step in (
+        check_width,
         check_same_batches,
         check_fixed_length_and_transform,
         check_resume,
