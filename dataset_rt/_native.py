@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import os
+import struct
 from collections.abc import Callable, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -184,6 +185,8 @@ class BatchFlag(enum.IntFlag):
     """``drt_iter_next_batch`` / ``drt_lookup_get`` flags (``DRT_BATCH_*``)."""
 
     CONTIGUOUS = lib.DRT_BATCH_CONTIGUOUS
+    #: (ABI 1.6) metadata columns from each cache's metadata.arrow, no JSON parsed.
+    STORED_METADATA = lib.DRT_BATCH_STORED_METADATA
 
 
 class MigrateOutcome(enum.IntEnum):
@@ -1005,7 +1008,7 @@ class Iterator(_Handle):
 class Lookup(_Handle):
     """``drt_lookup``: random access to a dataset's samples by identity."""
 
-    __slots__ = ("_batch", "_ids")
+    __slots__ = ("_batch", "_ids", "_row", "_row_len", "_row_ptr", "_row_view")
     _destroy = staticmethod(_destructor(lib.drt_lookup_close))
 
     def __init__(self, pointer: Any) -> None:
@@ -1013,6 +1016,14 @@ class Lookup(_Handle):
         # Call buffers reused by every single-sample get().
         self._ids = ffi.new("uint64_t[2]")
         self._batch = ffi.new("drt_batch *")
+        # get_row's packed sample: grown to the largest sample read, never shrunk.
+        self._row_len = ffi.new("uint64_t *")
+        self._set_row_buffer(_ROW_BUFFER_BYTES)
+
+    def _set_row_buffer(self, size: int) -> None:
+        self._row = bytearray(size)
+        self._row_view = memoryview(self._row)
+        self._row_ptr = ffi.from_buffer("uint8_t[]", self._row)
 
     @classmethod
     def open(cls, dataset: Dataset) -> Lookup:
@@ -1048,62 +1059,63 @@ class Lookup(_Handle):
         check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
         return Batch(self._batch)
 
-    def get_one(
-        self, cache_id: int, sample_id: int, read_row: Callable[[Any], dict[str, Any]]
+    def get_row(
+        self, cache_id: int, sample_id: int, unpack_row: Callable[[Any], tuple[bytes, Any]]
     ) -> tuple[bytes, dict[str, Any]]:
-        """``drt_lookup_get`` of one identity: its payload and its metadata dict, built by
-        ``read_row`` (from :func:`row_reader`) from the batch's columns. The per-call cost
-        of ``get_item`` is Python's, so this path avoids every object it can (no Batch,
-        no intermediate list)."""
-        ids = self._ids
-        ids[0] = cache_id
-        ids[1] = sample_id
-        raw = self._batch
-        status = lib.drt_lookup_get(self._ptr, 1, ids, ids + 1, 0, raw)
+        """``drt_lookup_get_row`` (ABI 1.6): one identity's payload and metadata dict
+        (the values and errors of :meth:`get` of that one identity), unpacked by
+        ``unpack_row`` (from :func:`packed_row_reader`) from the packed sample. One C
+        call; the sample is read again into a larger buffer when it does not fit."""
+        ptr = self._ptr
+        length = self._row_len
+        row = self._row
+        status = lib.drt_lookup_get_row(ptr, cache_id, sample_id, self._row_ptr, len(row), length)
         if status:
             raise_status(status)
-        return _unpack(_cast(_CHAR_P, raw.payloads[0]), raw.payload_lens[0]), read_row(raw.columns)
+        size = length[0]
+        if size > len(row):
+            self._set_row_buffer(size)
+            check(lib.drt_lookup_get_row(ptr, cache_id, sample_id, self._row_ptr, size, length))
+        return unpack_row(self._row_view)
 
 
-_CHAR_P = ffi.typeof("char *")
-_I64_P = ffi.typeof("int64_t *")
-_F64_P = ffi.typeof("double *")
-_BOOL_P = ffi.typeof("_Bool *")
-_cast = ffi.cast
-_unpack = ffi.unpack
+#: get_row's initial buffer (a sample of up to about this size needs one call).
+_ROW_BUFFER_BYTES = 64 << 10
 
 
-def _first_string(column: Any) -> str:
-    """Row 0 of a string column of a batch."""
-    return _unpack(_cast(_CHAR_P, column.values), column.offsets[1]).decode("utf-8")
-
-
-def row_reader(names: Sequence[str], kinds: Sequence[int]) -> Callable[[Any], dict[str, Any]]:
-    """A function ``(drt_column array) -> dict``: row 0 of a batch's columns as the
-    metadata dict ``{names[i]: value}`` (``kinds`` plain ints, schema order).
+def packed_row_reader(
+    names: Sequence[str], kinds: Sequence[int]
+) -> Callable[[Any], tuple[bytes, dict[str, Any]]]:
+    """A function ``(memoryview) -> (payload, metadata dict)`` unpacking the sample that
+    ``drt_lookup_get_row`` packed (``kinds`` plain ints, schema order): one
+    ``struct.unpack_from`` for the payload length and every field's slot, then slices.
 
     Generated once per dataset with the names as constants (they enter the source only
-    through ``repr``, so any string is safe): one dict display, no loop, no list."""
-    readers = {
-        int(Kind.INT): "_cast(_I64_P, columns[{i}].values)[0]",
-        int(Kind.FLOAT): "_cast(_F64_P, columns[{i}].values)[0]",
-        int(Kind.BOOL): "_cast(_BOOL_P, columns[{i}].values)[0]",
-        int(Kind.STRING): "_first_string(columns[{i}])",
-    }
-    items = ", ".join(
-        f"{name!r}: " + readers[int(kind)].format(i=i)
-        for i, (name, kind) in enumerate(zip(names, kinds))
-    )
-    source = f"def read_row(columns):\n    return {{{items}}}\n"
-    namespace: dict[str, Any] = {
-        "_cast": _cast,
-        "_I64_P": _I64_P,
-        "_F64_P": _F64_P,
-        "_BOOL_P": _BOOL_P,
-        "_first_string": _first_string,
-    }
-    exec(compile(source, "<dataset_rt row reader>", "exec"), namespace)
-    return namespace["read_row"]  # type: ignore[no-any-return]
+    through ``repr``, so any string is safe): no loop, no list."""
+    codes = {int(Kind.INT): "q", int(Kind.FLOAT): "d", int(Kind.BOOL): "Q", int(Kind.STRING): "Q"}
+    layout = "<Q" + "".join(codes[int(kind)] for kind in kinds)
+    header = 8 + 8 * len(kinds)
+    slots = ", ".join(["n", *(f"v{i}" for i in range(len(kinds)))])
+    lines = [
+        "def unpack_row(view):",
+        f"    {slots}, = _unpack_from({layout!r}, view)",
+        f"    at = {header} + n",
+        f"    data = view[{header}:at].tobytes()",
+    ]
+    values = []
+    for i, (name, kind) in enumerate(zip(names, kinds)):
+        if int(kind) == int(Kind.STRING):
+            lines.append(f"    s{i} = str(view[at:at + v{i}], 'utf-8')")
+            lines.append(f"    at += v{i}")
+            values.append(f"{name!r}: s{i}")
+        elif int(kind) == int(Kind.BOOL):
+            values.append(f"{name!r}: v{i} != 0")
+        else:
+            values.append(f"{name!r}: v{i}")
+    lines.append(f"    return data, {{{', '.join(values)}}}")
+    namespace: dict[str, Any] = {"_unpack_from": struct.unpack_from}
+    exec(compile("\n".join(lines) + "\n", "<dataset_rt packed row>", "exec"), namespace)
+    return namespace["unpack_row"]  # type: ignore[no-any-return]
 
 
 _INT, _FLOAT, _BOOL = int(Kind.INT), int(Kind.FLOAT), int(Kind.BOOL)
