@@ -1008,7 +1008,7 @@ class Iterator(_Handle):
 class Lookup(_Handle):
     """``drt_lookup``: random access to a dataset's samples by identity."""
 
-    __slots__ = ("_batch", "_ids", "_row", "_row_len", "_row_ptr", "_row_view")
+    __slots__ = ("_batch", "_ids", "_row", "_row_ptr", "_row_view")
     _destroy = staticmethod(_destructor(lib.drt_lookup_close))
 
     def __init__(self, pointer: Any) -> None:
@@ -1017,7 +1017,6 @@ class Lookup(_Handle):
         self._ids = ffi.new("uint64_t[2]")
         self._batch = ffi.new("drt_batch *")
         # get_row's packed sample: grown to the largest sample read, never shrunk.
-        self._row_len = ffi.new("uint64_t *")
         self._set_row_buffer(_ROW_BUFFER_BYTES)
 
     def _set_row_buffer(self, size: int) -> None:
@@ -1060,23 +1059,23 @@ class Lookup(_Handle):
         return Batch(self._batch)
 
     def get_row(
-        self, cache_id: int, sample_id: int, unpack_row: Callable[[Any], tuple[bytes, Any]]
+        self, cache_id: int, sample_id: int, unpack_row: Callable[[Any], Any]
     ) -> tuple[bytes, dict[str, Any]]:
         """``drt_lookup_get_row`` (ABI 1.6): one identity's payload and metadata dict
         (the values and errors of :meth:`get` of that one identity), unpacked by
         ``unpack_row`` (from :func:`packed_row_reader`) from the packed sample. One C
         call; the sample is read again into a larger buffer when it does not fit."""
-        ptr = self._ptr
-        length = self._row_len
-        row = self._row
-        status = lib.drt_lookup_get_row(ptr, cache_id, sample_id, self._row_ptr, len(row), length)
+        view = self._row_view
+        status = lib.drt_lookup_get_row(self._ptr, cache_id, sample_id, self._row_ptr, len(view))
         if status:
             raise_status(status)
-        size = length[0]
-        if size > len(row):
+        row = unpack_row(view)
+        if row is None:  # larger than the buffer: only its size was written
+            (size,) = struct.unpack_from("<Q", view)
             self._set_row_buffer(size)
-            check(lib.drt_lookup_get_row(ptr, cache_id, sample_id, self._row_ptr, size, length))
-        return unpack_row(self._row_view)
+            check(lib.drt_lookup_get_row(self._ptr, cache_id, sample_id, self._row_ptr, size))
+            row = unpack_row(self._row_view)
+        return row  # type: ignore[no-any-return]
 
 
 #: get_row's initial buffer (a sample of up to about this size needs one call).
@@ -1087,18 +1086,21 @@ def packed_row_reader(
     names: Sequence[str], kinds: Sequence[int]
 ) -> Callable[[Any], tuple[bytes, dict[str, Any]]]:
     """A function ``(memoryview) -> (payload, metadata dict)`` unpacking the sample that
-    ``drt_lookup_get_row`` packed (``kinds`` plain ints, schema order): one
-    ``struct.unpack_from`` for the payload length and every field's slot, then slices.
+    ``drt_lookup_get_row`` packed (``kinds`` plain ints, schema order), or None when the
+    sample did not fit the view: one ``struct.unpack_from`` for the size, the payload
+    length and every field's slot, then slices.
 
     Generated once per dataset with the names as constants (they enter the source only
     through ``repr``, so any string is safe): no loop, no list."""
     codes = {int(Kind.INT): "q", int(Kind.FLOAT): "d", int(Kind.BOOL): "Q", int(Kind.STRING): "Q"}
-    layout = "<Q" + "".join(codes[int(kind)] for kind in kinds)
-    header = 8 + 8 * len(kinds)
-    slots = ", ".join(["n", *(f"v{i}" for i in range(len(kinds)))])
+    layout = "<QQ" + "".join(codes[int(kind)] for kind in kinds)
+    header = 16 + 8 * len(kinds)
+    slots = ", ".join(["size", "n", *(f"v{i}" for i in range(len(kinds)))])
     lines = [
         "def unpack_row(view):",
         f"    {slots}, = _unpack_from({layout!r}, view)",
+        "    if size > len(view):",
+        "        return None",
         f"    at = {header} + n",
         f"    data = view[{header}:at].tobytes()",
     ]

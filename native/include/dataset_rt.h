@@ -548,14 +548,16 @@ int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache
 
 /* Reads one sample by identity, exactly as drt_lookup_get with count 1 and no flags
  * (same values, same errors), packed into caller memory dst[0 .. capacity) (ABI 1.6):
- * a uint64 payload length, then one 8-byte slot per schema field (int64, float64 bits,
- * bool as 0/1, or a string's byte length), all little-endian and unaligned, then the
- * payload bytes, then each string field's bytes in schema order. *out_len is the bytes
- * the sample takes; when that exceeds capacity nothing is written (call again with a
- * larger buffer). One call and no pointers to follow: for bindings where each access to
- * a C struct costs (Python's get_item). */
+ * the uint64 size of the whole packed sample, the uint64 payload length, one 8-byte slot
+ * per schema field (int64, float64 bits, bool as 0/1, or a string's byte length), all
+ * little-endian and unaligned, then the payload bytes, then each string field's bytes in
+ * schema order. When the size exceeds capacity only the size is written (call again
+ * with a larger buffer). capacity must be at least 8. One call with few arguments and
+ * no pointers to follow: for bindings where each call argument and each access to a C
+ * struct costs (Python's get_item).
+ * Returns DRT_E_INVALID_ARGUMENT (capacity < 8), the statuses of drt_lookup_get. */
 int32_t drt_lookup_get_row(drt_lookup *lookup, uint64_t cache_id, uint64_t sample_id,
-                           uint8_t *dst, uint64_t capacity, uint64_t *out_len);
+                           uint8_t *dst, uint64_t capacity);
 
 void drt_lookup_close(drt_lookup *lookup);
 

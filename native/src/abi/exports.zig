@@ -572,15 +572,13 @@ export fn drt_lookup_get(lk: ?*LookupHandle, count: u64, cache_ids: ?[*]const u6
     return ok();
 }
 
-export fn drt_lookup_get_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64, dst: ?[*]u8, capacity: u64, out_len: ?*u64) Rc {
+export fn drt_lookup_get_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64, dst: ?[*]u8, capacity: u64) Rc {
     const h = lk orelse return nullArgument("lookup");
-    const o = out_len orelse return nullArgument("out_len");
+    const d = dst orelse return nullArgument("dst");
     status.clear();
-    o.* = 0;
-    if (capacity > 0 and dst == null) return nullArgument("dst");
+    if (capacity < 8) return fromError(status.fail(error.InvalidArgument, "drt_lookup_get_row needs a capacity of at least 8 bytes, got {d}", .{capacity}));
     h.reader.batch.stored_metadata = false;
-    const buf: []u8 = if (dst) |d| d[0..@intCast(capacity)] else &.{};
-    o.* = h.reader.getRow(cache_id, sample_id, buf) catch |err| return fromError(err);
+    _ = h.reader.getRow(cache_id, sample_id, d[0..@intCast(capacity)]) catch |err| return fromError(err);
     return ok();
 }
 

@@ -148,6 +148,23 @@ pub const Buffers = struct {
         try b.sample_ids.append(gpa, loc.sample_id);
     }
 
+    /// Starts loading what `add` will read of `loc`'s metadata.arrow row (stored
+    /// metadata, when its record batch is the current one): a hint, no effect on results.
+    pub fn prefetch(b: *const Buffers, ds: *const Dataset, loc: Loc) void {
+        if (!b.stored_metadata or ds.options.validate_cache) return;
+        if (loc.cache != b.stored_cache or loc.sample_id < b.stored_first or loc.sample_id >= b.stored_end) return;
+        const row: usize = @intCast(loc.sample_id - b.stored_first);
+        for (b.stored_columns) |col| {
+            switch (col.type) {
+                .bool => @prefetch(col.values.ptr + row / 8, .{}),
+                .int64, .float64 => @prefetch(col.values.ptr + row * 8, .{}),
+                .utf8 => @prefetch(col.offsets.ptr + row * 4, .{}),
+                .large_utf8 => @prefetch(col.offsets.ptr + row * 8, .{}),
+                .other => {},
+            }
+        }
+    }
+
     /// The metadata.arrow columns and row index of a sample.
     fn storedRow(b: *Buffers, ds: *Dataset, loc: Loc) status.Error!struct { []const arrow.Column, u64 } {
         if (loc.cache != b.stored_cache or loc.sample_id < b.stored_first or loc.sample_id >= b.stored_end) {

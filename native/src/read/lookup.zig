@@ -68,8 +68,10 @@ pub const Lookup = struct {
     /// The radix sort's second buffer (see `sortKeys`).
     keys_scratch: std.ArrayList(u128) = .empty,
     record_at: std.ArrayList(u64) = .empty,
-    /// Each identity's coalesced read (index into `span_reads`).
+    /// Each identity's coalesced read (index into `span_reads`) and record length (so
+    /// pass 4, in the caller's random order, never reads the index again).
     record_span: std.ArrayList(u32) = .empty,
+    record_len: std.ArrayList(u64) = .empty,
     span_reads: std.ArrayList(SpanRead) = .empty,
     reads: std.ArrayList(u8) = .empty,
     /// Shards mapped on first small read (null: not mappable, read with pread).
@@ -102,25 +104,28 @@ pub const Lookup = struct {
         };
     }
 
-    /// One sample packed into `dst` (see drt_lookup_get_row): the payload length, one
-    /// 8-byte slot per field, the payload, the string bytes. Returns the bytes it takes;
-    /// nothing is written when that exceeds `dst.len`. Values and errors are `get`'s.
+    /// One sample packed into `dst` (see drt_lookup_get_row): the packed size, the
+    /// payload length, one 8-byte slot per field, the payload, the string bytes. Returns
+    /// the size; only it is written when it exceeds `dst.len`. Values and errors are
+    /// `get`'s. Pre: `dst.len >= 8`.
     pub fn getRow(lk: *Lookup, cache_id: u64, sample_id: u64, dst: []u8) status.Error!u64 {
+        std.debug.assert(dst.len >= 8);
         const view = try lk.get(&.{cache_id}, &.{sample_id}, false);
         std.debug.assert(view.count == 1);
         const fields = lk.ds.fields;
         const payload_len = view.payload_lens.?[0];
-        var size: u64 = 8 + 8 * @as(u64, fields.len) + payload_len;
+        var size: u64 = 16 + 8 * @as(u64, fields.len) + payload_len;
         for (view.columns) |col| if (col.kind == .string) {
             size += col.offsets.?[1];
         };
+        std.mem.writeInt(u64, dst[0..8], size, .little);
         if (size > dst.len) return size;
-        std.mem.writeInt(u64, dst[0..8], payload_len, .little);
-        var pos: usize = 8 + 8 * fields.len;
+        std.mem.writeInt(u64, dst[8..16], payload_len, .little);
+        var pos: usize = 16 + 8 * fields.len;
         @memcpy(dst[pos..][0..@intCast(payload_len)], view.payloads.?[0][0..@intCast(payload_len)]);
         pos += @intCast(payload_len);
         for (view.columns, 0..) |col, fi| {
-            const slot = dst[8 + 8 * fi ..][0..8];
+            const slot = dst[16 + 8 * fi ..][0..8];
             switch (col.kind) {
                 .bool => std.mem.writeInt(u64, slot, @as([*]const u8, @ptrCast(col.values.?))[0], .little),
                 .int => std.mem.writeInt(i64, slot, @as([*]const i64, @ptrCast(@alignCast(col.values.?)))[0], .little),
@@ -244,7 +249,9 @@ pub const Lookup = struct {
         std.debug.assert(lk.jsons.items.len == n and lk.spans.items.len == n);
         const raw = lk.raw.items;
         try lk.batch.reset(gpa, ds.fields);
-        for (lk.locs.items, lk.jsons.items, lk.spans.items) |loc, j, p| {
+        const locs = lk.locs.items;
+        for (locs, lk.jsons.items, lk.spans.items, 0..) |loc, j, p, i| {
+            if (i + prefetch_distance < n) lk.batch.prefetch(ds, locs[i + prefetch_distance]);
             const json = if (absolute) at(j[0])[0..@intCast(j[1])] else raw[@intCast(j[0])..][0..@intCast(j[1])];
             const len: usize = @intCast(p[1] & ~in_reads);
             const payload = if (p[1] & in_reads != 0) at(p[0])[0..len] else raw[@intCast(p[0])..][0..len];
@@ -254,6 +261,10 @@ pub const Lookup = struct {
         if (contiguous) try lk.batch.pack(gpa, 0);
         return lk.batch.view(ds.fields, contiguous);
     }
+
+    /// How many identities ahead a call in random order starts loading a record's bytes
+    /// and its metadata.arrow values (enough to overlap several memory latencies).
+    const prefetch_distance = 8;
 
     /// Marks a payload span of a planned call that is an address, not in `raw`.
     const in_reads: u64 = 1 << 63;
@@ -291,6 +302,10 @@ pub const Lookup = struct {
         try lk.record_span.ensureTotalCapacity(gpa, n);
         lk.record_span.items.len = n; // every entry is set below
         const record_span = lk.record_span.items;
+        try lk.record_len.ensureTotalCapacity(gpa, n);
+        lk.record_len.items.len = n; // every entry is set below
+        const record_len = lk.record_len.items;
+        var previous_len: u64 = 0;
         lk.span_reads.clearRetainingCapacity();
         var total: u64 = 0;
         var previous: ?u128 = null;
@@ -301,6 +316,7 @@ pub const Lookup = struct {
             if (previous != null and previous.? == identity) {
                 record_at[i] = previous_at; // the same record again: read once
                 record_span[i] = @intCast(lk.span_reads.items.len - 1);
+                record_len[i] = previous_len;
                 continue;
             }
             previous = identity;
@@ -317,6 +333,8 @@ pub const Lookup = struct {
             previous_at = total;
             record_at[i] = total;
             record_span[i] = @intCast(lk.span_reads.items.len - 1);
+            record_len[i] = row.byte_len;
+            previous_len = row.byte_len;
             total += row.byte_len;
         }
         // Pass 3: read (the buffer is sized once, so it never moves afterwards); small
@@ -337,16 +355,21 @@ pub const Lookup = struct {
         try lk.spans.ensureTotalCapacity(gpa, n);
         try lk.jsons.ensureTotalCapacity(gpa, n);
         const span_reads = lk.span_reads.items;
-        for (lk.locs.items, record_at, record_span) |loc, record_start, si| {
+        for (lk.locs.items, record_at, record_span, record_len, 0..) |loc, record_start, si, byte_len, i| {
+            // Random order: start loading the record a few identities ahead.
+            if (i + prefetch_distance < n) {
+                const ahead = span_reads[record_span[i + prefetch_distance]];
+                const ahead_base: [*]const u8 = ahead.mapped orelse reads[@intCast(ahead.at)..].ptr;
+                @prefetch(ahead_base + @as(usize, @intCast(record_at[i + prefetch_distance] - ahead.at)), .{});
+            }
             const c = &ds.caches[loc.cache];
-            const row = c.row(loc.sample_id);
             const s = span_reads[si];
             const within: usize = @intCast(record_start - s.at);
             const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
-            const bytes = base[within..][0..@intCast(row.byte_len)];
+            const bytes = base[within..][0..@intCast(byte_len)];
             const rec = try shard.split(bytes);
             lk.jsons.appendAssumeCapacity(.{ address(rec.json), rec.json.len });
-            switch (c.manifest.shards[@intCast(row.shard_id)].compression) {
+            switch (c.manifest.shards[@intCast(s.shard_id)].compression) {
                 .none => lk.spans.appendAssumeCapacity(.{ address(rec.stored_payload), rec.stored_payload.len | in_reads }),
                 .lz4 => {
                     const payload_at = lk.raw.items.len;
@@ -417,6 +440,7 @@ pub const Lookup = struct {
         lk.keys_scratch.deinit(gpa);
         lk.record_at.deinit(gpa);
         lk.record_span.deinit(gpa);
+        lk.record_len.deinit(gpa);
         lk.span_reads.deinit(gpa);
         lk.reads.deinit(gpa);
         var maps = lk.maps.valueIterator();
@@ -609,18 +633,22 @@ test "lookup: getRow packs get's sample (payload, every field) and reports the s
         while (sid < c.sampleCount()) : (sid += 37) {
             const want = env.expected[ci].samples()[@intCast(sid)];
             // Too small: only the size.
+            @memset(buf[0..16], 0xaa);
             const size = try lk.getRow(env.cache_ids[ci], sid, buf[0..8]);
-            try testing.expect(size > 8);
+            try testing.expect(size > 16);
+            try testing.expectEqual(size, std.mem.readInt(u64, buf[0..8], .little));
+            try testing.expectEqual(@as(u8, 0xaa), buf[8]);
             try testing.expectEqual(size, try lk.getRow(env.cache_ids[ci], sid, &buf));
-            const payload_len = std.mem.readInt(u64, buf[0..8], .little);
+            try testing.expectEqual(size, std.mem.readInt(u64, buf[0..8], .little));
+            const payload_len = std.mem.readInt(u64, buf[8..16], .little);
             try testing.expectEqual(want.len, payload_len);
-            var at: usize = 8 + 8 * fields.len;
+            var at: usize = 16 + 8 * fields.len;
             var digest: [32]u8 = undefined;
             std.crypto.hash.sha2.Sha256.hash(buf[at..][0..@intCast(payload_len)], &digest, .{});
             try testing.expectEqualStrings(want.sha256, &std.fmt.bytesToHex(digest, .lower));
             at += @intCast(payload_len);
             for (fields, 0..) |f, fi| {
-                const slot = buf[8 + 8 * fi ..][0..8];
+                const slot = buf[16 + 8 * fi ..][0..8];
                 const value = want.metadata.object.get(f.name).?;
                 switch (f.kind) {
                     .bool => try testing.expectEqual(@as(u64, @intFromBool(value.bool)), std.mem.readInt(u64, slot, .little)),
