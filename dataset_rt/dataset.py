@@ -124,7 +124,7 @@ class CachedDataset:
         self._field_names = [name for name, _ in self._columns]
         self._kinds = [int(kind) for _, kind in self._columns]
         self._make_dicts = _dict_builder(self._field_names)
-        self._unpack_row = _native.packed_row_reader(self._field_names, self._kinds)
+        self._get_row = _native.row_getter(self._field_names, self._kinds)
         self._state_lock = threading.RLock()
         self._active: Any = None
         self._active_arrow: Any = None  # a pyarrow active table not yet seen by Polars
@@ -367,7 +367,7 @@ class CachedDataset:
             if lookup is None:
                 # One lookup handle (with its call buffers) per dataset, reused by every call.
                 lookup = self._lookup = _native.Lookup.open(self._handle)
-            data, row = lookup.get_row(cache_id, sample_id, self._unpack_row)
+            data, row = self._get_row(lookup, cache_id, sample_id)
         return _new_sample(CachedSample, (data, row, cache_id, sample_id))
 
     def get_items(self, cache_ids: Any, sample_ids: Any, *, copy: bool = True) -> SampleBatch:
