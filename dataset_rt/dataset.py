@@ -124,7 +124,7 @@ class CachedDataset:
         self._field_names = [name for name, _ in self._columns]
         self._kinds = [int(kind) for _, kind in self._columns]
         self._make_dicts = _dict_builder(self._field_names)
-        self._read_row = _native.row_reader(self._field_names, self._kinds)
+        self._get_row = _native.row_getter(self._field_names, self._kinds)
         self._state_lock = threading.RLock()
         self._active: Any = None
         self._active_arrow: Any = None  # a pyarrow active table not yet seen by Polars
@@ -243,8 +243,18 @@ class CachedDataset:
         Takes one window (``len(dataset)`` samples) like a per-sample iterator, on the first
         ``next()``. Each :class:`SampleBatch` holds up to ``batch_size`` samples (the last one
         may be shorter): the payloads as one contiguous ``numpy.uint8`` array with
-        ``len + 1`` offsets, the identities as ``numpy.uint64`` arrays, and the embedded
-        metadata as a Polars frame.
+        ``len + 1`` offsets, the identities as ``numpy.uint64`` arrays, and the metadata
+        as a Polars frame.
+
+        Metadata: each sample's row of its cache's ``metadata.arrow`` as written (row =
+        ``sample_id``), gathered natively without parsing the record's embedded JSON. For
+        every cache a writer produced this equals what per-sample reads return (the
+        embedded JSON; floats bit for bit, NaN and infinities included). It is never the
+        active table: values edited with ``update_metadata`` do not appear. A record
+        whose embedded JSON is broken or was edited after writing fails (or differs in)
+        per-sample reads but not batches; with ``validate_cache=True`` batches parse and
+        compare the JSON too and raise the per-sample error (see
+        docs/compatibility.md).
 
         Lifetime: with ``copy=True`` (the default) the arrays stay valid as long as the
         caller keeps them (or any view of them). Each payload is copied once, from the
@@ -282,7 +292,7 @@ class CachedDataset:
                     yield built
                     gather.raise_deferred()
             while True:
-                batch = iterator.next_batch(size, _native.BatchFlag.CONTIGUOUS)
+                batch = iterator.next_batch(size, _BATCH_FLAGS)
                 count = batch.count
                 if count == 0:
                     return
@@ -379,7 +389,7 @@ class CachedDataset:
             if lookup is None:
                 # One lookup handle (with its call buffers) per dataset, reused by every call.
                 lookup = self._lookup = _native.Lookup.open(self._handle)
-            data, row = lookup.get_one(cache_id, sample_id, self._read_row)
+            data, row = self._get_row(lookup, cache_id, sample_id)
         return _new_sample(CachedSample, (data, row, cache_id, sample_id))
 
     def get_items(self, cache_ids: Any, sample_ids: Any, *, copy: bool = True) -> SampleBatch:
@@ -392,14 +402,17 @@ class CachedDataset:
         pointer). Identities may repeat and mix caches; like ``get_item``, rows outside the
         active table can be read and no cursor moves. The reads are planned like an
         iterator's: each distinct record is read once, in shard and offset order, adjacent
-        records in one read; the batch lists the samples in the caller's order.
+        records in one read; the batch lists the samples in the caller's order. The
+        metadata comes from ``metadata.arrow`` as for :meth:`iter_batches` (equal to
+        ``get_item``'s for every cache a writer produced).
 
         Errors: one bad identity fails the whole call (nothing is returned) with the
         exception ``get_item`` raises for the first failing identity in the caller's order,
         same type and message (``TypeError`` for a non-integer, ``IndexError`` naming the
         identity that is out of range, ``RuntimeError``/``ValueError`` naming the file of
-        an unreadable record). Mismatched lengths or a non-1-D array raise ``ValueError``.
-        An empty request returns an empty batch.
+        an unreadable record); a broken embedded JSON is an error only with
+        ``validate_cache=True`` (as for :meth:`iter_batches`). Mismatched lengths or a
+        non-1-D array raise ``ValueError``. An empty request returns an empty batch.
 
         Lifetime: as for :meth:`iter_batches`; with ``copy=False`` the arrays ``data``,
         ``cache_id`` and ``sample_id`` are views of native memory, valid only until the
@@ -414,12 +427,17 @@ class CachedDataset:
                 # Identities before the first one Python refuses come first: the library
                 # may fail on one of them.
                 position, error = bad
-                lookup.get_arrays(cids[:position], sids[:position])
+                lookup.get_arrays(cids[:position], sids[:position], _BATCH_FLAGS)
                 raise error
             if len(cids) == 0:
                 return _empty_batch(self._columns)
-            batch = lookup.get_arrays(cids, sids, _native.BatchFlag.CONTIGUOUS)
-            return _sample_batch(batch, self._columns, bool(copy))
+            if not copy:
+                batch = lookup.get_arrays(cids, sids, _BATCH_FLAGS)
+                return _sample_batch(batch, self._columns, False)
+            # Owned arrays: the payloads are gathered once, straight from where they were
+            # read (or mapped), into the batch's own array.
+            batch = lookup.get_arrays(cids, sids, _native.BatchFlag.STORED_METADATA)
+            return _gathered_batch(batch, self._columns)
 
     def get_metadata(self) -> Any:
         """The active metadata table as a Polars DataFrame.
@@ -621,6 +639,9 @@ STATE_FORMAT = "dataset_rt.dataset_state/1"
 
 _U64_END = 2**64
 
+#: Batch APIs take their metadata columns from metadata.arrow (see ``iter_batches``).
+_BATCH_FLAGS = int(_native.BatchFlag.CONTIGUOUS | _native.BatchFlag.STORED_METADATA)
+
 
 def _identity_arrays(
     cache_ids: Any, sample_ids: Any
@@ -728,10 +749,11 @@ def _u64(state: Mapping[str, Any], key: str) -> int:
 
 
 class SampleBatch(NamedTuple):
-    """A batch from :meth:`CachedDataset.iter_batches`.
+    """A batch from :meth:`CachedDataset.iter_batches` or :meth:`CachedDataset.get_items`.
 
     Sample ``i``'s payload is ``data[offsets[i]:offsets[i + 1]]``; its identity is
-    ``(cache_id[i], sample_id[i])`` and its embedded metadata is row ``i`` of ``metadata``.
+    ``(cache_id[i], sample_id[i])`` and its stored metadata (its cache's
+    ``metadata.arrow`` row) is row ``i`` of ``metadata``.
     """
 
     data: Any
@@ -752,7 +774,8 @@ class RawBatch(NamedTuple):
     """One contiguous native batch of :class:`_RangeBatches`: ``data`` (uint8),
     ``cache_id`` and ``sample_id`` (uint64) are views of native memory valid until the
     next batch is requested; ``offsets`` (uint64, ``count + 1``) and the ``columns``
-    (metadata name to an int64/float64/bool array, or a list of str) are owned."""
+    (metadata name to an int64/float64/bool array, or a list of str; the stored
+    ``metadata.arrow`` rows, as :meth:`CachedDataset.iter_batches`) are owned."""
 
     data: Any
     offsets: Any
@@ -774,7 +797,7 @@ class _RangeBatches:
         """Up to ``max_count`` (>= 1) next samples, None at the end. A batch is shorter
         only at the end of the range or right before a read error (which the next call
         raises)."""
-        batch = self._iterator.next_batch(max_count, _native.BatchFlag.CONTIGUOUS)
+        batch = self._iterator.next_batch(max_count, _BATCH_FLAGS)
         if batch.count == 0:
             return None
         data, offsets, cache_id, sample_id = batch.arrays(False)
@@ -793,7 +816,7 @@ class _RangeBatches:
         most half the reader's ``prefetch_size`` samples (fewer than ``max_count``)."""
         import numpy as np
 
-        batch = self._iterator.next_batch(max_count, 0)
+        batch = self._iterator.next_batch(max_count, _native.BatchFlag.STORED_METADATA)
         count = batch.count
         if count == 0:
             return None
@@ -1029,6 +1052,23 @@ class _Gather:
             np.concatenate(sample_ids) if len(sample_ids) > 1 else sample_ids[0],
             frame,
         )
+
+
+def _gathered_batch(batch: _native.Batch, columns: list[tuple[str, int]]) -> SampleBatch:
+    """Any native batch as a :class:`SampleBatch` of owned arrays: the payloads copied
+    once into a new ``numpy.uint8`` array (``drt_batch_copy_payloads``)."""
+    import numpy as np
+    import polars as pl
+
+    lengths, cache_id, sample_id = batch.lengths_and_ids()
+    offsets = np.zeros(len(lengths) + 1, dtype=np.uint64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    batch.copy_payloads(data)
+    frame = pl.DataFrame(
+        {name: batch.column_array(i, kind) for i, (name, kind) in enumerate(columns)}
+    )
+    return SampleBatch(data, offsets, cache_id.copy(), sample_id.copy(), frame)
 
 
 def _empty_batch(columns: list[tuple[str, int]]) -> SampleBatch:

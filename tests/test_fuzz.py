@@ -18,7 +18,9 @@ Two tests, both on copies of small caches (reference fixtures and caches written
   LZ4 the payload must be as long as its size prefix says and equal a strict LZ4 block
   decoding whenever that decoding exists. A read the record layout makes impossible
   (range outside the shard, ``json_len`` past the record, JSON that is not an object of
-  the schema's keys and kinds) must fail.
+  the schema's keys and kinds) must fail. Batches take their metadata from
+  ``metadata.arrow`` (docs/compatibility.md): without ``validate_cache`` their metadata
+  must be its row as pyarrow reads it and the JSON's claims do not apply to them.
 * ``test_validate_cache_detects_every_single_byte_change``: with ``validate_cache=True``,
   every single-byte change to any file of a cache is detected when the cache is loaded,
   except the manifest edits that are undetectable by design (see ``classify_manifest``).
@@ -636,6 +638,8 @@ class Expected:
     payload_len: int | None = None  # exact payload length, when known
     metadata: dict[str, Any] | None = None  # field -> exact value (fields it determines)
     keys: list[str] = field(default_factory=list)
+    # must_fail and metadata come from the embedded JSON (not the record's structure).
+    from_json: bool = False
 
 
 def _expected_metadata(raw: bytes, schema: list[tuple[str, str]]) -> Expected:
@@ -687,6 +691,31 @@ class Oracle:
     rows: list[Expected]
     cache_id: int | None = None
     sample_count: int | None = None
+    # metadata.arrow's rows as pyarrow reads them (field -> value, schema names by
+    # position), or None when pyarrow cannot read it or its columns are not the schema's.
+    arrow_rows: list[dict[str, Any]] | None = None
+
+    def batch_row(self, position: int, validate: bool) -> Expected:
+        """What a batch (metadata from metadata.arrow, DRT_BATCH_STORED_METADATA) may
+        return for a row: without validate_cache the embedded JSON is not parsed, so its
+        claims give way to metadata.arrow's row (a row holding a null still takes the
+        JSON's values); with validate_cache the JSON is parsed and compared as per sample."""
+        want = self.rows[position]
+        if validate or not want.from_json:
+            return want
+        arrow = (
+            self.arrow_rows[position]
+            if self.arrow_rows is not None and position < len(self.arrow_rows)
+            else None
+        )
+        if arrow is not None and None in arrow.values():
+            return want
+        return Expected(
+            payload_sha=want.payload_sha,
+            payload_len=want.payload_len,
+            metadata=arrow,
+            keys=want.keys,
+        )
 
 
 def build_oracle(cache: Path) -> Oracle:
@@ -707,7 +736,27 @@ def build_oracle(cache: Path) -> Oracle:
     for i in range(len(index) // 24):
         shard_id, offset, length = struct.unpack_from("<QQQ", index, 24 * i)
         rows.append(_expected_row(cache, shards, shard_bytes, schema, shard_id, offset, length))
-    return Oracle(None, rows, cache_id, sample_count)
+    return Oracle(None, rows, cache_id, sample_count, _arrow_rows(cache, schema))
+
+
+def _arrow_rows(cache: Path, schema: list[tuple[str, str]]) -> list[dict[str, Any]] | None:
+    import pyarrow as pa
+
+    types = {"bool": pa.bool_(), "int": pa.int64(), "float": pa.float64(), "string": pa.string()}
+    try:
+        data = (cache / "metadata.arrow").read_bytes()
+        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        if table.num_columns < len(schema):
+            return None
+        columns = []
+        for i, (_, kind) in enumerate(schema):
+            if table.schema.field(i).type != types.get(kind):
+                return None
+            columns.append(table.column(i).to_pylist())
+    except Exception:  # any reader failure: no claim
+        return None
+    names = [name for name, _ in schema]
+    return [dict(zip(names, values)) for values in zip(*columns)] if columns else None
 
 
 def _expected_row(
@@ -739,6 +788,7 @@ def _expected_row(
     if 8 + json_len > length:
         return Expected(must_fail=f"json_len {json_len} is past the record's end ({length} bytes)")
     expected = _expected_metadata(record[8 : 8 + json_len], schema)
+    expected.from_json = True
     stored = record[8 + json_len :]
     if algo == "none":
         expected.payload_sha = hashlib.sha256(stored).hexdigest()
@@ -840,9 +890,12 @@ def check_read(reply: dict[str, Any], oracle: Oracle) -> list[str]:
             result = run[mode]
             problems += check_error(f"{tag} {mode}", result["error"])
             for position, got in enumerate(result["samples"]):
-                problems += check_sample(
-                    f"{tag} {mode} #{position}", got, oracle.rows[position], cache_id, position
+                want = (
+                    oracle.batch_row(position, run["validate"])
+                    if mode == "batches"
+                    else oracle.rows[position]
                 )
+                problems += check_sample(f"{tag} {mode} #{position}", got, want, cache_id, position)
             if result["error"] is None and len(result["samples"]) != count:
                 problems.append(f"{tag} {mode}: {len(result['samples'])} samples, expected {count}")
         for sample_id, result in enumerate(run["items"]):

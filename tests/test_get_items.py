@@ -207,3 +207,34 @@ def test_copy_false_views_are_valid_until_the_next_call(runtime, io_backend: str
     view = dataset.get_items(cache_ids, sample_ids, copy=False)
     assert view.data.tobytes() == owned.data.tobytes()
     assert not view.data.flags.owndata and owned.data.flags.owndata
+
+
+class _SizesSource:
+    """Payloads around and far above get_item's initial 64 KiB row buffer."""
+
+    name = "sizes"
+    sizes = (0, 10, 65_000, 70_000, 300_000, 5, 1 << 20)
+
+    def __iter__(self):
+        for i, size in enumerate(self.sizes):
+            yield drt.CacheInput(
+                data=bytes([i + 1]) * size, metadata={"i": i, "s": "é" * i, "f": i / 3}
+            )
+
+
+def test_get_item_of_samples_larger_than_its_buffer(runtime, io_backend: str, tmp_path) -> None:
+    """get_item reads into a buffer it grows to the largest sample: every size comes
+    back whole, before and after the buffer grew, in any order."""
+    config = drt.WriterConfig(show_progress=False)
+    [result] = runtime.write_cache(_SizesSource(), tmp_path, writer_config=config)
+    assert type(result).__name__ == "CacheWriteSuccess", result
+    dataset = open_dataset(runtime, io_backend, [tmp_path / "sizes"])
+    cache_id = identities(dataset)[0][0]
+    order = [1, 6, 0, 4, 2, 3, 5, 6, 1]
+    for sid in order:
+        sample = dataset.get_item(cache_id, sid)
+        assert sample.data == bytes([sid + 1]) * _SizesSource.sizes[sid]
+        assert sample.metadata == {"i": sid, "s": "é" * sid, "f": sid / 3}
+        assert (sample.cache_id, sample.sample_id) == (cache_id, sid)
+    batch = dataset.get_items([cache_id] * len(order), order)
+    expect_same_as_get_item(dataset, batch, [cache_id] * len(order), order)

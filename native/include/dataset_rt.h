@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 5
+    DRT_ABI_VERSION_MINOR = 6
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -455,7 +455,8 @@ int32_t drt_dataset_table_digest(drt_dataset *dataset, uint8_t *out);
  * owned by the iterator or lookup and valid until its next call or close.
  * Sample i: payload = payloads[i][0 .. payload_lens[i]]; identity (cache_ids[i],
  * sample_ids[i]); metadata = row i of columns[0 .. field_count) (the record's embedded
- * JSON, parsed against the schema). With DRT_BATCH_CONTIGUOUS, the payloads are also
+ * JSON, parsed against the schema; with DRT_BATCH_STORED_METADATA, the cache's
+ * metadata.arrow row as written, no JSON parsed). With DRT_BATCH_CONTIGUOUS, the payloads are also
  * copied into one buffer: payload i = payload_base[payload_offsets[i] ..
  * payload_offsets[i] + payload_lens[i]]; without it, payload_base and payload_offsets
  * are NULL. */
@@ -472,7 +473,13 @@ typedef struct drt_batch {
 
 /* Batch flags. */
 enum {
-    DRT_BATCH_CONTIGUOUS = 1 /* also copy the payloads into one buffer (payload_base) */
+    DRT_BATCH_CONTIGUOUS = 1, /* also copy the payloads into one buffer (payload_base) */
+    /* (ABI 1.6) metadata columns from each cache's metadata.arrow (row = sample id, as
+     * written: never the active table) instead of parsing every record's embedded JSON.
+     * Equal to the JSON's values for every cache a writer produced; a row holding an
+     * Arrow null takes the JSON's value. With validate_cache the JSON is still parsed and
+     * compared with the row (the errors of a call without this flag). */
+    DRT_BATCH_STORED_METADATA = 2
 };
 
 /* Opens an iterator that reserves the next epoch_len positions of the dataset's stream
@@ -539,6 +546,19 @@ int32_t drt_lookup_open(drt_dataset *dataset, drt_lookup **out);
  * range for cache_id 7"), the statuses of drt_iter_next_batch. */
 int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache_ids,
                        const uint64_t *sample_ids, uint32_t flags, drt_batch *out);
+
+/* Reads one sample by identity, exactly as drt_lookup_get with count 1 and no flags
+ * (same values, same errors), packed into caller memory dst[0 .. capacity) (ABI 1.6):
+ * the uint64 size of the whole packed sample, the uint64 payload length, one 8-byte slot
+ * per schema field (int64, float64 bits, bool as 0/1, or a string's byte length), all
+ * little-endian and unaligned, then the payload bytes, then each string field's bytes in
+ * schema order. When the size exceeds capacity only the size is written (call again
+ * with a larger buffer). capacity must be at least 8. One call with few arguments and
+ * no pointers to follow: for bindings where each call argument and each access to a C
+ * struct costs (Python's get_item).
+ * Returns DRT_E_INVALID_ARGUMENT (capacity < 8), the statuses of drt_lookup_get. */
+int32_t drt_lookup_get_row(drt_lookup *lookup, uint64_t cache_id, uint64_t sample_id,
+                           uint8_t *dst, uint64_t capacity);
 
 void drt_lookup_close(drt_lookup *lookup);
 

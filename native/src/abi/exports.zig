@@ -456,8 +456,11 @@ fn BatchHandle(comptime Reader: type) type {
 const IterHandle = BatchHandle(Iter);
 const LookupHandle = BatchHandle(Lookup);
 
-fn contiguousFlag(flags: u32) status.Error!bool {
-    if (flags & ~abi.batch_contiguous != 0) return status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags});
+/// Checks `flags` and returns whether the batch is contiguous; sets where the reader's
+/// batch takes its metadata from (DRT_BATCH_STORED_METADATA).
+fn batchFlags(batch_buffers: *batch.Buffers, flags: u32) status.Error!bool {
+    if (flags & ~(abi.batch_contiguous | abi.batch_stored_metadata) != 0) return status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags});
+    batch_buffers.stored_metadata = flags & abi.batch_stored_metadata != 0;
     return flags & abi.batch_contiguous != 0;
 }
 
@@ -492,7 +495,7 @@ export fn drt_iter_next_batch(it: ?*IterHandle, max_count: u64, flags: u32, out:
     const h = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
     status.clear();
-    const contiguous = contiguousFlag(flags) catch |err| return fromError(err);
+    const contiguous = batchFlags(&h.reader.batch, flags) catch |err| return fromError(err);
     const view = h.reader.nextBatch(max_count, contiguous) catch |err| return fromError(err);
     h.publish(view, o);
     return ok();
@@ -558,7 +561,7 @@ export fn drt_lookup_get(lk: ?*LookupHandle, count: u64, cache_ids: ?[*]const u6
     const h = lk orelse return nullArgument("lookup");
     const o = out orelse return nullArgument("out");
     status.clear();
-    const contiguous = contiguousFlag(flags) catch |err| return fromError(err);
+    const contiguous = batchFlags(&h.reader.batch, flags) catch |err| return fromError(err);
     if (count > 0 and (cache_ids == null or sample_ids == null)) return nullArgument("cache_ids and sample_ids");
     const n: usize = @intCast(count);
     const empty: [0]u64 = .{};
@@ -566,6 +569,16 @@ export fn drt_lookup_get(lk: ?*LookupHandle, count: u64, cache_ids: ?[*]const u6
     const sids = if (n > 0) sample_ids.?[0..n] else &empty;
     const view = h.reader.get(cids, sids, contiguous) catch |err| return fromError(err);
     h.publish(view, o);
+    return ok();
+}
+
+export fn drt_lookup_get_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64, dst: ?[*]u8, capacity: u64) Rc {
+    const h = lk orelse return nullArgument("lookup");
+    const d = dst orelse return nullArgument("dst");
+    status.clear();
+    if (capacity < 8) return fromError(status.fail(error.InvalidArgument, "drt_lookup_get_row needs a capacity of at least 8 bytes, got {d}", .{capacity}));
+    h.reader.batch.stored_metadata = false;
+    _ = h.reader.getRow(cache_id, sample_id, d[0..@intCast(capacity)]) catch |err| return fromError(err);
     return ok();
 }
 

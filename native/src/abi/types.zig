@@ -121,7 +121,7 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 5;
+pub const abi_version_minor = 6;
 
 /// drt_manifest_entry.
 pub const ManifestEntry = extern struct {
@@ -136,8 +136,9 @@ pub const migrate_updated = 1;
 pub const migrate_durability_unknown = 2;
 pub const publish_replace: u32 = 1;
 
-/// drt_iter_next_batch / drt_lookup_get flag.
+/// drt_iter_next_batch / drt_lookup_get flags.
 pub const batch_contiguous: u32 = 1;
+pub const batch_stored_metadata: u32 = 2;
 
 pub const io_auto = 0;
 pub const io_uring = 1;
@@ -190,6 +191,7 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, io_auto), c.DRT_IO_AUTO);
     try std.testing.expectEqual(@as(i64, io_uring), c.DRT_IO_URING);
     try std.testing.expectEqual(@as(i64, batch_contiguous), c.DRT_BATCH_CONTIGUOUS);
+    try std.testing.expectEqual(@as(i64, batch_stored_metadata), c.DRT_BATCH_STORED_METADATA);
     try std.testing.expectEqual(@as(i64, migrate_unchanged), c.DRT_MIGRATE_UNCHANGED);
     try std.testing.expectEqual(@as(i64, migrate_updated), c.DRT_MIGRATE_UPDATED);
     try std.testing.expectEqual(@as(i64, migrate_durability_unknown), c.DRT_MIGRATE_DURABILITY_UNKNOWN);

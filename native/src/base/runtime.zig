@@ -99,6 +99,11 @@ pub const Runtime = struct {
     pool: Pool = .{},
     refs: std.atomic.Value(u32) = .init(1),
     pid: std.posix.pid_t,
+    /// A private anonymous page marked MADV_WIPEONFORK holding a non-zero byte: a forked
+    /// child sees it zeroed, so `checkPid` (run on every call, get_item included) needs
+    /// no getpid system call. Null where the kernel refuses (before Linux 4.14): then
+    /// the pid is compared.
+    fork_guard: ?[]align(std.heap.page_size_min) u8 = null,
 
     /// Starts the pool. Postcondition: exactly num_workers threads are running.
     pub fn open(gpa: std.mem.Allocator, num_workers: u64) status.Error!*Runtime {
@@ -106,7 +111,8 @@ pub const Runtime = struct {
         if (num_workers > 4096) return status.fail(error.InvalidArgument, "num_workers must be at most 4096", .{});
         const rt = try gpa.create(Runtime);
         errdefer gpa.destroy(rt);
-        rt.* = .{ .gpa = gpa, .num_workers = @intCast(num_workers), .pid = currentPid() };
+        rt.* = .{ .gpa = gpa, .num_workers = @intCast(num_workers), .pid = currentPid(), .fork_guard = forkGuard() };
+        errdefer if (rt.fork_guard) |g| std.posix.munmap(g);
         try rt.pool.start(gpa, rt.num_workers);
         return rt;
     }
@@ -123,14 +129,30 @@ pub const Runtime = struct {
         if (rt.pid != currentPid()) return;
         rt.pool.stopAndJoin(rt.pool.threads);
         rt.gpa.free(rt.pool.threads);
+        if (rt.fork_guard) |g| std.posix.munmap(g);
         rt.gpa.destroy(rt);
     }
 
     /// error.Forked when called in a process other than the one that opened the runtime.
     pub fn checkPid(rt: *const Runtime) status.Error!void {
+        if (rt.fork_guard) |g| {
+            if (@as(*const volatile u8, &g[0]).* != 0) return;
+            return forkedError();
+        }
         if (rt.pid != currentPid()) return forkedError();
     }
 };
+
+/// The page of `Runtime.fork_guard`, or null when it cannot be made.
+fn forkGuard() ?[]align(std.heap.page_size_min) u8 {
+    const page = std.posix.mmap(null, std.heap.page_size_min, std.posix.PROT.READ | std.posix.PROT.WRITE, .{ .TYPE = .PRIVATE, .ANONYMOUS = true }, -1, 0) catch return null;
+    std.posix.madvise(page.ptr, page.len, std.posix.MADV.WIPEONFORK) catch {
+        std.posix.munmap(page);
+        return null;
+    };
+    page[0] = 1;
+    return page;
+}
 
 pub fn forkedError() status.Error {
     return status.fail(error.Forked, "dataset_rt objects cannot be used in a forked child process; create the runtime and dataset in the child", .{});
@@ -160,4 +182,20 @@ test "pool runs every job" {
     rt.release();
     try std.testing.expectEqual(@as(u32, 100), hits.load(.monotonic));
     try std.testing.expectError(error.InvalidArgument, Runtime.open(std.testing.allocator, 0));
+}
+
+test "checkPid: fine in the opening process, error.Forked in a forked child" {
+    const rt = try Runtime.open(std.testing.allocator, 1);
+    defer rt.release();
+    try rt.checkPid();
+    const pid = try std.posix.fork();
+    if (pid == 0) {
+        // The child: the guard page reads as zero (or the pid differs).
+        const code: u8 = if (rt.checkPid()) |_| 1 else |err| if (err == error.Forked) 0 else 2;
+        std.posix.exit(code);
+    }
+    const result = std.posix.waitpid(pid, 0);
+    try std.testing.expect(std.posix.W.IFEXITED(result.status));
+    try std.testing.expectEqual(@as(u32, 0), std.posix.W.EXITSTATUS(result.status));
+    try rt.checkPid();
 }

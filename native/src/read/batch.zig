@@ -1,6 +1,20 @@
 //! Building one batch of samples for the caller: identities, payload pointers (or one
-//! contiguous arena), and the embedded JSON parsed against the schema into one typed
-//! column per field. Iterators and lookups both hand out batches built here.
+//! contiguous arena), and one typed column per schema field. Iterators and lookups both
+//! hand out batches built here.
+//!
+//! Where the metadata columns come from (`Buffers.stored_metadata`):
+//! - false (per-sample reads, the reference's behaviour): each record's embedded JSON,
+//!   parsed against the schema (JSON nulls, how the reference stores NaN and infinities,
+//!   resolved from `metadata.arrow`).
+//! - true (batch APIs): the cache's `metadata.arrow` as written (physical row =
+//!   sample id; never the active table, which `update_metadata` may have edited),
+//!   gathered from the mapped file without parsing any JSON. The values are those the
+//!   embedded JSON holds for every cache a writer produced (the writer derives both
+//!   from one dict). A row with an Arrow null in a field (never written by a writer)
+//!   falls back to the embedded JSON. With `validate_cache` the JSON is still parsed
+//!   and compared with the row (the per-sample path), so errors are the same.
+//!   `metadata.arrow` is mapped and parsed per cache on first use (`Cache.metadataFile`),
+//!   never copied.
 //!
 //! Invariants:
 //! - Every array of a batch has `count` entries (string columns `count + 1` offsets).
@@ -65,6 +79,16 @@ pub const Buffers = struct {
     views: []ColumnView = &.{},
     values: []schema.Value = &.{},
     scratch: std.ArrayList(u8) = .empty,
+    /// Take metadata columns from `metadata.arrow` instead of the embedded JSON (see
+    /// //!). Set by the caller before a batch call; kept across `reset`.
+    stored_metadata: bool = false,
+    /// The `metadata.arrow` record batch of the last stored row: rows
+    /// `[stored_first, stored_end)` of cache `stored_cache` (consecutive samples of a
+    /// batch nearly always share it, so the batch search runs once per record batch).
+    stored_cache: u32 = std.math.maxInt(u32),
+    stored_first: u64 = 0,
+    stored_end: u64 = 0,
+    stored_columns: []const arrow.Column = &.{},
 
     pub fn init(gpa: std.mem.Allocator, field_count: usize) status.Error!Buffers {
         var b: Buffers = .{};
@@ -108,10 +132,75 @@ pub const Buffers = struct {
         }
     }
 
-    /// Appends one sample: parses its embedded JSON into the columns (resolving JSON
-    /// nulls and, with validate_cache, comparing with metadata.arrow) and records its
-    /// payload. `payload` must stay where it is until the batch is handed out or packed.
+    /// Appends one sample: its metadata (the embedded JSON parsed, resolving JSON nulls
+    /// and, with validate_cache, compared with metadata.arrow; or with `stored_metadata`
+    /// the metadata.arrow row) and its payload. `payload` must stay where it is until the
+    /// batch is handed out or packed.
     pub fn add(b: *Buffers, ds: *Dataset, loc: Loc, json: []const u8, payload: []const u8) status.Error!void {
+        const gpa = ds.gpa;
+        if (!(b.stored_metadata and !ds.options.validate_cache and try b.addStored(ds, loc))) {
+            try b.addParsed(ds, loc, json);
+        }
+        // An empty slice's pointer is arbitrary; give empty payloads a real address.
+        try b.payloads.append(gpa, if (payload.len == 0) json.ptr else payload.ptr);
+        try b.payload_lens.append(gpa, payload.len);
+        try b.cache_ids.append(gpa, ds.caches[loc.cache].cache_id);
+        try b.sample_ids.append(gpa, loc.sample_id);
+    }
+
+    /// Starts loading what `add` will read of `loc`'s metadata.arrow row (stored
+    /// metadata, when its record batch is the current one): a hint, no effect on results.
+    pub fn prefetch(b: *const Buffers, ds: *const Dataset, loc: Loc) void {
+        if (!b.stored_metadata or ds.options.validate_cache) return;
+        if (loc.cache != b.stored_cache or loc.sample_id < b.stored_first or loc.sample_id >= b.stored_end) return;
+        const row: usize = @intCast(loc.sample_id - b.stored_first);
+        for (b.stored_columns) |col| {
+            switch (col.type) {
+                .bool => @prefetch(col.values.ptr + row / 8, .{}),
+                .int64, .float64 => @prefetch(col.values.ptr + row * 8, .{}),
+                .utf8 => @prefetch(col.offsets.ptr + row * 4, .{}),
+                .large_utf8 => @prefetch(col.offsets.ptr + row * 8, .{}),
+                .other => {},
+            }
+        }
+    }
+
+    /// The metadata.arrow columns and row index of a sample.
+    fn storedRow(b: *Buffers, ds: *Dataset, loc: Loc) status.Error!struct { []const arrow.Column, u64 } {
+        if (loc.cache != b.stored_cache or loc.sample_id < b.stored_first or loc.sample_id >= b.stored_end) {
+            const md = try ds.caches[loc.cache].metadataFile();
+            const at = md.locate(loc.sample_id);
+            const rb = md.batches[at.batch];
+            b.stored_cache = loc.cache;
+            b.stored_first = rb.first_row;
+            b.stored_end = rb.first_row + rb.length;
+            b.stored_columns = rb.columns[0..ds.fields.len];
+        }
+        return .{ b.stored_columns, loc.sample_id - b.stored_first };
+    }
+
+    /// Appends a sample's metadata.arrow row to the columns; false (nothing appended)
+    /// when the row holds a null (then the embedded JSON is the value).
+    fn addStored(b: *Buffers, ds: *Dataset, loc: Loc) status.Error!bool {
+        const gpa = ds.gpa;
+        const columns, const row = try b.storedRow(ds, loc);
+        for (columns) |col| if (col.null_count > 0 and col.isNull(row)) return false;
+        for (columns, b.columns, ds.fields) |col, *out, f| {
+            switch (f.kind) {
+                .bool => try out.bytes.append(gpa, @intFromBool(col.getBool(row))),
+                .int => try out.ints.append(gpa, col.getInt(row)),
+                .float => try out.floats.append(gpa, col.getFloat(row)),
+                .string => {
+                    try out.bytes.appendSlice(gpa, col.getString(row));
+                    try out.offsets.append(gpa, out.bytes.items.len);
+                },
+            }
+        }
+        return true;
+    }
+
+    /// Appends a sample's embedded JSON, parsed, to the columns.
+    fn addParsed(b: *Buffers, ds: *Dataset, loc: Loc, json: []const u8) status.Error!void {
         const gpa = ds.gpa;
         b.scratch.clearRetainingCapacity();
         var diag: metadata_json.Diagnostic = .{};
@@ -127,14 +216,11 @@ pub const Buffers = struct {
         if (has_null or ds.options.validate_cache) {
             // JSON nulls are how the reference stores NaN and infinite floats: the value
             // is in metadata.arrow. With validate_cache every record is compared with it.
-            const c = &ds.caches[loc.cache];
-            const md = try c.metadataFile();
-            const at = md.locate(loc.sample_id);
-            const columns = md.batches[at.batch].columns;
+            const columns, const row = try b.storedRow(ds, loc);
             for (b.values, 0..) |*v, fi| {
-                if (v.* == .null) v.* = .{ .float = columns[fi].getFloat(at.index) };
+                if (v.* == .null) v.* = .{ .float = columns[fi].getFloat(row) };
             }
-            if (ds.options.validate_cache and !matchesRow(ds.fields, b.values, columns, at.index)) {
+            if (ds.options.validate_cache and !matchesRow(ds.fields, b.values, columns, row)) {
                 return status.fail(error.InvalidCache, "embedded metadata does not match metadata.arrow for sample {d}", .{loc.sample_id});
             }
         }
@@ -149,11 +235,6 @@ pub const Buffers = struct {
                 },
             }
         }
-        // An empty slice's pointer is arbitrary; give empty payloads a real address.
-        try b.payloads.append(gpa, if (payload.len == 0) json.ptr else payload.ptr);
-        try b.payload_lens.append(gpa, payload.len);
-        try b.cache_ids.append(gpa, ds.caches[loc.cache].cache_id);
-        try b.sample_ids.append(gpa, loc.sample_id);
     }
 
     pub fn count(b: *const Buffers) u64 {
@@ -379,6 +460,51 @@ test "batch: with validate_cache every sample is compared with its metadata.arro
     try b.add(ds, .{ .cache = 0, .sample_id = 3 }, rec.json, rec.stored_payload);
     try helpers.expectColumns(ds.fields, b.view(ds.fields, false), 0, env.expected[0].samples()[3].metadata);
     // ...and is rejected as sample 4's.
+    try testing.expectError(error.InvalidCache, b.add(ds, .{ .cache = 0, .sample_id = 4 }, rec.json, rec.stored_payload));
+    try testing.expectEqualStrings("embedded metadata does not match metadata.arrow for sample 4", status.lastMessage());
+}
+
+test "batch: stored metadata comes from metadata.arrow without parsing the JSON, across caches" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    b.stored_metadata = true;
+    try b.reset(gpa, ds.fields);
+    // Caches and rows interleaved (so the record-batch cache is refilled); the JSON is
+    // not even looked at.
+    var locs: std.ArrayList(Loc) = .empty;
+    defer locs.deinit(gpa);
+    for (0..40) |k| {
+        const cache: u32 = @intCast(k % ds.caches.len);
+        const n = ds.caches[cache].sampleCount();
+        try locs.append(gpa, .{ .cache = cache, .sample_id = (k * 7919) % n });
+    }
+    for (locs.items) |loc| try b.add(ds, loc, "not json", "p");
+    const v = b.view(ds.fields, false);
+    try testing.expectEqual(@as(u64, locs.items.len), v.count);
+    for (locs.items, 0..) |loc, i| {
+        try testing.expectEqual(loc.sample_id, v.sample_ids.?[i]);
+        try helpers.expectColumns(ds.fields, v, i, env.expected[loc.cache].samples()[@intCast(loc.sample_id)].metadata);
+    }
+}
+
+test "batch: stored metadata with validate_cache still parses and compares the JSON" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{ .validate_cache = true });
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    b.stored_metadata = true;
+    try b.reset(gpa, ds.fields);
+    try testing.expectError(error.Json, b.add(ds, .{ .cache = 0, .sample_id = 0 }, "{\"flag\":true", "p"));
+    try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "JSON error: "));
+    const image = try helpers.readRecord(gpa, ds, .{ .cache = 0, .sample_id = 3 });
+    defer gpa.free(image);
+    const rec = try shard.split(image);
     try testing.expectError(error.InvalidCache, b.add(ds, .{ .cache = 0, .sample_id = 4 }, rec.json, rec.stored_payload));
     try testing.expectEqualStrings("embedded metadata does not match metadata.arrow for sample 4", status.lastMessage());
 }

@@ -65,11 +65,21 @@ pub const Lookup = struct {
     /// Planned calls: the identities' sort keys, each record's place in `reads`, the
     /// coalesced reads and the bytes they read.
     keys: std.ArrayList(u128) = .empty,
+    /// The radix sort's second buffer (see `sortKeys`).
+    keys_scratch: std.ArrayList(u128) = .empty,
     record_at: std.ArrayList(u64) = .empty,
+    /// Each identity's coalesced read (index into `span_reads`) and record length (so
+    /// pass 4, in the caller's random order, never reads the index again).
+    record_span: std.ArrayList(u32) = .empty,
+    record_len: std.ArrayList(u64) = .empty,
     span_reads: std.ArrayList(SpanRead) = .empty,
     reads: std.ArrayList(u8) = .empty,
     /// Shards mapped on first small read (null: not mappable, read with pread).
     maps: std.AutoHashMapUnmanaged(files_mod.Key, ShardMap) = .empty,
+    /// The last shard asked for in `maps` (random identities of one cache nearly always
+    /// hit the same shard: one comparison instead of a hash lookup).
+    last_map_key: ?files_mod.Key = null,
+    last_map: ShardMap = null,
     batch: batch_mod.Buffers,
 
     pub fn open(ds: *Dataset) status.Error!*Lookup {
@@ -94,6 +104,44 @@ pub const Lookup = struct {
         };
     }
 
+    /// One sample packed into `dst` (see drt_lookup_get_row): the packed size, the
+    /// payload length, one 8-byte slot per field, the payload, the string bytes. Returns
+    /// the size; only it is written when it exceeds `dst.len`. Values and errors are
+    /// `get`'s. Pre: `dst.len >= 8`.
+    pub fn getRow(lk: *Lookup, cache_id: u64, sample_id: u64, dst: []u8) status.Error!u64 {
+        std.debug.assert(dst.len >= 8);
+        const view = try lk.get(&.{cache_id}, &.{sample_id}, false);
+        std.debug.assert(view.count == 1);
+        const fields = lk.ds.fields;
+        const payload_len = view.payload_lens.?[0];
+        var size: u64 = 16 + 8 * @as(u64, fields.len) + payload_len;
+        for (view.columns) |col| if (col.kind == .string) {
+            size += col.offsets.?[1];
+        };
+        std.mem.writeInt(u64, dst[0..8], size, .little);
+        if (size > dst.len) return size;
+        std.mem.writeInt(u64, dst[8..16], payload_len, .little);
+        var pos: usize = 16 + 8 * fields.len;
+        @memcpy(dst[pos..][0..@intCast(payload_len)], view.payloads.?[0][0..@intCast(payload_len)]);
+        pos += @intCast(payload_len);
+        for (view.columns, 0..) |col, fi| {
+            const slot = dst[16 + 8 * fi ..][0..8];
+            switch (col.kind) {
+                .bool => std.mem.writeInt(u64, slot, @as([*]const u8, @ptrCast(col.values.?))[0], .little),
+                .int => std.mem.writeInt(i64, slot, @as([*]const i64, @ptrCast(@alignCast(col.values.?)))[0], .little),
+                .float => std.mem.writeInt(u64, slot, @bitCast(@as([*]const f64, @ptrCast(@alignCast(col.values.?)))[0]), .little),
+                .string => {
+                    const len: usize = @intCast(col.offsets.?[1]);
+                    std.mem.writeInt(u64, slot, len, .little);
+                    @memcpy(dst[pos..][0..len], @as([*]const u8, @ptrCast(col.values.?))[0..len]);
+                    pos += len;
+                },
+            }
+        }
+        std.debug.assert(pos == size);
+        return size;
+    }
+
     /// Validates a record's place in its shard (the manifest's length), as a read of it
     /// would fail.
     fn checkRow(ds: *const Dataset, loc: Loc) status.Error!index.Row {
@@ -109,10 +157,12 @@ pub const Lookup = struct {
     /// The shard's mapping, made on first use: null when its file is shorter than the
     /// manifest says or cannot be mapped (pread then reads it, and reports what is wrong).
     fn shardMap(lk: *Lookup, key: files_mod.Key) ShardMap {
-        if (lk.maps.get(key)) |m| return m;
+        if (lk.last_map_key) |last| if (last.cache == key.cache and last.shard_id == key.shard_id) return lk.last_map;
         const entry = lk.maps.getOrPut(lk.ds.gpa, key) catch return null;
-        entry.value_ptr.* = lk.mapShard(key);
-        return entry.value_ptr.*;
+        if (!entry.found_existing) entry.value_ptr.* = lk.mapShard(key);
+        lk.last_map_key = key;
+        lk.last_map = entry.value_ptr.*;
+        return lk.last_map;
     }
 
     fn mapShard(lk: *Lookup, key: files_mod.Key) ShardMap {
@@ -199,7 +249,9 @@ pub const Lookup = struct {
         std.debug.assert(lk.jsons.items.len == n and lk.spans.items.len == n);
         const raw = lk.raw.items;
         try lk.batch.reset(gpa, ds.fields);
-        for (lk.locs.items, lk.jsons.items, lk.spans.items) |loc, j, p| {
+        const locs = lk.locs.items;
+        for (locs, lk.jsons.items, lk.spans.items, 0..) |loc, j, p, i| {
+            if (i + prefetch_distance < n) lk.batch.prefetch(ds, locs[i + prefetch_distance]);
             const json = if (absolute) at(j[0])[0..@intCast(j[1])] else raw[@intCast(j[0])..][0..@intCast(j[1])];
             const len: usize = @intCast(p[1] & ~in_reads);
             const payload = if (p[1] & in_reads != 0) at(p[0])[0..len] else raw[@intCast(p[0])..][0..len];
@@ -209,6 +261,10 @@ pub const Lookup = struct {
         if (contiguous) try lk.batch.pack(gpa, 0);
         return lk.batch.view(ds.fields, contiguous);
     }
+
+    /// How many identities ahead a call in random order starts loading a record's bytes
+    /// and its metadata.arrow values (enough to overlap several memory latencies).
+    const prefetch_distance = 8;
 
     /// Marks a payload span of a planned call that is an address, not in `raw`.
     const in_reads: u64 = 1 << 63;
@@ -238,11 +294,18 @@ pub const Lookup = struct {
             lk.locs.appendAssumeCapacity(loc);
             lk.keys.appendAssumeCapacity(@as(u128, loc.cache) << 96 | @as(u128, sid) << 32 | @as(u128, @intCast(i)));
         }
-        std.sort.pdq(u128, lk.keys.items, {}, std.sort.asc(u128));
+        try lk.sortKeys();
         // Pass 2: plan the reads: one per run of adjacent records of one shard.
         try lk.record_at.ensureTotalCapacity(gpa, n);
         lk.record_at.items.len = n; // every entry is set below
         const record_at = lk.record_at.items;
+        try lk.record_span.ensureTotalCapacity(gpa, n);
+        lk.record_span.items.len = n; // every entry is set below
+        const record_span = lk.record_span.items;
+        try lk.record_len.ensureTotalCapacity(gpa, n);
+        lk.record_len.items.len = n; // every entry is set below
+        const record_len = lk.record_len.items;
+        var previous_len: u64 = 0;
         lk.span_reads.clearRetainingCapacity();
         var total: u64 = 0;
         var previous: ?u128 = null;
@@ -252,6 +315,8 @@ pub const Lookup = struct {
             const identity = key >> 32;
             if (previous != null and previous.? == identity) {
                 record_at[i] = previous_at; // the same record again: read once
+                record_span[i] = @intCast(lk.span_reads.items.len - 1);
+                record_len[i] = previous_len;
                 continue;
             }
             previous = identity;
@@ -267,6 +332,9 @@ pub const Lookup = struct {
             }
             previous_at = total;
             record_at[i] = total;
+            record_span[i] = @intCast(lk.span_reads.items.len - 1);
+            record_len[i] = row.byte_len;
+            previous_len = row.byte_len;
             total += row.byte_len;
         }
         // Pass 3: read (the buffer is sized once, so it never moves afterwards); small
@@ -287,18 +355,21 @@ pub const Lookup = struct {
         try lk.spans.ensureTotalCapacity(gpa, n);
         try lk.jsons.ensureTotalCapacity(gpa, n);
         const span_reads = lk.span_reads.items;
-        for (lk.locs.items, record_at) |loc, record_start| {
+        for (lk.locs.items, record_at, record_span, record_len, 0..) |loc, record_start, si, byte_len, i| {
+            // Random order: start loading the record a few identities ahead.
+            if (i + prefetch_distance < n) {
+                const ahead = span_reads[record_span[i + prefetch_distance]];
+                const ahead_base: [*]const u8 = ahead.mapped orelse reads[@intCast(ahead.at)..].ptr;
+                @prefetch(ahead_base + @as(usize, @intCast(record_at[i + prefetch_distance] - ahead.at)), .{});
+            }
             const c = &ds.caches[loc.cache];
-            const row = c.row(loc.sample_id);
-            // The span holding the record: the last one starting at or before it.
-            const si = std.sort.upperBound(SpanRead, span_reads, record_start, spanOrder) - 1;
             const s = span_reads[si];
             const within: usize = @intCast(record_start - s.at);
             const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
-            const bytes = base[within..][0..@intCast(row.byte_len)];
+            const bytes = base[within..][0..@intCast(byte_len)];
             const rec = try shard.split(bytes);
             lk.jsons.appendAssumeCapacity(.{ address(rec.json), rec.json.len });
-            switch (c.manifest.shards[@intCast(row.shard_id)].compression) {
+            switch (c.manifest.shards[@intCast(s.shard_id)].compression) {
                 .none => lk.spans.appendAssumeCapacity(.{ address(rec.stored_payload), rec.stored_payload.len | in_reads }),
                 .lz4 => {
                     const payload_at = lk.raw.items.len;
@@ -311,8 +382,48 @@ pub const Lookup = struct {
         return lk.finishBatch(contiguous, true);
     }
 
-    fn spanOrder(record_start: u64, s: SpanRead) std.math.Order {
-        return std.math.order(record_start, s.at);
+    /// Sorts `keys` (cache << 96 | sample id << 32 | position) by identity: nothing to
+    /// do when they are in order already (a caller's sorted request), else a stable
+    /// least-significant-digit radix sort over the bytes that differ (those of the
+    /// largest sample id and cache index asked for: 3 passes for a cache of 10M samples),
+    /// which is several times faster than a comparison sort of 128-bit keys. Positions
+    /// of one identity keep their order (nothing depends on it).
+    fn sortKeys(lk: *Lookup) status.Error!void {
+        const keys = lk.keys.items;
+        var sorted = true;
+        var all: u128 = 0; // the bits set in any identity
+        for (keys, 0..) |k, j| {
+            all |= k;
+            if (j > 0 and keys[j - 1] >> 32 > k >> 32) sorted = false;
+        }
+        if (sorted) return;
+        try lk.keys_scratch.ensureTotalCapacity(lk.ds.gpa, keys.len);
+        lk.keys_scratch.items.len = keys.len;
+        var src = keys;
+        var dst = lk.keys_scratch.items;
+        var counts: [256]u32 = undefined;
+        var shift: u7 = 32; // the position (low 32 bits) is not sorted on
+        while (true) : (shift += 8) {
+            if (all >> shift == 0) break;
+            if ((all >> shift) & 0xff != 0) {
+                @memset(&counts, 0);
+                for (src) |k| counts[@as(u8, @truncate(k >> shift))] += 1;
+                var sum: u32 = 0;
+                for (&counts) |*c| {
+                    const here = c.*;
+                    c.* = sum;
+                    sum += here;
+                }
+                for (src) |k| {
+                    const d: u8 = @truncate(k >> shift);
+                    dst[counts[d]] = k;
+                    counts[d] += 1;
+                }
+                std.mem.swap([]u128, &src, &dst);
+            }
+            if (shift == 120) break;
+        }
+        if (src.ptr != keys.ptr) @memcpy(keys, src);
     }
 
     pub fn close(lk: *Lookup) void {
@@ -326,7 +437,10 @@ pub const Lookup = struct {
         lk.jsons.deinit(gpa);
         lk.locs.deinit(gpa);
         lk.keys.deinit(gpa);
+        lk.keys_scratch.deinit(gpa);
         lk.record_at.deinit(gpa);
+        lk.record_span.deinit(gpa);
+        lk.record_len.deinit(gpa);
         lk.span_reads.deinit(gpa);
         lk.reads.deinit(gpa);
         var maps = lk.maps.valueIterator();
@@ -474,4 +588,90 @@ test "lookup: an unknown cache id or sample id fails with error.Index and the re
 
     // The lookup stays usable.
     try expectGet(&env, lk, &.{ .{ .cache = 1, .sample_id = 9 }, .{ .cache = 0, .sample_id = 119 } }, false);
+}
+
+test "lookup: the radix sort orders keys like a comparison sort, stable per identity" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{});
+    defer env.close();
+    const lk = try Lookup.open(env.ds);
+    defer lk.close();
+    var prng = std.Random.DefaultPrng.init(5);
+    const r = prng.random();
+    // Narrow and wide sample ids, several caches, many repeats; already sorted input.
+    for ([_]u64{ 1, 300, 1 << 20, 1 << 40, std.math.maxInt(u64) }) |sid_max| {
+        for ([_]u32{ 1, 3, 70000 }) |cache_max| {
+            for ([_]usize{ 2, 100, 5000 }) |n| {
+                lk.keys.clearRetainingCapacity();
+                for (0..n) |i| {
+                    const cache = r.uintLessThan(u32, cache_max);
+                    const sid = r.uintAtMost(u64, sid_max);
+                    try lk.keys.append(gpa, @as(u128, cache) << 96 | @as(u128, sid) << 32 | @as(u128, @intCast(i)));
+                }
+                const want = try gpa.dupe(u128, lk.keys.items);
+                defer gpa.free(want);
+                std.sort.pdq(u128, want, {}, std.sort.asc(u128));
+                try lk.sortKeys();
+                try testing.expectEqualSlices(u128, want, lk.keys.items);
+                try lk.sortKeys(); // sorted already
+                try testing.expectEqualSlices(u128, want, lk.keys.items);
+            }
+        }
+    }
+}
+
+test "lookup: getRow packs get's sample (payload, every field) and reports the size it needs" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
+    defer env.close();
+    const lk = try Lookup.open(env.ds);
+    defer lk.close();
+    const fields = env.ds.fields;
+    var buf: [4096]u8 = undefined;
+    for (env.ds.caches, 0..) |*c, ci| {
+        var sid: u64 = 0;
+        while (sid < c.sampleCount()) : (sid += 37) {
+            const want = env.expected[ci].samples()[@intCast(sid)];
+            // Too small: only the size.
+            @memset(buf[0..16], 0xaa);
+            const size = try lk.getRow(env.cache_ids[ci], sid, buf[0..8]);
+            try testing.expect(size > 16);
+            try testing.expectEqual(size, std.mem.readInt(u64, buf[0..8], .little));
+            try testing.expectEqual(@as(u8, 0xaa), buf[8]);
+            try testing.expectEqual(size, try lk.getRow(env.cache_ids[ci], sid, &buf));
+            try testing.expectEqual(size, std.mem.readInt(u64, buf[0..8], .little));
+            const payload_len = std.mem.readInt(u64, buf[8..16], .little);
+            try testing.expectEqual(want.len, payload_len);
+            var at: usize = 16 + 8 * fields.len;
+            var digest: [32]u8 = undefined;
+            std.crypto.hash.sha2.Sha256.hash(buf[at..][0..@intCast(payload_len)], &digest, .{});
+            try testing.expectEqualStrings(want.sha256, &std.fmt.bytesToHex(digest, .lower));
+            at += @intCast(payload_len);
+            for (fields, 0..) |f, fi| {
+                const slot = buf[16 + 8 * fi ..][0..8];
+                const value = want.metadata.object.get(f.name).?;
+                switch (f.kind) {
+                    .bool => try testing.expectEqual(@as(u64, @intFromBool(value.bool)), std.mem.readInt(u64, slot, .little)),
+                    .int => try testing.expectEqual(value.integer, std.mem.readInt(i64, slot, .little)),
+                    .float => {
+                        const w: f64 = switch (value) {
+                            .float => |x| x,
+                            .integer => |x| @floatFromInt(x),
+                            else => return error.TestUnexpectedResult,
+                        };
+                        try testing.expectEqual(@as(u64, @bitCast(w)), std.mem.readInt(u64, slot, .little));
+                    },
+                    .string => {
+                        const len: usize = @intCast(std.mem.readInt(u64, slot, .little));
+                        try testing.expectEqualStrings(value.string, buf[at..][0..len]);
+                        at += len;
+                    },
+                }
+            }
+            try testing.expectEqual(size, @as(u64, at));
+        }
+    }
+    // get's errors.
+    try testing.expectError(error.Index, lk.getRow(123, 0, &buf));
+    try testing.expectEqualStrings("cache_id 123 is out of range", status.lastMessage());
 }
