@@ -640,7 +640,9 @@ STATE_FORMAT = "dataset_rt.dataset_state/1"
 _U64_END = 2**64
 
 #: Batch APIs take their metadata columns from metadata.arrow (see ``iter_batches``).
-_BATCH_FLAGS = int(_native.BatchFlag.CONTIGUOUS | _native.BatchFlag.STORED_METADATA)
+# Batches take their metadata from metadata.arrow (see iter_batches).
+_STORED = int(_native.BatchFlag.STORED_METADATA)
+_BATCH_FLAGS = int(_native.BatchFlag.CONTIGUOUS) | _STORED
 
 
 def _identity_arrays(
@@ -816,7 +818,7 @@ class _RangeBatches:
         most half the reader's ``prefetch_size`` samples (fewer than ``max_count``)."""
         import numpy as np
 
-        batch = self._iterator.next_batch(max_count, _native.BatchFlag.STORED_METADATA)
+        batch = self._iterator.next_batch(max_count, _STORED)
         count = batch.count
         if count == 0:
             return None
@@ -991,7 +993,7 @@ class _Gather:
         if 0 <= self._per_sample < _GATHER_BYTES:
             # Small records: one contiguous native batch, copied (a batch this small is
             # still in the CPU caches, and one native call beats several).
-            whole = iterator.next_batch(size, _native.BatchFlag.CONTIGUOUS)
+            whole = iterator.next_batch(size, _BATCH_FLAGS)
             if whole.count == 0:
                 return None
             built = _sample_batch(whole, self._columns, True)
@@ -1009,7 +1011,7 @@ class _Gather:
             per_sample = self._per_sample
             # (The first batch's first part tells the record size; small records take
             # the rest of that batch in one contiguous call.)
-            flags = _native.BatchFlag.CONTIGUOUS if 0 <= per_sample < _GATHER_BYTES else 0
+            flags = _BATCH_FLAGS if 0 <= per_sample < _GATHER_BYTES else _STORED
             try:
                 part = iterator.next_batch(size - got, flags)
             except Exception as error:
