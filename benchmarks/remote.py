@@ -1,7 +1,7 @@
 """Reading caches on object storage, from a loopback S3 server, next to the limits.
 
     uv run python benchmarks/remote.py                 # W1 200,000 x 512 B, W2 1,000 x 1 MiB
-    uv run python benchmarks/remote.py --quick         # W1 20,000, W2 100
+    uv run python benchmarks/remote.py --quick         # W1 50,000, W2 300
     uv run python benchmarks/remote.py --w1 50000 --w2 200 --no-litdata --workers 4
 
 The S3 server is moto's standalone server on 127.0.0.1 (``tests/remote_server.py``, a dev
@@ -232,14 +232,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--w1", type=int, default=200_000, help="W1 records (512 B)")
     parser.add_argument("--w2", type=int, default=1_000, help="W2 records (1 MiB)")
-    parser.add_argument("--quick", action="store_true", help="W1 20,000 and W2 100")
+    parser.add_argument("--quick", action="store_true", help="W1 50,000 and W2 300")
     parser.add_argument("--workers", type=int, default=8, help="DatasetRuntime threads")
     parser.add_argument("--fetchers", type=int, default=8, help="raw fetch threads")
     parser.add_argument("--shard-mib", type=int, default=64, help="max_shard_bytes in MiB")
     parser.add_argument("--no-litdata", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.w1, args.w2 = 20_000, 100
+        args.w1, args.w2 = 50_000, 300
     print(
         f"dataset_rt {drt.native_info()['version']}, {os.cpu_count()} CPUs, moto S3 server on "
         f"127.0.0.1; load average at start: {load()}; "

@@ -7,11 +7,13 @@ reader, a full disk in the shard cache)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,13 @@ def test_remote_reads_equal_local(
     got = [b.metadata.to_dicts() for b in remote_ds.iter_batches(50)]
     want = [b.metadata.to_dicts() for b in local_ds.iter_batches(50)]
     assert got == want
+    # Closing stops background fetches (look-ahead) still under way: their temporary
+    # files go.
+    del remote_ds
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while list((shard_cache / "shards").glob("*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     files = shard_files(shard_cache)
     assert files, "shards come through the shard cache"
     if budget is not None:
@@ -468,34 +477,57 @@ def test_cli_reads_urls(runtime, s3_bucket, shard_cache, tmp_path) -> None:
     assert f"no cache at {base}/missing" in out.getvalue()
 
 
-def test_ordered_reading_fetches_the_next_shards_ahead(runtime, s3_bucket, shard_cache) -> None:
-    """Ordered reading goes through a cache's shards in order: opening one starts the
-    download of the next two in the background; shuffled reading fetches only what it
-    opens."""
-    import time
-
-    runtime.write_cache([Numbers("r", 300, 97)], f"{s3_bucket}/ra", writer_config=WRITER)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_reading_fetches_the_next_shards_in_plan_order(
+    runtime, s3_bucket, shard_cache, tmp_path, shuffle, monkeypatch
+) -> None:
+    """Look-ahead follows the plan: after the first sample, the shards of the positions
+    the sampler draws next are fetched in the background in that order (at most four
+    fetches at once), in ordered and shuffled reading alike; get_item fetches only what
+    it reads (in shuffled reading)."""
+    source = Numbers("r", 300, 97)
+    runtime = drt.DatasetRuntime(num_workers=8)  # fetch-ahead: half the workers, at most 4
+    runtime.write_cache([source], f"{s3_bucket}/ra", writer_config=WRITER)
+    runtime.write_cache([source], tmp_path / "local", writer_config=WRITER)
     url = f"{s3_bucket}/ra/r"
-    shuffled = runtime.cached_dataset(
-        [url], reader_config=drt.ReaderConfig(seed=0, shuffle=True, prefetch_size=1)
+    config = drt.ReaderConfig(seed=3, shuffle=shuffle, prefetch_size=1)
+    # (Shuffled: in ordered reading, opening a shard also asks for the next two.)
+    lookup = runtime.cached_dataset(
+        [url], reader_config=config.model_copy(update={"shuffle": True})
     )
-    cache_id = shuffled._handle.cache_info(0).cache_id
-    shuffled.get_item(cache_id, 0)
+    lookup.get_item(lookup._handle.cache_info(0).cache_id, 0)
     time.sleep(0.5)
     assert len(shard_files(shard_cache)) == 1
-    ordered = runtime.cached_dataset(
-        [url], reader_config=drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=1)
-    )
-    it = iter(ordered)
+    # The plan: the local copy's sample ids in stream order, and their shards.
+    local = tmp_path / "local" / "r"
+    order = [s.sample_id for s in runtime.cached_dataset([local], reader_config=config)]
+    index = (local / "index.bin").read_bytes()
+    manifest = json.loads((local / "manifest.json").read_text())
+    plan: list[str] = []
+    for sample_id in order:
+        sha = manifest["shards"][
+            int.from_bytes(index[24 * sample_id : 24 * sample_id + 8], "little")
+        ]["sha256"]
+        if sha not in plan:
+            plan.append(sha)
+    assert len(plan) > 8
+
+    fresh = tmp_path / "fresh-cache"
+    monkeypatch.setenv("DATASET_RT_CACHE_DIR", str(fresh))
+    dataset = runtime.cached_dataset([url], reader_config=config)
+    it = iter(dataset)
     next(it)
+    seen: set[str] = set()
     deadline = time.monotonic() + 30
-    while len(shard_files(shard_cache)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    manifest = json.loads(get(f"{url}/manifest.json"))
-    assert {f.stem for f in shard_files(shard_cache)} == {
-        s["sha256"] for s in manifest["shards"][:3]
-    }
-    assert len(list(it)) == 299
+    while time.monotonic() < deadline:  # until nothing more arrives for a while
+        time.sleep(0.3)
+        now = {f.stem for f in shard_files(fresh)}
+        if now == seen and len(now) >= 4:
+            break
+        seen = now
+    assert len(seen) >= 4
+    assert seen == set(plan[: len(seen)]), "fetched in plan order"
+    assert [s.sample_id for s in it] == order[1:]
 
 
 def test_slow_server_keeps_memory_bounded(runtime, s3_server, s3_bucket, shard_cache) -> None:

@@ -43,6 +43,7 @@ test {
     _ = @import("read/sampler.zig");
     _ = @import("read/plan.zig");
     _ = @import("read/iterator.zig");
+    _ = @import("read/lookahead.zig");
     _ = @import("read/lookup.zig");
     _ = @import("read/batch.zig");
     _ = @import("read/record.zig");

@@ -27,7 +27,6 @@ const Sha256 = @import("../codec/sha256.zig").Sha256;
 const manifest = @import("../format/manifest.zig");
 const ShardCache = @import("shardcache.zig").ShardCache;
 const cache = @import("../store/cache.zig");
-const publish = @import("../store/publish.zig");
 const runtime = @import("../base/runtime.zig");
 
 /// What a callback reports (`DRT_REMOTE_*`).
@@ -67,6 +66,13 @@ pub const Options = struct {
     parallel_parts: u32 = 8,
 };
 
+/// Byte ranges one background fetch (look-ahead) takes at once: with `Origin.slots_max`
+/// fetches, 8 requests in flight, as a reader's own fetch makes.
+const background_parts = 2;
+/// Range size of background fetches: smaller than a reader's own, so the buffers of
+/// fetch-ahead (and the transport's copies) stay small.
+const background_chunk_bytes = 4 << 20;
+
 /// Largest manifest.json accepted (as locally).
 const manifest_bytes_max = 64 << 20;
 
@@ -80,6 +86,10 @@ pub const Remote = struct {
     shards_path: []u8,
     shards: ShardCache,
     options: Options,
+    /// Bytes of shard downloads in flight in this process (see `reserve`).
+    mutex: std.Thread.Mutex = .{},
+    cond: std.Thread.Condition = .{},
+    in_flight: u64 = 0,
 
     pub fn create(gpa: std.mem.Allocator, ops: Ops, options: Options) status.Error!*Remote {
         if (ops.open == null or ops.read == null or ops.close == null) return status.fail(error.InvalidArgument, "remote ops: open, read and close are required", .{});
@@ -159,8 +169,10 @@ pub const Remote = struct {
     /// and SHA-256 against the manifest. The file is removed on any failure. With `pool`,
     /// up to `parallel_parts` byte ranges are fetched at once: the calling thread and pool
     /// workers take the next range from a shared counter and write it in place; each holds
-    /// one buffer of `chunk_bytes`. The file is hashed after it is complete.
-    fn download(r: *Remote, url: [:0]const u8, dir: std.fs.Dir, dir_path: []const u8, name: []const u8, size: ?u64, sha_hex: []const u8, pool: ?*runtime.Pool) status.Error!void {
+    /// one buffer of `chunk_bytes`. The hash runs while the ranges land: whichever thread
+    /// completes the range after the hashed prefix extends the hash in order (see
+    /// `Fetch.landed`), so only the last range is hashed after the transfer.
+    fn download(r: *Remote, url: [:0]const u8, dir: std.fs.Dir, dir_path: []const u8, name: []const u8, size: ?u64, sha_hex: []const u8, pool: ?*runtime.Pool, stop: ?*const std.atomic.Value(bool)) status.Error!void {
         const obj = try r.openObject(url);
         defer r.closeObject(obj);
         if (size) |expected| if (obj.size != expected) {
@@ -175,27 +187,48 @@ pub const Remote = struct {
         // Ranges of at most chunk_bytes, small enough (down to 1 MiB) that a shard spreads
         // over every participant.
         const spread = std.math.divCeil(u64, obj.size, @max(1, r.options.parallel_parts)) catch unreachable;
-        const part: u64 = if (pool == null) r.options.chunk_bytes else std.math.clamp(spread, @min(1 << 20, r.options.chunk_bytes), r.options.chunk_bytes);
-        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .file = file, .dir_path = dir_path, .name = name, .part = @max(1, part) };
-        const parts = std.math.divCeil(u64, obj.size, fetch.part) catch unreachable;
-        var helpers: [16]Helper = undefined;
-        const helper_count: usize = if (pool == null) 0 else @intCast(@min(parts -| 1, @min(r.options.parallel_parts -| 1, helpers.len)));
-        for (helpers[0..helper_count]) |*h| {
-            h.* = .{ .fetch = &fetch };
-            pool.?.submit(&h.job);
-        }
-        fetch.work();
-        for (helpers[0..helper_count]) |*h| {
-            if (pool.?.cancel(&h.job)) continue; // never started: nothing left for it
-            fetch.mutex.lock();
-            defer fetch.mutex.unlock();
-            while (!h.finished) fetch.cond.wait(&fetch.mutex);
+        const part: u64 = @max(1, if (stop != null)
+            @min(r.options.chunk_bytes, background_chunk_bytes)
+        else if (pool == null)
+            r.options.chunk_bytes
+        else
+            std.math.clamp(spread, @min(1 << 20, r.options.chunk_bytes), r.options.chunk_bytes));
+        const parts = std.math.divCeil(u64, obj.size, part) catch unreachable;
+        const landed = try r.gpa.alloc(bool, @intCast(parts));
+        defer r.gpa.free(landed);
+        @memset(landed, false);
+        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .file = file, .dir_path = dir_path, .name = name, .part = part, .landed = landed, .hasher = .init(), .stop = stop };
+        if (stop != null) {
+            // A background fetch (on its own thread, see `Origin`): helper threads of its
+            // own, never pool workers, so no pool worker ever waits in the embedder's
+            // callbacks for a download nobody waits for.
+            var threads: [16]std.Thread = undefined;
+            var spawned: usize = 0;
+            const want: usize = @intCast(@min(parts -| 1, @min(background_parts -| 1, threads.len)));
+            while (spawned < want) : (spawned += 1) {
+                threads[spawned] = std.Thread.spawn(.{}, Fetch.work, .{&fetch}) catch break;
+            }
+            fetch.work();
+            for (threads[0..spawned]) |t| t.join();
+        } else {
+            var helpers: [16]Helper = undefined;
+            const helper_count: usize = if (pool == null) 0 else @intCast(@min(parts -| 1, @min(r.options.parallel_parts -| 1, helpers.len)));
+            for (helpers[0..helper_count]) |*h| {
+                h.* = .{ .fetch = &fetch };
+                pool.?.submit(&h.job);
+            }
+            fetch.work();
+            for (helpers[0..helper_count]) |*h| {
+                if (pool.?.cancel(&h.job)) continue; // never started: nothing left for it
+                fetch.mutex.lock();
+                defer fetch.mutex.unlock();
+                while (!h.finished) fetch.cond.wait(&fetch.mutex);
+            }
         }
         if (fetch.err) |err| return status.failText(err, fetch.message[0..fetch.message_len]);
-        file.seekTo(0) catch |err| return failWrite(err, dir_path, name);
-        const digest = try publish.hashFile(file, dir_path);
-        const actual = std.fmt.bytesToHex(digest.sha256, .lower);
-        if (digest.byte_len != obj.size or !std.mem.eql(u8, &actual, sha_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}: the object changed on the server since its manifest was written", .{url});
+        std.debug.assert(fetch.hashed == parts);
+        const actual = std.fmt.bytesToHex(fetch.hasher.finalResult(), .lower);
+        if (!std.mem.eql(u8, &actual, sha_hex)) return status.fail(error.InvalidCache, "checksum mismatch for {s}: the object changed on the server since its manifest was written", .{url});
         keep = true;
     }
 
@@ -250,7 +283,7 @@ pub const Remote = struct {
         inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 } }) |file| {
             const file_url = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ url, file[0] }, 0);
             defer gpa.free(file_url);
-            try r.download(file_url, tmp, tmp_path, file[0], null, file[1], pool);
+            try r.download(file_url, tmp, tmp_path, file[0], null, file[1], pool, null);
         }
         tmp.writeFile(.{ .sub_path = "manifest.json", .data = text }) catch |err| return failWrite(err, tmp_path, "manifest.json");
         caches.rename(tmp_name, &hex) catch |err| switch (err) {
@@ -262,8 +295,43 @@ pub const Remote = struct {
         return final;
     }
 
+    /// Makes room in the shard cache for a download of `need` bytes besides this
+    /// process's downloads in flight, and counts it in flight until `unreserve`. A
+    /// `background` fetch takes at most half the budget in flight and never waits (false:
+    /// no room now); a reader's own fetch waits for downloads in flight when they leave
+    /// too little room, then evicts what it must (`makeRoom` with force): the shard
+    /// files of this process never exceed the budget.
+    fn reserve(r: *Remote, need: u64, what: []const u8, background: bool) status.Error!bool {
+        r.mutex.lock();
+        defer r.mutex.unlock();
+        if (need > r.shards.budget) return r.shards.makeRoom(r.gpa, need, what, true); // the error
+        while (true) {
+            if (background and r.in_flight + need > r.shards.budget / 2) return false;
+            if (r.in_flight + need <= r.shards.budget) {
+                if (!try r.shards.makeRoom(r.gpa, r.in_flight + need, what, !background)) return false;
+                r.in_flight += need;
+                return true;
+            }
+            r.cond.wait(&r.mutex);
+        }
+    }
+
+    fn unreserve(r: *Remote, need: u64) void {
+        r.mutex.lock();
+        defer r.mutex.unlock();
+        r.in_flight -= need;
+        r.cond.broadcast();
+    }
+
     /// A read-only descriptor of `shard` of the cache at `url`, from the shard cache.
     pub fn openShard(r: *Remote, url: []const u8, shard: *const manifest.Shard, pool: ?*runtime.Pool) status.Error!posix.fd_t {
+        return r.fetchShard(url, shard, pool, null);
+    }
+
+    /// `openShard`; with `stop`, a background fetch (look-ahead): it gives up when there is
+    /// no room in the budget now (see `reserve`) or when `stop` is set.
+    fn fetchShard(r: *Remote, url: []const u8, shard: *const manifest.Shard, pool: ?*runtime.Pool, stop: ?*const std.atomic.Value(bool)) status.Error!posix.fd_t {
+        const background = stop != null;
         if (try r.shards.lookup(shard.sha256, shard.byte_len)) |fd| return fd;
         const lock = try r.shards.lockShard(shard.sha256);
         defer r.shards.unlockShard(lock);
@@ -271,10 +339,13 @@ pub const Remote = struct {
         if (try r.shards.lookup(shard.sha256, shard.byte_len)) |fd| return fd;
         const shard_url = try std.fmt.allocPrintSentinel(r.gpa, "{s}/shards/{s}", .{ std.mem.trimRight(u8, url, "/"), shard.name }, 0);
         defer r.gpa.free(shard_url);
-        try r.shards.makeRoom(r.gpa, shard.byte_len, shard_url);
+        if (!try r.reserve(shard.byte_len, shard_url, background)) {
+            return status.fail(error.Io, "no room for {s} in the shard cache now: pinned or in flight", .{shard_url});
+        }
+        defer r.unreserve(shard.byte_len);
         var tmp_buf: [128]u8 = undefined;
         const tmp_name = ShardCache.tempName(&tmp_buf, shard.sha256);
-        try r.download(shard_url, r.shards.dir, r.shards.path, tmp_name, shard.byte_len, shard.sha256, pool);
+        try r.download(shard_url, r.shards.dir, r.shards.path, tmp_name, shard.byte_len, shard.sha256, pool, stop);
         errdefer r.shards.dir.deleteFile(tmp_name) catch {};
         return r.shards.commit(tmp_name, shard.sha256);
     }
@@ -289,10 +360,19 @@ const Fetch = struct {
     dir_path: []const u8,
     name: []const u8,
     part: u64,
+    /// Set when the download is no longer wanted (a closed cache's look-ahead).
+    stop: ?*const std.atomic.Value(bool),
     next: std.atomic.Value(u64) = .init(0),
     failed: std.atomic.Value(bool) = .init(false),
     mutex: std.Thread.Mutex = .{},
     cond: std.Thread.Condition = .{},
+    /// Guarded by `mutex`: which ranges are written, how many leading ranges are hashed,
+    /// and whether a thread is hashing (one at a time, so the hash sees the bytes in order;
+    /// only that thread touches `hasher`).
+    landed: []bool,
+    hashed: u64 = 0,
+    hashing: bool = false,
+    hasher: Sha256,
     /// The first failure and its message (messages are per thread: copied here).
     err: ?status.Error = null,
     message: [status.message_bytes_max]u8 = undefined,
@@ -303,11 +383,42 @@ const Fetch = struct {
         const buf = f.r.gpa.alloc(u8, @intCast(@min(f.part, @max(f.obj.size, 1)))) catch return f.fail(error.OutOfMemory);
         defer f.r.gpa.free(buf);
         while (!f.failed.load(.acquire)) {
-            const offset = f.next.fetchAdd(1, .monotonic) * f.part;
+            if (f.stop) |stop| if (stop.load(.acquire)) return f.fail(status.fail(error.Io, "download of {s} stopped: its cache was closed", .{f.url}));
+            const i = f.next.fetchAdd(1, .monotonic);
+            const offset = i * f.part;
             if (offset >= f.obj.size) return;
             const n: usize = @intCast(@min(f.obj.size - offset, f.part));
             f.r.readObject(f.obj, f.url, offset, buf[0..n]) catch |err| return f.fail(err);
             f.file.pwriteAll(buf[0..n], offset) catch |err| return f.fail(failWrite(err, f.dir_path, f.name));
+            f.land(i, buf) catch |err| return f.fail(err);
+        }
+    }
+
+    /// Range `i` is written (its bytes still in `buf`). Unless another thread is hashing
+    /// (it sees range `i` before it stops), hashes every written range after the hashed
+    /// prefix, in order; ranges other than `i` are read back from the file (page cache).
+    fn land(f: *Fetch, i: u64, buf: []u8) status.Error!void {
+        f.mutex.lock();
+        defer f.mutex.unlock();
+        f.landed[@intCast(i)] = true;
+        if (f.hashing) return;
+        f.hashing = true;
+        defer f.hashing = false;
+        var holds_i = true; // whether buf still holds range i
+        while (f.hashed < f.landed.len and f.landed[@intCast(f.hashed)] and !f.failed.load(.acquire)) {
+            const k = f.hashed;
+            f.mutex.unlock();
+            const offset = k * f.part;
+            const n: usize = @intCast(@min(f.obj.size - offset, f.part));
+            const got = if (k == i and holds_i) n else f.file.preadAll(buf[0..n], offset) catch |err| {
+                f.mutex.lock();
+                return failWrite(err, f.dir_path, f.name);
+            };
+            holds_i = false;
+            if (got == n) f.hasher.update(buf[0..n]);
+            f.mutex.lock();
+            if (got != n) return status.fail(error.Io, "cannot read back the local cache {s}/{s}: short read", .{ f.dir_path, f.name });
+            f.hashed += 1;
         }
     }
 
@@ -341,105 +452,225 @@ const Helper = struct {
 };
 
 /// Where a remote cache's shards come from: the transport, the pool that helps fetch, and
-/// read-ahead: in ordered reading the plan goes through a cache's shards in order, so
-/// opening shard k starts background downloads of shards k+1 .. k+readahead (pool jobs)
-/// when the budget holds them besides the shards in use. A background failure is
-/// dropped: the reader's own open of that shard fetches again and reports it.
+/// fetch-ahead. Two callers hand it the shards that will be read next:
+/// - the iterators' plan-order look-ahead (`read/lookahead.zig`, every sampling mode):
+///   the shards of the next positions the sampler will draw, through `prefetchShard`;
+/// - in ordered reading, opening shard k also asks for shards k+1 .. k+readahead.
+/// Each asked-for shard that is not cached is fetched on a thread of its own (at most
+/// `slotCount()` at once, each fetching `background_parts` ranges at a time: never on the
+/// runtime's pool, whose workers must never wait in the embedder's callbacks for a fetch
+/// nobody waits for, for example at interpreter exit); cached or fetched, it is then
+/// pinned (`ShardCache.pin`: no process evicts it while anything else can go) until newer
+/// look-ahead replaces it (at most `pins_max` pins) or the cache closes. Shards pinned or
+/// in flight hold at most half the budget; a shard larger than that is left to the
+/// reader's own fetch. A background failure is dropped: the reader's own open of that
+/// shard fetches again and reports it. Closing the cache stops fetches in flight after
+/// their current range, without waiting for them (they hold a reference to the origin).
 const Origin = struct {
     remote: *Remote,
     pool: ?*runtime.Pool,
     readahead: u32,
+    /// The cache's URL (owned): background fetches may outlive the cache.
+    url: []u8,
+    /// One for the cache, one per fetch running or queued; the last frees the origin.
+    refs: std.atomic.Value(u32) = .init(1),
+    /// Set when the cache closes: fetches in flight stop after their current range.
+    closing: std.atomic.Value(bool) = .init(false),
     mutex: std.Thread.Mutex = .{},
-    cond: std.Thread.Condition = .{},
-    slots: [readahead_max]Prefetch = undefined,
+    slots: [slots_max]Prefetch = undefined,
+    /// Guarded by `mutex`: pinned shards (oldest first), and bytes pinned or in flight.
+    pins: [pins_max]Pin = undefined,
+    pin_count: usize = 0,
+    held_bytes: u64 = 0,
 
-    const readahead_max = 4;
+    const slots_max = 4;
+    const pins_max = 8;
 
+    const Pin = struct { shard_id: u64, fd: posix.fd_t, bytes: u64 };
+
+    /// A background fetch. It copies what it needs of the shard's manifest entry, so it
+    /// never touches the cache, which may close while it runs (the origin stays alive).
     const Prefetch = struct {
-        job: runtime.Job = .{ .run = run },
         origin: *Origin,
-        cache: *const cache.Cache = undefined,
         shard_id: u64 = 0,
         busy: bool = false,
+        shard: manifest.Shard = undefined,
+        name: [name_max]u8 = undefined,
+        sha: [64]u8 = undefined,
 
-        fn run(job: *runtime.Job) void {
-            const p: *Prefetch = @fieldParentPtr("job", job);
+        const name_max = 256;
+
+        fn run(p: *Prefetch) void {
             const o = p.origin;
-            const c = p.cache;
-            // Its ranges go to the pool too: this job waits only for helpers that started.
-            if (o.remote.openShard(c.url.?, &c.manifest.shards[@intCast(p.shard_id)], o.pool)) |fd| posix.close(fd) else |_| {}
+            const fd: ?posix.fd_t = if (o.remote.fetchShard(o.url, &p.shard, null, &o.closing)) |fd|
+                o.remote.shards.pinOpen(fd) catch null
+            else |_|
+                null;
             o.mutex.lock();
+            o.held_bytes -= p.shard.byte_len;
+            if (fd) |f| {
+                if (o.closing.load(.acquire)) posix.close(f) else o.addPin(p.shard_id, f, p.shard.byte_len);
+            }
             p.busy = false;
-            o.cond.broadcast();
             o.mutex.unlock();
+            o.unref();
         }
     };
 
-    /// Starts background downloads of the shards after `shard_id`.
-    fn readAhead(o: *Origin, c: *const cache.Cache, shard_id: u64) void {
-        const pool = o.pool orelse return;
-        const shards = c.manifest.shards;
-        var next = shard_id + 1;
-        var in_use: u64 = shards[@intCast(shard_id)].byte_len;
-        while (next < shards.len and next <= shard_id + o.readahead) : (next += 1) {
-            const shard = &shards[@intCast(next)];
-            in_use += shard.byte_len;
-            if (2 * in_use > o.remote.shards.budget) return; // would evict what is needed
-            if (o.remote.shards.contains(shard.sha256, shard.byte_len)) continue;
+    fn unref(o: *Origin) void {
+        if (o.refs.fetchSub(1, .acq_rel) != 1) return;
+        const r = o.remote;
+        r.gpa.free(o.url);
+        r.gpa.destroy(o);
+        r.release();
+    }
+
+    /// Fetches ahead at once: half the runtime's workers (at least 1, at most
+    /// `slots_max`), so fetch-ahead's requests and buffers scale with the runtime the
+    /// user sized.
+    fn slotCount(o: *const Origin) usize {
+        const workers = if (o.pool) |pool| pool.threads.len else 0;
+        return std.math.clamp(workers / 2, 1, slots_max);
+    }
+
+    fn isPinned(o: *const Origin, shard_id: u64) bool {
+        for (o.pins[0..o.pin_count]) |p| if (p.shard_id == shard_id) return true;
+        return false;
+    }
+
+    fn isRunning(o: *const Origin, shard_id: u64) bool {
+        for (&o.slots) |*slot| if (slot.busy and slot.shard_id == shard_id) return true;
+        return false;
+    }
+
+    /// Under `mutex`. Drops the oldest pin when the table is full.
+    fn addPin(o: *Origin, shard_id: u64, fd: posix.fd_t, bytes: u64) void {
+        if (o.isPinned(shard_id)) return posix.close(fd);
+        if (o.pin_count == pins_max) o.unpinOldest();
+        o.pins[o.pin_count] = .{ .shard_id = shard_id, .fd = fd, .bytes = bytes };
+        o.pin_count += 1;
+        o.held_bytes += bytes;
+    }
+
+    /// Under `mutex`.
+    fn unpinOldest(o: *Origin) void {
+        const p = o.pins[0];
+        posix.close(p.fd);
+        o.held_bytes -= p.bytes;
+        std.mem.copyForwards(Pin, o.pins[0 .. o.pin_count - 1], o.pins[1..o.pin_count]);
+        o.pin_count -= 1;
+    }
+
+    /// Shard `shard_id` of `c` will be read soon: pin it, or start fetching it. False when
+    /// it cannot be taken now (every slot busy, or the half budget held by shards in
+    /// flight): the caller asks again later.
+    fn request(o: *Origin, c: *const cache.Cache, shard_id: u64) bool {
+        if (o.pool == null) return true;
+        const shard = &c.manifest.shards[@intCast(shard_id)];
+        const limit = o.remote.shards.budget / 2;
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        if (o.isPinned(shard_id) or o.isRunning(shard_id)) return true;
+        // Left to the reader's own fetch: larger than the look-ahead's share, or a name
+        // too long to copy.
+        if (shard.byte_len > limit or shard.name.len > Prefetch.name_max or shard.sha256.len != 64) return true;
+        while (o.held_bytes + shard.byte_len > limit and o.pin_count > 0) o.unpinOldest();
+        if (o.held_bytes + shard.byte_len > limit) return false;
+        if (o.remote.shards.contains(shard.sha256, shard.byte_len)) {
+            o.mutex.unlock();
+            const fd = o.remote.shards.pin(shard.sha256, shard.byte_len) catch null;
             o.mutex.lock();
-            defer o.mutex.unlock();
-            var free: ?*Prefetch = null;
-            var running = false;
-            for (o.slots[0..o.readahead]) |*slot| {
-                if (slot.busy and slot.cache == c and slot.shard_id == next) running = true;
-                if (!slot.busy and free == null) free = slot;
+            if (fd) |f| {
+                if (o.held_bytes + shard.byte_len > limit) {
+                    posix.close(f); // others took the room meanwhile
+                    return false;
+                }
+                o.addPin(shard_id, f, shard.byte_len);
+                return true;
             }
-            if (running) continue;
-            const slot = free orelse return;
-            slot.* = .{ .origin = o, .cache = c, .shard_id = next, .busy = true };
-            pool.submit(&slot.job);
+            if (o.isPinned(shard_id) or o.isRunning(shard_id)) return true;
+        }
+        const slot = for (o.slots[0..o.slotCount()]) |*slot| {
+            if (!slot.busy) break slot;
+        } else return false;
+        slot.* = .{ .origin = o, .shard_id = shard_id, .busy = true };
+        @memcpy(slot.name[0..shard.name.len], shard.name);
+        @memcpy(&slot.sha, shard.sha256);
+        slot.shard = shard.*;
+        slot.shard.name = slot.name[0..shard.name.len];
+        slot.shard.sha256 = &slot.sha;
+        _ = o.refs.fetchAdd(1, .monotonic);
+        const thread = std.Thread.spawn(.{}, Prefetch.run, .{slot}) catch {
+            slot.busy = false;
+            _ = o.refs.fetchSub(1, .monotonic);
+            return true; // left to the reader's own fetch
+        };
+        thread.detach();
+        o.held_bytes += shard.byte_len;
+        return true;
+    }
+
+    /// Ordered reading: asks for the shards after `shard_id`.
+    fn readAhead(o: *Origin, c: *const cache.Cache, shard_id: u64) void {
+        var next = shard_id + 1;
+        while (next < c.manifest.shards.len and next <= shard_id + o.readahead) : (next += 1) {
+            if (!o.request(c, next)) return;
         }
     }
 
-    /// Cancels queued read-ahead and waits for running ones.
-    fn quiesce(o: *Origin) void {
-        o.mutex.lock();
-        defer o.mutex.unlock();
-        for (o.slots[0..o.readahead]) |*slot| {
-            if (slot.busy and o.pool.?.cancel(&slot.job)) slot.busy = false;
-            while (slot.busy) o.cond.wait(&o.mutex);
+    /// The cache closes: fetches in flight stop after their current range (without
+    /// waiting: they hold their own reference, and a fetch blocked in the embedder's
+    /// callback, for example at interpreter exit, must not block the close), and every
+    /// pin is dropped.
+    fn close(o: *Origin) void {
+        o.closing.store(true, .release);
+        {
+            o.mutex.lock();
+            defer o.mutex.unlock();
+            while (o.pin_count > 0) o.unpinOldest();
         }
+        o.unref();
     }
 };
 
 /// Opens the remote cache at `url` (fetching and verifying its manifest, index and
 /// metadata) as cache `position` of a dataset; its shards come through `r`, which must
-/// outlive the cache. `readahead` (at most 4) shards after each one opened are fetched in
-/// the background on `pool` (ordered reading).
+/// outlive the cache. In ordered reading (`readahead` > 0), opening a shard also asks
+/// for the `readahead` (at most 4) shards after it; in every mode the iterators' look-ahead
+/// asks for the shards of the positions they will read next (see `Origin`).
 pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
     const local = try r.fetchCache(url, pool);
     defer r.gpa.free(local);
+    const trimmed = std.mem.trimRight(u8, url, "/");
     const origin = try r.gpa.create(Origin);
     errdefer r.gpa.destroy(origin);
-    origin.* = .{ .remote = r, .pool = pool, .readahead = if (pool == null) 0 else @min(readahead, Origin.readahead_max) };
+    const owned_url = try r.gpa.dupe(u8, trimmed);
+    errdefer r.gpa.free(owned_url);
+    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max) };
     for (&origin.slots) |*slot| slot.* = .{ .origin = origin };
-    return cache.Cache.openRemote(r.gpa, local, position, validate, .{
-        .url = std.mem.trimRight(u8, url, "/"),
-        .source = .{ .context = origin, .open = openCacheShard, .release = releaseOrigin },
+    const c = try cache.Cache.openRemote(r.gpa, local, position, validate, .{
+        .url = trimmed,
+        .source = .{ .context = origin, .open = openCacheShard, .release = releaseOrigin, .prefetch = prefetchShard },
     });
+    _ = r.retain(); // the origin's, released by its last reference
+    return c;
 }
 
 fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) status.Error!posix.fd_t {
     const origin: *Origin = @ptrCast(@alignCast(context));
     const fd = try origin.remote.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)], origin.pool);
-    origin.readAhead(c, shard_id);
+    if (origin.readahead > 0) origin.readAhead(c, shard_id);
     return fd;
+}
+
+fn prefetchShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) bool {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.request(c, shard_id);
 }
 
 fn releaseOrigin(context: *anyopaque) void {
     const origin: *Origin = @ptrCast(@alignCast(context));
-    if (origin.readahead > 0) origin.quiesce();
-    origin.remote.gpa.destroy(origin);
+    origin.close();
 }
 
 /// True for a path that names an object store URL (`scheme://...`).

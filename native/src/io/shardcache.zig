@@ -11,9 +11,16 @@
 //!   on `<sha256>.lock`; the others wait and then find the file present.
 //! - `makeRoom` (under the exclusive flock of `.evict.lock`) unlinks the least recently
 //!   used shards until the new one fits the budget. A shard a reader still holds open stays
-//!   readable (the descriptor keeps the inode) and frees its space when closed: the files
-//!   in the directory never exceed the budget; evicted but still open files add at most
-//!   the descriptors readers keep (64 per iterator or lookup).
+//!   readable (the descriptor keeps the inode) and frees its space when closed: evicted
+//!   but still open files add at most the descriptors readers keep (64 per iterator or
+//!   lookup).
+//! - Pinned shards are not evicted while anything else can go: `pin` holds a shared
+//!   flock on the shard file for as long as its descriptor is open (an iterator's
+//!   look-ahead, in any process), and `makeRoom` unlinks an unpinned shard only while it
+//!   holds a non-blocking exclusive flock on it. When pinned shards leave no room,
+//!   `makeRoom` says so and a background fetch gives up; for a reader's own fetch it
+//!   unlinks pinned shards too (oldest first): the files in the directory never exceed
+//!   the budget.
 //! - Temporary files of processes that no longer exist are removed by `makeRoom`.
 
 const std = @import("std");
@@ -59,6 +66,31 @@ pub const ShardCache = struct {
         return fd;
     }
 
+    /// `lookup` and a shared flock on the file: while the descriptor is open the shard is
+    /// not evicted. Null when it is not cached (or was evicted just before the lock).
+    pub fn pin(sc: *ShardCache, sha_hex: []const u8, size: u64) status.Error!?posix.fd_t {
+        const fd = (try sc.lookup(sha_hex, size)) orelse return null;
+        return try pinOpen(sc, fd);
+    }
+
+    /// Takes the pin's shared flock on `fd` (an open shard of this cache): `fd`, or null
+    /// (and `fd` closed) when the shard was evicted before the lock was taken.
+    pub fn pinOpen(sc: *ShardCache, fd: posix.fd_t) status.Error!?posix.fd_t {
+        posix.flock(fd, posix.LOCK.SH) catch |err| {
+            posix.close(fd);
+            return failDir(err, sc.path);
+        };
+        const st = posix.fstat(fd) catch |err| {
+            posix.close(fd);
+            return failDir(err, sc.path);
+        };
+        if (st.nlink == 0) {
+            posix.close(fd);
+            return null;
+        }
+        return fd;
+    }
+
     /// Whether shard `sha_hex` of `size` bytes is cached (no descriptor kept).
     pub fn contains(sc: *ShardCache, sha_hex: []const u8, size: u64) bool {
         var name_buf: [80]u8 = undefined;
@@ -83,14 +115,17 @@ pub const ShardCache = struct {
         posix.close(lock); // releases the flock
     }
 
-    /// Unlinks least recently used shards until `need` more bytes fit the budget.
-    pub fn makeRoom(sc: *ShardCache, gpa: std.mem.Allocator, need: u64, what: []const u8) status.Error!void {
+    /// Unlinks least recently used shards that are not pinned until `need` more bytes fit
+    /// the budget. When pinned shards leave too little room: with `force` (a reader needs
+    /// the shard now), unlinks pinned ones too, oldest first, so the budget holds; without,
+    /// returns false and unlinks nothing pinned.
+    pub fn makeRoom(sc: *ShardCache, gpa: std.mem.Allocator, need: u64, what: []const u8, force: bool) status.Error!bool {
         if (need > sc.budget) return status.fail(error.InvalidArgument, "the shard cache budget ({d} bytes) is smaller than {s} ({d} bytes); raise the budget", .{ sc.budget, what, need });
         const lock = posix.openatZ(sc.dir.fd, ".evict.lock", .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644) catch |err| return failDir(err, sc.path);
         defer posix.close(lock);
         posix.flock(lock, posix.LOCK.EX) catch |err| return failDir(err, sc.path);
 
-        const Entry = struct { name: [80]u8, len: usize, size: u64, mtime: i128 };
+        const Entry = struct { name: [81]u8, len: usize, size: u64, mtime: i128 };
         var entries: std.ArrayList(Entry) = .empty;
         defer entries.deinit(gpa);
         var total: u64 = 0;
@@ -108,17 +143,35 @@ pub const ShardCache = struct {
             try entries.append(gpa, entry);
             total += st.size;
         }
-        if (total + need <= sc.budget) return;
+        if (total + need <= sc.budget) return true;
         std.mem.sort(Entry, entries.items, {}, struct {
             fn lt(_: void, a: Entry, b: Entry) bool {
                 return a.mtime < b.mtime;
             }
         }.lt);
+        for (entries.items) |*e| {
+            if (total + need <= sc.budget) break;
+            e.name[e.len] = 0;
+            const name = e.name[0..e.len :0];
+            const fd = posix.openatZ(sc.dir.fd, name, .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch {
+                total -= e.size; // gone already
+                e.size = 0;
+                continue;
+            };
+            defer posix.close(fd);
+            posix.flock(fd, posix.LOCK.EX | posix.LOCK.NB) catch continue; // pinned
+            posix.unlinkatZ(sc.dir.fd, name, 0) catch {};
+            total -= e.size;
+            e.size = 0;
+        }
+        if (total + need <= sc.budget or !force) return total + need <= sc.budget;
         for (entries.items) |e| {
             if (total + need <= sc.budget) break;
+            if (e.size == 0) continue; // unlinked above
             sc.dir.deleteFile(e.name[0..e.len]) catch {};
             total -= e.size;
         }
+        return true;
     }
 
     /// Publishes the verified temporary file `tmp_name` as shard `sha_hex` and opens it.
@@ -169,7 +222,7 @@ test "lookup, commit, and eviction of the least recently used shards" {
     try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup("aa", 4));
     var names: [3][128]u8 = undefined;
     for ([_][]const u8{ "aa", "bb", "cc" }, 0..) |sha, i| {
-        try sc.makeRoom(testing.allocator, 4, "a shard");
+        try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", false));
         const tmp_name = ShardCache.tempName(&names[i], sha);
         try sc.dir.writeFile(.{ .sub_path = tmp_name, .data = "1234" });
         const fd = try sc.commit(tmp_name, sha);
@@ -186,5 +239,44 @@ test "lookup, commit, and eviction of the least recently used shards" {
     posix.close(b);
     // A wrong size is not trusted.
     try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup("cc", 5));
-    try testing.expectError(error.InvalidArgument, sc.makeRoom(testing.allocator, 11, "a shard"));
+    try testing.expectError(error.InvalidArgument, sc.makeRoom(testing.allocator, 11, "a shard", true));
+
+    // Only "bb" is left. A pinned shard is never evicted, however old: with "bb" pinned
+    // and oldest, "dd" goes; with "bb" and "ee" pinned there is no room and nothing goes.
+    const pinned = (try sc.pin("bb", 4)).?;
+    try setMtime(sc.dir, "bb", 0);
+    try addShard(&sc, "dd", 5);
+    try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", false));
+    try testing.expect(sc.contains("bb", 4) and !sc.contains("dd", 4));
+    try addShard(&sc, "ee", 6);
+    const pinned2 = (try sc.pin("ee", 4)).?;
+    try testing.expect(!try sc.makeRoom(testing.allocator, 4, "a shard", false));
+    try testing.expect(sc.contains("bb", 4) and sc.contains("ee", 4));
+    // A reader's own fetch keeps the budget: the oldest pinned shard goes (its holder
+    // still reads it through the descriptor).
+    try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", true));
+    try testing.expect(!sc.contains("bb", 4) and sc.contains("ee", 4));
+    var back: [4]u8 = undefined;
+    try testing.expectEqual(@as(usize, 4), try posix.pread(pinned, &back, 0));
+    try addShard(&sc, "bb", 0);
+    // Unpinned: evictable again.
+    posix.close(pinned);
+    try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", false));
+    try testing.expect(!sc.contains("bb", 4) and sc.contains("ee", 4));
+    posix.close(pinned2);
+}
+
+fn setMtime(dir: std.fs.Dir, sha: []const u8, seconds: u64) !void {
+    var bin: [80]u8 = undefined;
+    const f = try dir.openFile(binName(&bin, sha), .{});
+    defer f.close();
+    try f.updateTimes(@intCast(seconds * std.time.ns_per_s), @intCast(seconds * std.time.ns_per_s));
+}
+
+fn addShard(sc: *ShardCache, sha: []const u8, mtime_s: u64) !void {
+    var name_buf: [128]u8 = undefined;
+    const tmp_name = ShardCache.tempName(&name_buf, sha);
+    try sc.dir.writeFile(.{ .sub_path = tmp_name, .data = "1234" });
+    posix.close(try sc.commit(tmp_name, sha));
+    try setMtime(sc.dir, sha, mtime_s);
 }

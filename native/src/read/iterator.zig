@@ -53,6 +53,7 @@ const dataset_mod = @import("dataset.zig");
 const plan = @import("plan.zig");
 const batch_mod = @import("batch.zig");
 const record = @import("record.zig");
+const LookAhead = @import("lookahead.zig").LookAhead;
 const Dataset = dataset_mod.Dataset;
 const Loc = dataset_mod.Loc;
 const Table = dataset_mod.Table;
@@ -309,6 +310,8 @@ pub const Iter = struct {
     coalesce: u64,
     /// Whether a batch was asked for (the first one waits for one record only).
     started: bool = false,
+    /// Fetch-ahead of remote shards in plan order (a no-op for local caches).
+    lookahead: LookAhead = .{},
 
     /// An iterator over the next window of the dataset's stream (reserved now).
     pub fn open(ds: *Dataset) status.Error!*Iter {
@@ -403,6 +406,7 @@ pub const Iter = struct {
         const prefetch = it.loc_ring.len;
         const window_limit = @min(it.schedule.count, it.delivered - it.held_samples + prefetch);
         const limit = if (it.started) window_limit else @min(window_limit, it.planned + 1);
+        it.lookahead.advance(ds, it.table, it.schedule, it.planned);
         var reads: usize = 0;
         while (it.planned < limit and it.used < it.slots.len and reads < reads_max) : (reads += 1) {
             const slot = &it.slots[(it.head + it.used) % it.slots.len];

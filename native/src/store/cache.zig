@@ -60,6 +60,10 @@ pub const ShardSource = struct {
     open: *const fn (context: *anyopaque, c: *const Cache, shard_id: u64) status.Error!posix.fd_t,
     /// Frees `context` when the cache closes.
     release: ?*const fn (context: *anyopaque) void = null,
+    /// Shard `shard_id` will be read soon (an iterator's plan-order look-ahead): start
+    /// fetching it in the background. False: not now (fetches or memory at their bound),
+    /// ask again later.
+    prefetch: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64) bool = null,
 };
 
 /// A cache on object storage: its URL, and where its shards come from.
