@@ -130,6 +130,32 @@ def _byte_view(data: object) -> Any:
         return view.tobytes()
 
 
+def _joined_strings(values: list[Any]) -> tuple[bytes, Any] | None:
+    """UTF-8 bytes of ``values`` back to back and their ``len + 1`` uint64 offsets, with
+    no per-value Python work: the values are joined with NUL separators, encoded once, and
+    the offsets are the separators' positions (found with numpy). None when a value is not
+    a ``str``, holds a NUL itself or cannot be encoded (the caller's slow path reports it).
+    """
+    import numpy as np
+
+    count = len(values)
+    try:
+        data = "\0".join(values).encode("utf-8")
+    except (TypeError, UnicodeEncodeError):
+        return None
+    separators = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0)
+    if len(separators) != count - 1:
+        return None
+    offsets = np.empty(count + 1, dtype=np.uint64)
+    offsets[0] = 0
+    # Value i ends at its separator, less the i separators before it.
+    offsets[1:count] = separators - np.arange(count - 1)
+    offsets[count] = len(data) - (count - 1)
+    if count > 1:
+        data = data.replace(b"\0", b"")
+    return data, offsets
+
+
 def _is_numpy_bool(value: object) -> bool:
     cls = type(value)
     return cls.__module__ == "numpy" and cls.__name__ in ("bool_", "bool")
@@ -513,10 +539,9 @@ class _Ingest:
         while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
             want = min(self.step, size - len(payloads))
             chunk: list[Any] = []
-            append = chunk.append
             try:
-                for item in islice(iterator, want):
-                    append(item)
+                # list.extend keeps the items pulled before an exception.
+                chunk.extend(islice(iterator, want))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:
@@ -681,6 +706,12 @@ class _Ingest:
         except KeyError:
             self._check_rows(rows)
             raise
+        if kind == Kind.STRING:
+            # str.join accepts only str (subclasses included: all of kind string), so a
+            # successful join is the type check.
+            fast = _joined_strings(values)
+            if fast is not None:
+                return fast
         types = set(map(type, values))
         if types != {_PLAIN_TYPES[kind]}:
             if any(value_kind(v) != kind for v in values):
@@ -688,18 +719,6 @@ class _Ingest:
             if kind != Kind.STRING:
                 values = [_PLAIN_TYPES[kind](v) for v in values]
         if kind == Kind.STRING:
-            if types == {str}:
-                try:
-                    data = "".join(values).encode("utf-8")
-                except UnicodeEncodeError:
-                    data = None
-                lengths = np.fromiter(map(len, values), np.uint64, len(values))
-                offsets = np.zeros(len(values) + 1, dtype=np.uint64)
-                np.cumsum(lengths, out=offsets[1:])
-                # As many bytes as characters: all ASCII, so the character offsets are
-                # the byte offsets.
-                if data is not None and len(data) == int(offsets[-1]):
-                    return data, offsets
             try:
                 encoded = [str(v).encode("utf-8") for v in values]
             except UnicodeEncodeError:
