@@ -229,8 +229,9 @@ pub const Writer = struct {
 
         const fingerprint: ?[]u8 = if (options.fingerprint) |fp| try gpa.dupe(u8, fp) else null;
         errdefer if (fingerprint) |fp| gpa.free(fp);
-        // Shards hashed at once: one per worker, plus the one being written and one more.
-        const sealer = try seal.Sealer.init(gpa, &rt.pool, rt.num_workers + 2, options.profile);
+        // Shards hashed at once: one per worker (at most 8: the pool has other work, and
+        // each slot holds a read buffer), plus the one being written and one more.
+        const sealer = try seal.Sealer.init(gpa, &rt.pool, @min(rt.num_workers, 8) + 2, options.profile);
         errdefer sealer.deinit(false);
 
         const w = try gpa.create(Writer);
