@@ -130,6 +130,32 @@ def _byte_view(data: object) -> Any:
         return view.tobytes()
 
 
+def _joined_strings(values: list[Any]) -> tuple[bytes, Any] | None:
+    """UTF-8 bytes of ``values`` back to back and their ``len + 1`` uint64 offsets, with
+    no per-value Python work: the values are joined with NUL separators, encoded once, and
+    the offsets are the separators' positions (found with numpy). None when a value is not
+    a ``str``, holds a NUL itself or cannot be encoded (the caller's slow path reports it).
+    """
+    import numpy as np
+
+    count = len(values)
+    try:
+        data = "\0".join(values).encode("utf-8")
+    except (TypeError, UnicodeEncodeError):
+        return None
+    separators = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0)
+    if len(separators) != count - 1:
+        return None
+    offsets = np.empty(count + 1, dtype=np.uint64)
+    offsets[0] = 0
+    # Value i ends at its separator, less the i separators before it.
+    offsets[1:count] = separators - np.arange(count - 1)
+    offsets[count] = len(data) - (count - 1)
+    if count > 1:
+        data = data.replace(b"\0", b"")
+    return data, offsets
+
+
 def _is_numpy_bool(value: object) -> bool:
     cls = type(value)
     return cls.__module__ == "numpy" and cls.__name__ in ("bool_", "bool")
@@ -466,6 +492,7 @@ class _Ingest:
         self.keys: list[str] | None = None
         self.kinds: list[Kind] = []
         self.key_set: frozenset[str] = frozenset()
+        self.getters: list[Callable[[dict[str, Any]], Any]] = []
         self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
         self.count = 0
         self.payload_bytes = 0
@@ -508,15 +535,20 @@ class _Ingest:
         from small to large holds at most BATCH_BYTES_MAX plus one step of samples."""
         payloads: list[Any] = []
         rows: list[Any] = []
+        lengths: list[int] = []
+        # Each field's values, taken step by step while the step's rows are in the CPU
+        # caches (None once a step's rows do not all have exactly the schema's keys:
+        # the flush then checks the rows one by one).
+        picked: list[list[Any]] | None = None
+        picking = True
         nbytes = 0
         more = True
         while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
             want = min(self.step, size - len(payloads))
             chunk: list[Any] = []
-            append = chunk.append
             try:
-                for item in islice(iterator, want):
-                    append(item)
+                # list.extend keeps the items pulled before an exception.
+                chunk.extend(islice(iterator, want))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:
@@ -527,9 +559,15 @@ class _Ingest:
             if chunk:
                 step_payloads, step_rows = self._take(chunk)
                 del chunk
+                step_lengths = list(map(len, step_payloads))
                 payloads.extend(step_payloads)
                 rows.extend(step_rows)
-                nbytes += sum(map(len, step_payloads))
+                lengths.extend(step_lengths)
+                nbytes += sum(step_lengths)
+                if picking:
+                    if picked is None:  # the schema is known after the first _take
+                        picked = [[] for _ in self.getters]
+                    picking = self._pick(step_rows, picked)
                 if len(step_payloads) < want:
                     more = False
                     break
@@ -539,9 +577,22 @@ class _Ingest:
         count = len(payloads)
         if count == 0:
             return size, False
-        self._flush(payloads, rows)
+        self._flush(payloads, rows, lengths, picked if picking else None)
         average = max(1, nbytes // count)
         return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), more
+
+    def _pick(self, rows: Any, picked: list[list[Any]]) -> bool:
+        """Append each schema field's values of ``rows`` to ``picked`` (one list per
+        field); False, leaving ``picked`` partial, unless every row has exactly the
+        schema's keys."""
+        if set(map(len, rows)) != {len(self.getters)}:
+            return False
+        try:
+            for getter, values in zip(self.getters, picked):
+                values.extend(map(getter, rows))
+        except KeyError:
+            return False
+        return True
 
     def _take(self, chunk: list[Any]) -> tuple[Any, Any]:
         """The payloads and metadata dicts of pulled samples, with the per-sample checks
@@ -641,6 +692,7 @@ class _Ingest:
         self.kinds = kinds
         self.keys = keys
         self.key_set = frozenset(keys)
+        self.getters = [itemgetter(key) for key in keys]
         self.chunks = [[] for _ in keys]
         self.writer.set_schema(keys, kinds)
 
@@ -668,19 +720,29 @@ class _Ingest:
                     except UnicodeEncodeError as exc:
                         raise SourceFailure(python_error(exc)) from exc
 
-    def _column(self, index: int, key: str, rows: list[dict[str, Any]]) -> tuple[Any, Any]:
+    def _column(
+        self, index: int, key: str, rows: list[dict[str, Any]], values: list[Any] | None = None
+    ) -> tuple[Any, Any]:
         """Typed column for one field of a batch: (numpy array or string bytes, offsets).
+        ``values``: the field's values of ``rows`` if already taken.
 
         Bulk checks (one set of value types per column); anything unusual goes through
         ``_check_rows``, which reports the first problem in sample order."""
         import numpy as np
 
         kind = self.kinds[index]
-        try:
-            values = list(map(itemgetter(key), rows))
-        except KeyError:
-            self._check_rows(rows)
-            raise
+        if values is None:
+            try:
+                values = list(map(itemgetter(key), rows))
+            except KeyError:
+                self._check_rows(rows)
+                raise
+        if kind == Kind.STRING:
+            # str.join accepts only str (subclasses included: all of kind string), so a
+            # successful join is the type check.
+            fast = _joined_strings(values)
+            if fast is not None:
+                return fast
         types = set(map(type, values))
         if types != {_PLAIN_TYPES[kind]}:
             if any(value_kind(v) != kind for v in values):
@@ -688,18 +750,6 @@ class _Ingest:
             if kind != Kind.STRING:
                 values = [_PLAIN_TYPES[kind](v) for v in values]
         if kind == Kind.STRING:
-            if types == {str}:
-                try:
-                    data = "".join(values).encode("utf-8")
-                except UnicodeEncodeError:
-                    data = None
-                lengths = np.fromiter(map(len, values), np.uint64, len(values))
-                offsets = np.zeros(len(values) + 1, dtype=np.uint64)
-                np.cumsum(lengths, out=offsets[1:])
-                # As many bytes as characters: all ASCII, so the character offsets are
-                # the byte offsets.
-                if data is not None and len(data) == int(offsets[-1]):
-                    return data, offsets
             try:
                 encoded = [str(v).encode("utf-8") for v in values]
             except UnicodeEncodeError:
@@ -718,18 +768,31 @@ class _Ingest:
             return np.array(values, dtype=np.float64), None
         return np.array(values, dtype=np.uint8), None
 
-    def _flush(self, payloads: Any, rows: Any) -> int:
+    def _flush(
+        self,
+        payloads: Any,
+        rows: Any,
+        payload_lengths: list[int] | None = None,
+        picked: list[list[Any]] | None = None,
+    ) -> int:
         """Check one batch's metadata and hand it to the native writer; returns its
-        payload bytes."""
+        payload bytes. ``payload_lengths`` and ``picked`` (each field's values, from
+        rows known to have exactly the schema's keys) are used when given."""
         import numpy as np
 
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
-        if set(map(len, rows)) != {len(self.keys)}:
+        if picked is None and set(map(len, rows)) != {len(self.keys)}:
             self._check_rows(rows)
-        values = [self._column(i, key, rows) for i, key in enumerate(self.keys)]
+        values = [
+            self._column(i, key, rows, None if picked is None else picked[i])
+            for i, key in enumerate(self.keys)
+        ]
         count = len(payloads)
-        lengths = np.fromiter(map(len, payloads), np.uint64, count)
+        if payload_lengths is None:
+            lengths = np.fromiter(map(len, payloads), np.uint64, count)
+        else:
+            lengths = np.array(payload_lengths, dtype=np.uint64)
         nbytes = int(lengths.sum())
         if self.direct and nbytes >= LARGE_PAYLOAD_BYTES * count:
             # Large payloads: by pointer, written from their own buffers.

@@ -78,9 +78,9 @@ def test_batches_stay_within_the_byte_bound_when_records_grow(
     flushed: list[tuple[int, int]] = []
     flush = writer_module._Ingest._flush
 
-    def recording_flush(self, payloads, rows):  # type: ignore[no-untyped-def]
+    def recording_flush(self, payloads, rows, *args):  # type: ignore[no-untyped-def]
         flushed.append((len(payloads), sum(map(len, payloads))))
-        return flush(self, payloads, rows)
+        return flush(self, payloads, rows, *args)
 
     monkeypatch.setattr(writer_module._Ingest, "_flush", recording_flush)
     big = 1 << 20

@@ -162,8 +162,9 @@ enum {
 enum {
     DRT_STAGE_RECORD_ENCODE = 0,   /* metadata JSON + record framing; bytes = record headers */
     DRT_STAGE_COMPRESSION = 1,     /* LZ4; bytes = raw payload bytes compressed */
-    DRT_STAGE_DISK_WRITE = 2,      /* shard and index appends (buffered writes + SHA-256) */
-    DRT_STAGE_SHARD_FLUSH = 3,     /* closing a shard: last write, fsync */
+    DRT_STAGE_DISK_WRITE = 2,      /* shard and index appends (buffered writes; index SHA-256) */
+    DRT_STAGE_SHARD_FLUSH = 3,     /* closing shards; sealing them on the pool (read back,
+                                      SHA-256, writeback, fsync; bytes = bytes hashed) */
     DRT_STAGE_FINISH_INDEX = 4,    /* index.bin flush + fsync */
     DRT_STAGE_FINISH_METADATA = 5, /* hashing metadata.arrow */
     DRT_STAGE_FINISH_MANIFEST = 6, /* manifest.json write + fsync */

@@ -50,5 +50,6 @@ test {
     _ = @import("read/testing.zig");
     _ = @import("write/writer.zig");
     _ = @import("write/fragment.zig");
+    _ = @import("write/seal.zig");
     _ = @import("abi/types.zig");
 }

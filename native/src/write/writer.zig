@@ -18,6 +18,7 @@ const metadata_json = @import("../format/metadata_json.zig");
 const runtime_mod = @import("../base/runtime.zig");
 const Runtime = runtime_mod.Runtime;
 const publish = @import("../store/publish.zig");
+const seal = @import("seal.zig");
 
 /// renameat2 flags: fail with EEXIST instead of replacing the destination; swap the two.
 
@@ -171,7 +172,9 @@ pub const Writer = struct {
     schema_set: bool = false,
     field_names: std.ArrayList(u8) = .empty,
 
-    shard: ?publish.HashedFile = null,
+    /// Shard output: written here in order, hashed, fsynced and closed in the background.
+    sealer: *seal.Sealer,
+    shard_open: bool = false,
     shard_uncompressed: u64 = 0,
     shards: std.ArrayList(manifest.WriteShard) = .empty,
     index_file: publish.HashedFile,
@@ -226,6 +229,10 @@ pub const Writer = struct {
 
         const fingerprint: ?[]u8 = if (options.fingerprint) |fp| try gpa.dupe(u8, fp) else null;
         errdefer if (fingerprint) |fp| gpa.free(fp);
+        // Shards hashed at once: one per worker (at most 8: the pool has other work, and
+        // each slot holds a read buffer), plus the one being written and one more.
+        const sealer = try seal.Sealer.init(gpa, &rt.pool, @min(rt.num_workers, 8) + 2, options.profile);
+        errdefer sealer.deinit(false);
 
         const w = try gpa.create(Writer);
         for (chunks) |*c| {
@@ -238,6 +245,7 @@ pub const Writer = struct {
             .runtime = rt.retain(),
             .options = options,
             .staging = staging,
+            .sealer = sealer,
             .name = name_copy,
             .index_file = .{ .file = index_file, .hasher = .init() },
             .profile = .{ .enabled = options.profile },
@@ -333,15 +341,15 @@ pub const Writer = struct {
             const record_len = w.direct_header.items.len + payload.len;
             // Sequence order is kept: nothing else is in flight (drained above), and
             // the caller appends from one thread.
-            if (w.shard) |*sh| {
-                if (sh.written > 0 and sh.written + record_len > w.options.max_shard_bytes) try w.closeShard();
+            if (w.shard_open) {
+                const written = w.sealer.written();
+                if (written > 0 and written + record_len > w.options.max_shard_bytes) try w.closeShard();
             }
-            if (w.shard == null) try w.openShard();
+            if (!w.shard_open) try w.openShard();
             t = w.profile.start();
-            const sh = &w.shard.?;
-            const offset = sh.written;
-            try sh.append(gpa, w.direct_header.items, w.shard_path.items);
-            try sh.append(gpa, payload, w.shard_path.items);
+            const offset = w.sealer.written();
+            try w.sealer.append(w.direct_header.items);
+            try w.sealer.append(payload);
             w.shard_uncompressed += payload.len;
             const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
             try w.index_file.append(gpa, &row, w.staging.staging_path);
@@ -495,14 +503,14 @@ pub const Writer = struct {
         for (c.record_lens.items, c.raw_lens.items) |record_len, raw_len| {
             const record = c.records.items[at..][0..@intCast(record_len)];
             at += @intCast(record_len);
-            if (w.shard) |*shard| {
-                if (shard.written > 0 and shard.written + record_len > w.options.max_shard_bytes) try w.closeShard();
+            if (w.shard_open) {
+                const written = w.sealer.written();
+                if (written > 0 and written + record_len > w.options.max_shard_bytes) try w.closeShard();
             }
-            if (w.shard == null) try w.openShard();
+            if (!w.shard_open) try w.openShard();
             const t = w.profile.start();
-            const shard = &w.shard.?;
-            const offset = shard.written;
-            try shard.append(gpa, record, w.shard_path.items);
+            const offset = w.sealer.written();
+            try w.sealer.append(record);
             w.shard_uncompressed += raw_len;
             const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
             try w.index_file.append(gpa, &row, w.staging.staging_path);
@@ -511,11 +519,14 @@ pub const Writer = struct {
         }
     }
 
-    /// Raises the first commit failure, if any.
+    /// Raises the first commit or sealing failure, if any.
     fn checkAsync(w: *Writer) status.Error!void {
-        w.mutex.lock();
-        defer w.mutex.unlock();
-        if (w.async_failure) |err| return status.failText(err, w.async_message[0..w.async_message_len]);
+        {
+            w.mutex.lock();
+            defer w.mutex.unlock();
+            if (w.async_failure) |err| return status.failText(err, w.async_message[0..w.async_message_len]);
+        }
+        try w.sealer.check();
     }
 
     /// Waits until every submitted chunk is committed (or skipped after a failure).
@@ -533,20 +544,18 @@ pub const Writer = struct {
         try w.shard_path.print(w.gpa, "{s}/shards/{s}", .{ w.staging.staging_path, name });
         var shards_dir = w.staging.dir.openDir("shards", .{}) catch |err| return status.failIo(err, w.staging.staging_path);
         defer shards_dir.close();
-        const file = shards_dir.createFile(name, .{ .exclusive = true }) catch |err| return status.failIo(err, w.shard_path.items);
-        w.shard = .{ .file = file, .hasher = .init() };
+        try w.sealer.open(shards_dir, name, w.shard_path.items);
+        w.shard_open = true;
         w.shard_uncompressed = 0;
     }
 
+    /// Hands the shard to the sealer; its digest is filled in by `finish`.
     fn closeShard(w: *Writer) status.Error!void {
         const t = w.profile.start();
-        var shard = &w.shard.?;
         defer w.profile.stop(.shard_flush, t, 0);
-        const digest = try shard.finish(w.shard_path.items);
-        const entry: manifest.WriteShard = .{ .uncompressed_byte_len = w.shard_uncompressed, .byte_len = shard.written, .sha256 = digest };
-        shard.deinit(w.gpa, false);
-        w.shard = null;
-        try w.shards.append(w.gpa, entry);
+        w.shard_open = false;
+        const byte_len = try w.sealer.close();
+        try w.shards.append(w.gpa, .{ .uncompressed_byte_len = w.shard_uncompressed, .byte_len = byte_len, .sha256 = undefined });
     }
 
     /// See drt_writer_finish.
@@ -558,6 +567,8 @@ pub const Writer = struct {
         try w.checkAsync();
         if (w.sample_count == 0) return status.fail(error.InvalidArgument, "cache source yielded no samples", .{});
         try w.closeShard();
+        // The last shards are sealed on the pool while the index and metadata.arrow are
+        // hashed and fsynced here.
         var t = w.profile.start();
         const index_sha = try w.index_file.finish(w.staging.staging_path);
         w.index_open = false;
@@ -571,6 +582,18 @@ pub const Writer = struct {
             break :blk (try publish.hashFile(file, w.staging.staging_path)).sha256;
         };
         w.profile.stop(.finish_metadata, t, 0);
+        t = w.profile.start();
+        try w.sealer.wait();
+        std.debug.assert(w.shards.items.len == w.sealer.digests.items.len);
+        for (w.shards.items, w.sealer.digests.items) |*entry, digest| entry.sha256 = digest;
+        w.profile.stop(.shard_flush, t, 0);
+        {
+            const from = w.sealer.stats;
+            const to = &w.profile.stages[@intFromEnum(Stage.shard_flush)];
+            to.calls += from.calls;
+            to.total_ns += from.total_ns;
+            to.bytes += from.bytes;
+        }
         t = w.profile.start();
 
         var text: std.ArrayList(u8) = .empty;
@@ -600,7 +623,7 @@ pub const Writer = struct {
         if (!forked) w.drain(); // no job may touch the writer after this
         for (w.chunks) |*c| c.deinit(gpa);
         gpa.free(w.chunks);
-        if (w.shard) |*shard| shard.deinit(gpa, true);
+        w.sealer.deinit(forked);
         w.index_file.deinit(gpa, w.index_open);
         w.staging.close(gpa, forked);
         w.runtime.release();
