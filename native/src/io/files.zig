@@ -172,21 +172,23 @@ pub const Maps = struct {
     }
 };
 
+/// The tests' opener: every key opens the file "a" of `dir`, counting the opens.
+const TestOpener = struct {
+    dir: std.fs.Dir,
+    opened: u32 = 0,
+    fn open(o: *@This(), key: Key) status.Error!posix.fd_t {
+        _ = key;
+        o.opened += 1;
+        const f = o.dir.openFile("a", .{}) catch return error.Io;
+        return f.handle;
+    }
+};
+
 test "descriptors are cached, pinned entries are never closed under a read" {
     var tmp = std.testing.tmpDir(.{});
     defer tmp.cleanup();
     try tmp.dir.writeFile(.{ .sub_path = "a", .data = "a" });
-    const Opener = struct {
-        dir: std.fs.Dir,
-        opened: u32 = 0,
-        fn open(o: *@This(), key: Key) status.Error!posix.fd_t {
-            _ = key;
-            o.opened += 1;
-            const f = o.dir.openFile("a", .{}) catch return error.Io;
-            return f.handle;
-        }
-    };
-    var opener: Opener = .{ .dir = tmp.dir };
+    var opener: TestOpener = .{ .dir = tmp.dir };
     var fs: Files = .{};
     defer fs.deinit();
     const k1: Key = .{ .cache = 0, .shard_id = 1 };
@@ -217,17 +219,7 @@ test "shards are mapped once, with their resident pages, within maps_max" {
     defer gpa.free(data);
     for (data, 0..) |*b, i| b.* = @truncate(i *% 7);
     try tmp.dir.writeFile(.{ .sub_path = "a", .data = data });
-    const Opener = struct {
-        dir: std.fs.Dir,
-        opened: u32 = 0,
-        fn open(o: *@This(), key: Key) status.Error!posix.fd_t {
-            _ = key;
-            o.opened += 1;
-            const f = o.dir.openFile("a", .{}) catch return error.Io;
-            return f.handle;
-        }
-    };
-    var opener: Opener = .{ .dir = tmp.dir };
+    var opener: TestOpener = .{ .dir = tmp.dir };
     var fs: Files = .{};
     defer fs.deinit();
     var maps: Maps = .{};
