@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from dataset_rt import _native
 from dataset_rt._buffers import Pool, Releases
 from dataset_rt._buffers import fit as _fit
 from dataset_rt._buffers import span as _span
@@ -246,6 +247,11 @@ def to_torch_iterable_dataset(dataset: Any) -> DatasetRTIterableDataset:
 
 # Metadata columns held in a batch's buffer: numpy kind -> (torch dtype, bytes per value).
 _NUMERIC = {"i": (torch.int64, 8), "f": (torch.float64, 8), "b": (torch.bool, 1)}
+_NUMPY = {
+    "i": (np.dtype(np.int64), 8),
+    "f": (np.dtype(np.float64), 8),
+    "b": (np.dtype(np.bool_), 1),
+}
 
 
 class TensorBatch:
@@ -261,8 +267,11 @@ class TensorBatch:
     - ``metadata``: column name to an ``int64``, ``float64`` or ``bool`` tensor, or a list
       of ``str`` for string columns, in the caches' column order.
 
-    Every tensor is a view of one ``uint8`` tensor, ``buffer``, so ``pin_memory()``
-    pins it once and ``to(device)`` copies it once. ``buffer`` is memory the loader
+    Every tensor lies in the memory of one ``uint8`` tensor, ``buffer`` (in host memory
+    the loader filled, the fields are made from numpy views of it, which costs a
+    fraction of torch's slicing; after ``pin_memory()`` or ``to(device)``, they are
+    views of the new ``buffer``), so ``pin_memory()`` pins it once and ``to(device)``
+    copies it once. ``buffer`` is memory the loader
     reuses once the batch and every view of it are dropped (keeping batches is safe: the
     loader then takes fresh memory). A DataLoader worker builds batches in its ring of
     shared memory, which the training process maps, so a batch reaches it without a
@@ -274,6 +283,7 @@ class TensorBatch:
 
     __slots__ = (
         "_layout",
+        "_raw",
         "_ring",
         "_strings",
         "buffer",
@@ -285,11 +295,20 @@ class TensorBatch:
     )
 
     def __init__(
-        self, buffer: torch.Tensor, layout: tuple[Any, ...], strings: dict[str, list[str]]
+        self,
+        buffer: torch.Tensor | None,
+        layout: tuple[Any, ...],
+        strings: dict[str, list[str]],
+        raw: np.ndarray | None = None,
     ) -> None:
-        self.buffer = buffer
+        # ``raw``: the same bytes as a numpy array (host memory the loader filled), when
+        # known; the fields are then made from numpy views (``torch.from_numpy`` costs a
+        # fraction of a tensor slice and view) and ``buffer`` on first use.
+        if buffer is not None:
+            self.buffer = buffer
         self._layout = layout
         self._strings = strings
+        self._raw = raw
         self._ring: tuple[Any, ...] | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -297,8 +316,36 @@ class TensorBatch:
         # much as a batch of small records takes to copy).
         count, width, head, nbytes, order, numeric = self._layout
         ids = 8 * (count + 1)
-        buffer = self.buffer
+        raw = self._raw
         value: Any
+        if raw is not None:
+            if name == "buffer":
+                value = torch.from_numpy(raw)
+            elif name == "data":
+                part = raw[head : head + nbytes]
+                value = torch.from_numpy(part.reshape(count, width) if width >= 0 else part)
+            elif name == "offsets":
+                value = torch.from_numpy(raw[:ids].view(np.int64))
+            elif name == "cache_id":
+                value = torch.from_numpy(raw[ids : ids + 8 * count].view(np.int64))
+            elif name == "sample_id":
+                value = torch.from_numpy(raw[ids + 8 * count : ids + 16 * count].view(np.int64))
+            elif name == "metadata":
+                strings = self._strings
+                value = {}
+                for column in order:
+                    if column in strings:
+                        value[column] = strings[column]
+                    else:
+                        kind, position = numeric[column]
+                        dtype, size = _NUMPY[kind]
+                        part = raw[position : position + size * count].view(dtype)
+                        value[column] = torch.from_numpy(part)
+            else:
+                raise AttributeError(f"'TensorBatch' object has no attribute {name!r}")
+            setattr(self, name, value)
+            return value
+        buffer = self.buffer
         if name == "data":
             data = buffer[head : head + nbytes]
             value = data.view(count, width) if width >= 0 else data
@@ -331,6 +378,11 @@ class TensorBatch:
 
     def __len__(self) -> int:
         return int(self._layout[0])
+
+    def _nbytes(self) -> int:
+        """The bytes of ``buffer``."""
+        raw = self._raw
+        return int(raw.nbytes) if raw is not None else int(self.buffer.numel())
 
     def __repr__(self) -> str:
         return (
@@ -506,10 +558,10 @@ class _Mapped:
     def _publish(self, end: int) -> None:
         self.header[0] = end
 
-    def view(self, start: int, nbytes: int) -> torch.Tensor:
+    def view(self, start: int, nbytes: int) -> np.ndarray:
         at = _RING_HEADER + start % self.capacity
         region, _ = self.releases.view(self.array, at, nbytes, start + _span(nbytes))
-        return torch.from_numpy(region)
+        return region
 
 
 _MAPPED: dict[int, _Mapped] = {}  # writer pid -> its current ring
@@ -584,16 +636,41 @@ class _Bundle:
 
 def _restore_bundle(worker: int, info: tuple[Any, ...] | None, items: list[Any]) -> _Bundle:
     """Unpickling a bundle in the training process: ring batches become views of the
-    worker's ring (no copy); their space is released when they are dropped."""
-    mapped = None if info is None else _mapped_ring(*info)
-    restored = []
-    for item in items:
-        if type(item) is tuple:
-            start, nbytes, layout, strings = item
-            restored.append(TensorBatch(mapped.view(start, nbytes), layout, strings))  # type: ignore[union-attr]
-        else:
-            restored.append(item)
+    worker's ring (no copy). Consecutive ones (one after the other in the ring, the
+    usual case) are views of one region, whose space is released once all of them are
+    dropped: one release to track per bundle, not per batch."""
+    restored = list(items)
+    if info is None:
+        return _Bundle(worker, restored)
+    mapped = _mapped_ring(*info)
+    capacity = mapped.capacity
+    run: list[int] = []  # indices of the current run of consecutive ring batches
+    run_start = run_end = -1
+    for index, item in enumerate(items):
+        if type(item) is not tuple:
+            continue
+        start, nbytes = item[0], item[1]
+        if start != run_end or start // capacity != run_start // capacity:
+            _restore_run(mapped, restored, run, run_start, run_end)
+            run = []
+            run_start = start
+        run.append(index)
+        run_end = start + _span(nbytes)
+    _restore_run(mapped, restored, run, run_start, run_end)
     return _Bundle(worker, restored)
+
+
+def _restore_run(mapped: _Mapped, items: list[Any], run: list[int], start: int, end: int) -> None:
+    """Replace ``items[i]`` for ``i`` in ``run`` (ring batches ``(start, nbytes, layout,
+    strings)`` from ring position ``start`` to ``end``, one after the other) by
+    ``TensorBatch`` es over one region of the ring."""
+    if not run:
+        return
+    region = mapped.view(start, end - start)
+    for index in run:
+        at, nbytes, layout, strings = items[index]
+        at -= start
+        items[index] = TensorBatch(None, layout, strings, region[at : at + nbytes])
 
 
 def _bundles(
@@ -607,7 +684,7 @@ def _bundles(
     limit = 0
     for batch in batches:
         if not limit:
-            limit = _bundle_len(batch.buffer.numel())
+            limit = _bundle_len(batch._nbytes())
         group.append(batch if transform is None else transform(batch))
         if len(group) == limit:
             yield _Bundle(worker, group)
@@ -657,12 +734,14 @@ def _unbundle(bundles: Iterator[Any], counts: list[int]) -> Iterator[Any]:
 
 
 class _Space:
-    """Memory reserved for one batch (see ``_reserve``): ``raw`` (numpy) and ``buffer``
-    (a tensor over it), ``nbytes`` long; ``place`` is its ring position in a worker."""
+    """Memory reserved for one batch (see ``_reserve``): ``raw`` (numpy), ``nbytes``
+    long, and ``buffer``, a tensor over it when it is torch's shared memory (else None:
+    a batch makes its tensors from ``raw``); ``place`` is its ring position in a
+    worker."""
 
     __slots__ = ("_entry", "_owner", "buffer", "place", "raw", "start")
 
-    def __init__(self, raw: np.ndarray, buffer: torch.Tensor) -> None:
+    def __init__(self, raw: np.ndarray, buffer: torch.Tensor | None = None) -> None:
         self.raw = raw
         self.buffer = buffer
         self.place: tuple[int, int, _Ring] | None = None
@@ -673,13 +752,23 @@ class _Space:
     def trim(self, nbytes: int) -> None:
         """Keep only the first ``nbytes`` (the reservation was the latest)."""
         self.raw = self.raw[:nbytes]
-        self.buffer = self.buffer[:nbytes]
+        if self.buffer is not None:
+            self.buffer = self.buffer[:nbytes]
         end = self.start + _span(nbytes)
         if isinstance(self._owner, _Ring):
             self._owner.produced = end
             self.place = (self.start, nbytes, self._owner)
         elif isinstance(self._owner, Pool):
             self._owner.trim(self._entry, self.start, nbytes)  # type: ignore[arg-type]
+
+    def batch(self, layout: tuple[Any, ...], strings: dict[str, list[str]]) -> TensorBatch:
+        """The ``TensorBatch`` of this space, filled as ``layout`` says."""
+        if self.buffer is not None:
+            batch = TensorBatch(self.buffer, layout, strings)
+        else:
+            batch = TensorBatch(None, layout, strings, self.raw)
+        batch._ring = self.place
+        return batch
 
 
 def _reserve(nbytes: int, sink: str) -> _Space:
@@ -691,20 +780,21 @@ def _reserve(nbytes: int, sink: str) -> _Space:
         ring = _worker_ring(nbytes, _PREFETCH)
         start = ring.reserve(nbytes)
         if start is not None:
-            raw = ring.region(start, nbytes)
-            space = _Space(raw, torch.from_numpy(raw))
+            space = _Space(ring.region(start, nbytes))
             space.place = (start, nbytes, ring)
             space._owner, space.start = ring, start
             return space
-    elif sink == "pool" and nbytes >= _POOL_BATCH_MIN_BYTES:
-        pool = _pool_for(nbytes)
-        taken = pool.take(nbytes)
-        if taken is not None:
-            raw, entry, start = taken
-            space = _Space(raw, torch.from_numpy(raw))
-            space._owner, space._entry, space.start = pool, entry, start
-            return space
-    buffer = _allocate(nbytes, sink != "pool")
+    elif sink == "pool":
+        if nbytes >= _POOL_BATCH_MIN_BYTES:
+            pool = _pool_for(nbytes)
+            taken = pool.take(nbytes)
+            if taken is not None:
+                raw, entry, start = taken
+                space = _Space(raw)
+                space._owner, space._entry, space.start = pool, entry, start
+                return space
+        return _Space(np.empty(nbytes, dtype=np.uint8))
+    buffer = _allocate(nbytes, True)
     return _Space(buffer.numpy(), buffer)
 
 
@@ -756,8 +846,18 @@ def _header(count: int, schema: list[tuple[str, Any]]) -> tuple[int, dict[str, t
     return position, numeric
 
 
-def _schema(columns: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    return [(n, None if isinstance(v, list) else v.dtype) for n, v in columns.items()]
+# Metadata kinds of the native batch -> numpy dtype of the column (None: strings).
+_KIND_DTYPES = {
+    int(_native.Kind.INT): np.dtype(np.int64),
+    int(_native.Kind.FLOAT): np.dtype(np.float64),
+    int(_native.Kind.BOOL): np.dtype(np.bool_),
+    int(_native.Kind.STRING): None,
+}
+
+
+def _native_schema(columns: list[tuple[str, int]]) -> list[tuple[str, Any]]:
+    """The schema (see ``_header``) of a reader's metadata ``columns`` (name, kind)."""
+    return [(name, _KIND_DTYPES[int(kind)]) for name, kind in columns]
 
 
 def _finish(
@@ -785,21 +885,81 @@ def _finish(
             raw[at : at + values.nbytes] = values.view(np.uint8)
     nbytes = int(offsets[-1])
     layout = (count, _width(offsets), head, nbytes, tuple(columns), numeric)
-    batch = TensorBatch(space.buffer, layout, strings)
-    batch._ring = space.place
-    return batch
+    return space.batch(layout, strings)
 
 
-def _pack(piece: Any, sink: str, schema: list[tuple[str, Any]]) -> TensorBatch:
-    """One ``TensorBatch`` from a contiguous native batch (``RawBatch``, its views valid
-    now, its columns' ``schema``): the payloads, offsets, identities and numeric
-    metadata copied once into one buffer from ``_reserve`` (8-byte aligned sections, the
-    payloads last)."""
-    data, offsets, cache_id, sample_id, columns = piece
-    head, numeric = _header(len(cache_id), schema)
-    space = _reserve(head + len(data), sink)
-    space.raw[head:] = data
-    return _finish(space, offsets, cache_id, sample_id, columns, head, numeric)
+class _Packer:
+    """Builds ``TensorBatch`` es from contiguous native batches of one reader, with as few
+    Python steps per batch as it takes: the reader's constants (columns, schema, where
+    each section of a batch of ``count`` samples goes, the offsets of batches whose
+    payloads all have one length) are worked out once, and each batch is one buffer
+    filled by a handful of C-level copies straight from the native batch (offsets summed
+    into it, identities, numeric metadata, then the payloads; no intermediate arrays)."""
+
+    __slots__ = ("_columns", "_even", "_heads", "_names", "_sink", "schema")
+
+    def __init__(self, columns: list[tuple[str, int]], sink: str) -> None:
+        self._columns = [(i, name, int(kind)) for i, (name, kind) in enumerate(columns)]
+        self._names = tuple(name for name, _ in columns)
+        self.schema = _native_schema(columns)
+        self._sink = sink
+        # count -> (head, numeric, [(index, kind, at, dtype) of numeric columns],
+        #           [(index, name) of string columns])
+        self._heads: dict[int, tuple[Any, ...]] = {}
+        # (count, width) -> (lengths as bytes, offsets as uint64)
+        self._even: dict[tuple[int, int], tuple[bytes, np.ndarray]] = {}
+
+    def _head(self, count: int) -> tuple[Any, ...]:
+        head, numeric = _header(count, self.schema)
+        numbers = []
+        strings = []
+        for index, name, kind in self._columns:
+            dtype = _KIND_DTYPES[kind]
+            if dtype is None:
+                strings.append((index, name))
+            else:
+                numbers.append((index, kind, numeric[name][1], dtype))
+        if len(self._heads) >= _EVEN_OFFSETS_MAX:
+            self._heads.clear()
+        known = self._heads[count] = (head, numeric, numbers, strings)
+        return known
+
+    def _even_lengths(self, count: int, width: int) -> tuple[bytes, np.ndarray]:
+        if len(self._even) >= _EVEN_OFFSETS_MAX:
+            self._even.clear()
+        lengths = np.full(count, width, dtype=np.uint64).tobytes()
+        offsets = np.arange(count + 1, dtype=np.uint64) * np.uint64(width)
+        known = self._even[(count, width)] = (lengths, offsets)
+        return known
+
+    def pack(self, batch: Any, count: int) -> TensorBatch:
+        """One ``TensorBatch`` of the ``count`` (> 0) samples of native ``batch``."""
+        head, numeric, numbers, strings = self._heads.get(count) or self._head(count)
+        lengths, cache_id, sample_id = batch.lengths_and_ids()
+        width = int(lengths[0])
+        even = self._even.get((count, width)) or self._even_lengths(count, width)
+        if lengths.tobytes() == even[0]:
+            nbytes = width * count
+        else:
+            width = -1
+            nbytes = int(lengths.sum())
+        space = _reserve(head + nbytes, self._sink)
+        raw = space.raw
+        words = raw[: 8 * (3 * count + 1)].view(np.uint64)
+        if width >= 0:
+            words[: count + 1] = even[1]
+        else:
+            words[0] = 0
+            np.add.accumulate(lengths, out=words[1 : count + 1])
+        words[count + 1 : 2 * count + 1] = cache_id
+        words[2 * count + 1 :] = sample_id
+        for index, kind, at, dtype in numbers:
+            raw[at : at + dtype.itemsize * count].view(dtype)[:] = batch.column_array(index, kind)
+        values: dict[str, list[str]] = {}
+        for index, name in strings:
+            values[name] = batch.column_values(index, _native.Kind.STRING)
+        batch.copy_payloads(raw[head : head + nbytes])
+        return space.batch((count, width, head, nbytes, self._names, numeric), values)
 
 
 # Records of at least this many bytes on average are read without the native contiguous
@@ -875,11 +1035,12 @@ def _gather(
 
 
 _PREFETCH = 2  # torch's prefetch_factor in this worker (set when its iteration starts)
-# Per reader (a CachedDataset of this process): (payload bytes a sample, metadata schema)
-# of its latest tensor batch, so its next pass gathers from the first batch on.
-_RECORD_SIZES: weakref.WeakKeyDictionary[Any, tuple[float, list[tuple[str, Any]]]] = (
-    weakref.WeakKeyDictionary()
-)
+# Per reader (a CachedDataset of this process): payload bytes a sample of its latest
+# tensor batch, so its next pass gathers from the first batch on.
+_RECORD_SIZES: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+# Small records: one contiguous native batch per TensorBatch (payloads in one buffer,
+# metadata from metadata.arrow as every batch path takes it).
+_CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS) | int(_native.BatchFlag.STORED_METADATA)
 
 
 def _tensor_batches(
@@ -904,32 +1065,37 @@ def _tensor_batches(
     if count <= 0:
         return
     with dataset._range_batches(start, count, block_len, block_stride) as reader:
+        iterator = reader._iterator  # (the native iterator: one call per small batch)
+        packer = _Packer(reader._columns, sink)
+        schema = packer.schema
         remaining = count
-        # Payload bytes a sample in the latest batch, and the metadata schema: this
-        # reader's previous pass's, or none yet.
-        per_sample, schema = _RECORD_SIZES.get(dataset, (-1.0, []))
-        while remaining:
-            wanted = min(size, remaining)
-            if per_sample >= _GATHER_BYTES:
-                batch = _gather(reader, wanted, sink, schema, per_sample)
-                if batch is None:
-                    return
-            else:
-                piece = reader.next(wanted)
-                if piece is None:
-                    return
-                if len(piece.cache_id) < wanted:
-                    # Short before a read error, which the next call raises: raise it now,
-                    # where the per-sample path would, not after a short batch.
-                    reader.next(wanted)
-                    raise RuntimeError("a native batch ended early without an error")
-                if not schema:  # (the same for every batch of a reader)
-                    schema = _schema(piece.columns)
-                batch = _pack(piece, sink, schema)
-            per_sample = int(batch._layout[3]) / wanted
-            _RECORD_SIZES[dataset] = (per_sample, schema)
-            yield batch
-            remaining -= wanted
+        # Payload bytes a sample in the latest batch: this reader's previous pass's, or
+        # none yet (recorded when the pass ends or is abandoned).
+        per_sample = _RECORD_SIZES.get(dataset, -1.0)
+        try:
+            while remaining:
+                wanted = min(size, remaining)
+                if per_sample >= _GATHER_BYTES:
+                    batch = _gather(reader, wanted, sink, schema, per_sample)
+                    if batch is None:
+                        return
+                else:
+                    native = iterator.next_batch(wanted, _CONTIGUOUS)
+                    got = native.count
+                    if got < wanted:
+                        if not got:
+                            return
+                        # Short before a read error, which the next call raises: raise it
+                        # now, where the per-sample path would, not after a short batch.
+                        iterator.next_batch(wanted, _CONTIGUOUS)
+                        raise RuntimeError("a native batch ended early without an error")
+                    batch = packer.pack(native, got)
+                per_sample = batch._layout[3] / wanted
+                yield batch
+                remaining -= wanted
+        finally:
+            if per_sample >= 0:
+                _RECORD_SIZES[dataset] = per_sample
 
 
 # ------------------------------------------------------------------ to_torch_dataloader
