@@ -295,21 +295,27 @@ class TensorBatch:
     )
 
     def __init__(
-        self,
-        buffer: torch.Tensor | None,
-        layout: tuple[Any, ...],
-        strings: dict[str, list[str]],
-        raw: np.ndarray | None = None,
+        self, buffer: torch.Tensor, layout: tuple[Any, ...], strings: dict[str, list[str]]
     ) -> None:
-        # ``raw``: the same bytes as a numpy array (host memory the loader filled), when
-        # known; the fields are then made from numpy views (``torch.from_numpy`` costs a
-        # fraction of a tensor slice and view) and ``buffer`` on first use.
-        if buffer is not None:
-            self.buffer = buffer
+        self.buffer = buffer
         self._layout = layout
         self._strings = strings
-        self._raw = raw
+        self._raw: np.ndarray | None = None
         self._ring: tuple[Any, ...] | None = None
+
+    @classmethod
+    def _host(
+        cls, raw: np.ndarray, layout: tuple[Any, ...], strings: dict[str, list[str]]
+    ) -> TensorBatch:
+        """A batch over host memory the loader filled, ``raw`` (numpy): its fields are
+        made from numpy views (``torch.from_numpy`` costs a fraction of a tensor slice
+        and view), ``buffer`` on first use."""
+        batch = cls.__new__(cls)
+        batch._layout = layout
+        batch._strings = strings
+        batch._raw = raw
+        batch._ring = None
+        return batch
 
     def __getattr__(self, name: str) -> Any:
         # The fields are views of ``buffer`` made on first use (a view costs about as
@@ -670,7 +676,7 @@ def _restore_run(mapped: _Mapped, items: list[Any], run: list[int], start: int, 
     for index in run:
         at, nbytes, layout, strings = items[index]
         at -= start
-        items[index] = TensorBatch(None, layout, strings, region[at : at + nbytes])
+        items[index] = TensorBatch._host(region[at : at + nbytes], layout, strings)
 
 
 def _bundles(
@@ -766,7 +772,7 @@ class _Space:
         if self.buffer is not None:
             batch = TensorBatch(self.buffer, layout, strings)
         else:
-            batch = TensorBatch(None, layout, strings, self.raw)
+            batch = TensorBatch._host(self.raw, layout, strings)
         batch._ring = self.place
         return batch
 

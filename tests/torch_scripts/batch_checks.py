@@ -226,6 +226,28 @@ def check_pin_memory() -> None:
     check("payload(i)", batch.payload(-1).hex() == from_tensors(batch)["payloads"][-1])
 
 
+def check_fields_share_buffer() -> None:
+    """Host batches (built in this process, and a worker's seen in the training process)
+    make their fields from numpy views: each field still lies in ``buffer``'s bytes, and
+    writing through a field shows in ``buffer``."""
+    for setup in SETUPS[:2]:
+        data = loader(MIXED, batch_size=4, shuffle=False, batch_format="tensors", **setup)
+        for i, batch in enumerate(data):
+            base = batch.buffer.data_ptr()
+            end = base + batch.buffer.numel()
+            fields = [batch.data, batch.offsets, batch.cache_id, batch.sample_id]
+            fields += [v for v in batch.metadata.values() if isinstance(v, torch.Tensor)]
+            inside = all(base <= f.data_ptr() < end or f.numel() == 0 for f in fields)
+            head, shared = batch._layout[2], True
+            if batch.data.numel():
+                before = int(batch.buffer[head])
+                batch.data.view(-1)[0] = (before + 1) % 256
+                shared = int(batch.buffer[head]) == (before + 1) % 256
+            check(f"fields lie in the buffer {setup} batch {i}", inside and shared)
+            if i == 3:
+                break
+
+
 def shm_rings(pids: list[int]) -> set[str]:
     """Names of files in /dev/shm that name one of ``pids`` (ring files of those
     processes would; other work on the machine may have files of its own there)."""
@@ -433,6 +455,7 @@ def main() -> None:
         check_fixed_length_and_transform,
         check_resume,
         check_pin_memory,
+        check_fields_share_buffer,
         check_validation,
         check_reused_memory,
         check_gathered_batches,
