@@ -85,7 +85,9 @@ pub const window_overlap = 64 << 10;
 /// mappings count in the process's resident set once touched, so this bounds what
 /// mapped reads add to it.
 pub const mapped_bytes_max = 48 << 20;
-pub const windows_max = mapped_bytes_max / window_bytes;
+/// Windows mapped at most (a shard smaller than a window is one small window; the byte
+/// budget bounds large ones).
+pub const windows_max = 64;
 /// A window is unmapped to make room for another only when it was last used at least
 /// this many accesses ago: ordered reads finish with a window long before (a window holds
 /// thousands of small records), while random reads touch every window again soon, and
@@ -126,6 +128,9 @@ pub const Maps = struct {
     last: usize = 0,
     /// Windows mapped and unmapped so far (tests check the budget's behaviour).
     mapped_total: u64 = 0,
+    /// Whether the last `get` returned null only because the budget was full of windows
+    /// that may not be unmapped (its shard can be mapped).
+    over_budget: bool = false,
     /// `madvise(MADV_RANDOM)` on new windows (lookups: a fault reads one page, as a
     /// pread of a small record would).
     random: bool = false,
@@ -167,11 +172,14 @@ pub const Maps = struct {
     /// `len` is 0 or over `window_overlap`, the shard cannot be mapped, the budget is full
     /// of windows that may not be unmapped, or (`resident_only`) a page was not resident.
     pub fn get(m: *Maps, gpa: std.mem.Allocator, key: Key, shard_len: u64, offset: u64, len: u64, files: *Files, opener: anytype, access: Access) ?[]const u8 {
+        m.over_budget = false;
         if (len == 0 or len > window_overlap or offset > shard_len or len > shard_len - offset) return null;
         const number = offset / window_bytes;
         const w = m.find(key, number) orelse (m.mapWindow(gpa, key, shard_len, number, files, opener, access) orelse return null);
         const at = offset - number * window_bytes;
-        std.debug.assert(at + len <= w.bytes.len);
+        // A window mapped when the shard was known shorter (never for a published cache,
+        // whose manifest does not change) does not serve the range.
+        if (at + len > w.bytes.len) return null;
         if (access.resident_only and !w.residentRange(at, len)) return null;
         w.stamp = @max(w.stamp, access.now);
         return w.bytes[@intCast(at)..][0..@intCast(len)];
@@ -202,9 +210,13 @@ pub const Maps = struct {
                 if (w.stamp < m.windows[oldest].stamp) oldest = i;
             }
             const w = &m.windows[oldest];
-            if (w.stamp >= access.pinned_from or access.now -| w.stamp < evict_age_min) return null;
-            if (m.count < windows_max and m.mapped_bytes - w.bytes.len + len > mapped_bytes_max) return null;
             if (!m.mappable(gpa, key, shard_len, files, opener)) return null;
+            if (w.stamp >= access.pinned_from or access.now -| w.stamp < evict_age_min or
+                (m.count < windows_max and m.mapped_bytes - w.bytes.len + len > mapped_bytes_max))
+            {
+                m.over_budget = true;
+                return null;
+            }
             m.unmap(gpa, w);
             m.mapped_bytes -= w.bytes.len;
             slot = oldest;
@@ -315,7 +327,7 @@ test "windows are mapped on use, within the byte budget, and unmapped only when 
     var tmp = std.testing.tmpDir(.{});
     defer tmp.cleanup();
     // One shard of more windows than the budget holds.
-    const windows = windows_max + 4;
+    const windows = mapped_bytes_max / window_bytes + 4;
     const len: u64 = windows * window_bytes + 100;
     const data = try gpa.alloc(u8, @intCast(len));
     defer gpa.free(data);
@@ -349,6 +361,7 @@ test "windows are mapped on use, within the byte budget, and unmapped only when 
     }
     const full = maps.count;
     try std.testing.expect(full >= 2 and w < windows);
+    try std.testing.expect(maps.over_budget);
     try std.testing.expect(maps.mapped_bytes <= mapped_bytes_max);
     // Unpinned but recently used: still refused (random reads do not churn mappings).
     now += evict_age_min - 1;
@@ -370,6 +383,7 @@ test "windows are mapped on use, within the byte budget, and unmapped only when 
     // A file shorter than the manifest says is never mapped (pread reports it).
     const short: Key = .{ .cache = 1, .shard_id = 0 };
     try std.testing.expect(maps.get(gpa, short, len + 1, 0, 8, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = false }) == null);
+    try std.testing.expect(!maps.over_budget);
 }
 
 test "residentRange: a page not resident makes every range touching it not resident" {

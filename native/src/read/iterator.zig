@@ -499,16 +499,18 @@ pub const Iter = struct {
         return .{ bytes, entry.compression };
     }
 
-    /// Reads a small uncompressed record that `mappedRecord` did not serve (its window is
-    /// outside the mapping budget) into `slot.raw` right here with one `preadv2`, only
+    /// Reads a small uncompressed record that `mappedRecord` just did not serve because its
+    /// window is outside the mapping budget (`Maps.over_budget`) into `slot.raw` right here with one `preadv2`, only
     /// if its bytes are all in the page cache (`files_mod.readResident`): one system
     /// call, cheaper than a backend read of one record, and never a wait for the disk.
     /// Shuffled reads only (one record per backend read there).
     /// Returns where it is in `slot.raw`, or null: read it through the backend (also
     /// for any failure, which the backend read then reports).
     fn readRecord(it: *Iter, slot: *Slot, loc: Loc) ?u64 {
-        // Ordered reads coalesce adjacent records into one backend read instead.
-        if (it.coalesce != 0) return null;
+        // Ordered reads coalesce adjacent records into one backend read instead; a
+        // record whose window is mapped but was not resident then goes to the backend too
+        // (cold data: many reads in flight).
+        if (it.coalesce != 0 or !it.maps.over_budget) return null;
         const ds = it.ds;
         const c = &ds.caches[loc.cache];
         const row = c.row(loc.sample_id);
