@@ -77,8 +77,8 @@ pub const Files = struct {
 
 /// Mapped windows: a shard is mapped in windows of `window_bytes` (each window also maps
 /// `window_overlap` bytes of the next, so a record shorter than that which starts in a
-/// window lies inside its mapping), at most `mapped_bytes_max` bytes at a time per
-/// `Maps`.
+/// window lies inside its mapping), at most `Maps.budget` bytes at a time per `Maps`
+/// (`mapped_bytes_max` for an iterator).
 pub const window_bytes = 2 << 20;
 pub const window_overlap = 64 << 10;
 /// The byte budget of one `Maps` (one iterator or one lookup handle): the pages of its
@@ -88,6 +88,8 @@ pub const mapped_bytes_max = 48 << 20;
 /// Windows mapped at most (a shard smaller than a window is one small window; the byte
 /// budget bounds large ones).
 pub const windows_max = 64;
+/// The byte budget of a lookup handle's `Maps` (see `Maps.budget`): 132 MiB.
+pub const lookup_mapped_bytes_max = windows_max * (window_bytes + window_overlap);
 /// A window is unmapped to make room for another only when it was last used at least
 /// this many accesses ago: ordered reads finish with a window long before (a window holds
 /// thousands of small records), while random reads touch every window again soon, and
@@ -109,7 +111,7 @@ pub const evict_age_min = 1024;
 ///
 /// Memory: mapped pages count in the process's resident set (shared page-cache pages, not
 /// anonymous memory) once touched, until their window is unmapped; at most
-/// `mapped_bytes_max` bytes are mapped, so that is what a reader's mapped reads can add.
+/// `budget` bytes are mapped, so that is what a reader's mapped reads can add.
 /// When the budget is full a window is unmapped only if it is not pinned and old enough
 /// (`evict_age_min`); otherwise the read is not served from a mapping.
 ///
@@ -124,6 +126,10 @@ pub const Maps = struct {
     windows: [windows_max]Window = undefined,
     count: usize = 0,
     mapped_bytes: u64 = 0,
+    /// Bytes mapped at most: `mapped_bytes_max` for iterators; lookups, whose random
+    /// reads would otherwise pay a system call per record, map up to `windows_max` whole
+    /// windows (`lookup_mapped_bytes_max`).
+    budget: u64 = mapped_bytes_max,
     /// The window the last hit was in (most runs stay in one window).
     last: usize = 0,
     /// Windows mapped and unmapped so far (tests check the budget's behaviour).
@@ -204,7 +210,7 @@ pub const Maps = struct {
         const len = @min(shard_len - start, window_bytes + window_overlap);
         // Room: a free place, or the least recently used window if it may go.
         var slot = m.count;
-        if (m.count == windows_max or m.mapped_bytes + len > mapped_bytes_max) {
+        if (m.count == windows_max or m.mapped_bytes + len > m.budget) {
             var oldest: usize = 0;
             for (m.windows[0..m.count], 0..) |*w, i| {
                 if (w.stamp < m.windows[oldest].stamp) oldest = i;
@@ -212,7 +218,7 @@ pub const Maps = struct {
             const w = &m.windows[oldest];
             if (!m.mappable(gpa, key, shard_len, files, opener)) return null;
             if (w.stamp >= access.pinned_from or access.now -| w.stamp < evict_age_min or
-                (m.count < windows_max and m.mapped_bytes - w.bytes.len + len > mapped_bytes_max))
+                (m.count < windows_max and m.mapped_bytes - w.bytes.len + len > m.budget))
             {
                 m.over_budget = true;
                 return null;
