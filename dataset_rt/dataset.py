@@ -167,7 +167,8 @@ class CachedDataset:
         """Read counters since the dataset was opened: ``uring_reads``, ``pool_reads``
         (prefetch reads by backend), ``lookup_reads`` (``get_item``, ``get_items``) and
         ``bytes_read``. Iterators serve records under 16 KiB whose pages are in the page
-        cache from a mapping of the shard: they count in ``bytes_read`` only."""
+        cache from a mapping of the shard (or, in shuffled reads beyond the mapping budget,
+        with one inline read each): they count in ``bytes_read`` only."""
         return self._handle.io_stats()._asdict()
 
     def __iter__(self) -> Iterator[CachedSample]:

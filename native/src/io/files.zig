@@ -1,8 +1,8 @@
 //! The descriptor cache of one reader: shard files opened lazily and kept in a small
 //! direct-mapped table, so a reader holds at most `open_files_max` cached descriptors
 //! however many caches and shards a dataset has (10,000 caches must not exhaust
-//! RLIMIT_NOFILE). And `Maps`: a reader's read-only shard mappings, for small reads of
-//! page-cache-resident records.
+//! RLIMIT_NOFILE). And `Maps`: a reader's read-only mappings of shard windows, within a
+//! byte budget, for small reads of page-cache-resident records.
 //!
 //! Invariants:
 //! - An entry is pinned while a read on it may be in flight and is never closed then: a
@@ -75,99 +75,216 @@ pub const Files = struct {
     }
 };
 
-/// Shards mapped at most by one reader, and their bytes at most (further shards are read
-/// with positioned reads): bounds the address space, the page tables and the mapped
-/// pages a reader can hold.
-pub const maps_max = 64;
-pub const mapped_bytes_max = 1 << 30;
+/// Mapped windows: a shard is mapped in windows of `window_bytes` (each window also maps
+/// `window_overlap` bytes of the next, so a record shorter than that which starts in a
+/// window lies inside its mapping), at most `Maps.budget` bytes at a time per `Maps`
+/// (`mapped_bytes_max` for an iterator).
+pub const window_bytes = 2 << 20;
+pub const window_overlap = 64 << 10;
+/// The byte budget of one `Maps` (one iterator or one lookup handle): the pages of its
+/// mappings count in the process's resident set once touched, so this bounds what
+/// mapped reads add to it.
+pub const mapped_bytes_max = 48 << 20;
+/// Windows mapped at most (a shard smaller than a window is one small window; the byte
+/// budget bounds large ones).
+pub const windows_max = 64;
+/// The byte budget of a lookup handle's `Maps` (see `Maps.budget`): 132 MiB.
+pub const lookup_mapped_bytes_max = windows_max * (window_bytes + window_overlap);
+/// A window is unmapped to make room for another only when it was last used at least
+/// this many accesses ago: ordered reads finish with a window long before (a window holds
+/// thousands of small records), while random reads touch every window again soon, and
+/// remapping windows they still use would cost a mapping and page faults per few records
+/// (those reads go through the I/O backend instead).
+pub const evict_age_min = 1024;
 
-/// The read-only shared mappings of one reader's shards, made on first use, with a
-/// snapshot of which pages were in the page cache then (`mincore`). A small read of
-/// resident pages is served from the mapping (no system call, no copy into a read
-/// buffer); anything else goes through the I/O backend, so cold data is still read with
-/// many requests in flight instead of one page fault at a time on the consumer thread.
+/// One reader's read-only shared mappings of shard windows (see `window_bytes`), made on
+/// first use, each with a snapshot of which of its pages were in the page cache then
+/// (`mincore`). A small read of resident pages is served from a mapping (no system call,
+/// no copy into a read buffer); anything else goes through the I/O backend, so cold data
+/// is still read with many requests in flight instead of one page fault at a time on the
+/// consumer thread.
 ///
-/// A shard is mapped only when its file is at least `want_len` bytes (the manifest's
-/// length): cache files are never changed once published, so the mapping stays valid. A
-/// shard truncated after it was mapped is a corrupt cache and touching its lost pages
-/// raises SIGBUS, the risk the memory-mapped index.bin already carries.
+/// A shard is mapped only when its file is at least as long as its manifest length: cache
+/// files are never changed once published, so a mapping stays valid. A shard truncated
+/// after it was mapped is a corrupt cache and touching its lost pages raises SIGBUS, the
+/// risk the memory-mapped index.bin already carries.
 ///
-/// Mapped pages count in the process's resident set (shared page-cache pages, not
-/// anonymous memory) once touched, until the mappings are dropped with the reader: a
-/// reader that touches every small record of a shard has the whole shard resident.
+/// Memory: mapped pages count in the process's resident set (shared page-cache pages, not
+/// anonymous memory) once touched, until their window is unmapped; at most
+/// `budget` bytes are mapped, so that is what a reader's mapped reads can add.
+/// When the budget is full a window is unmapped only if it is not pinned and old enough
+/// (`evict_age_min`); otherwise the read is not served from a mapping.
 ///
-/// Invariant: at most `maps_max` shards and `mapped_bytes_max` bytes are mapped; a key
-/// seen once keeps its outcome (mapped, or null: read with positioned reads) until
-/// `deinit`.
+/// Pins: the caller stamps every access with a number that never decreases (`now`; an
+/// iterator uses the record's plan index) and says from which stamp on windows may still
+/// be referenced (`pinned_from`); a window whose last stamp is at or past it is never
+/// unmapped, so bytes handed out stay valid until the caller moves `pinned_from` past
+/// them.
 pub const Maps = struct {
-    entries: std.AutoHashMapUnmanaged(Key, ?Mapping) = .empty,
-    mapped: u32 = 0,
+    /// Per shard: whether it can be mapped (its file is long enough and mmap works).
+    shards: std.AutoHashMapUnmanaged(Key, bool) = .empty,
+    windows: [windows_max]Window = undefined,
+    count: usize = 0,
     mapped_bytes: u64 = 0,
+    /// Bytes mapped at most: `mapped_bytes_max` for iterators; lookups, whose random
+    /// reads would otherwise pay a system call per record, map up to `windows_max` whole
+    /// windows (`lookup_mapped_bytes_max`).
+    budget: u64 = mapped_bytes_max,
+    /// The window the last hit was in (most runs stay in one window).
+    last: usize = 0,
+    /// Windows mapped and unmapped so far (tests check the budget's behaviour).
+    mapped_total: u64 = 0,
+    /// Whether the last `get` returned null only because the budget was full of windows
+    /// that may not be unmapped (its shard can be mapped).
+    over_budget: bool = false,
+    /// `madvise(MADV_RANDOM)` on new windows (lookups: a fault reads one page, as a
+    /// pread of a small record would).
+    random: bool = false,
 
-    pub const Mapping = struct {
+    pub const Window = struct {
+        key: Key,
+        /// The window's number in its shard: it maps from `number * window_bytes`.
+        number: u64,
         bytes: []align(std.heap.page_size_min) const u8,
         /// One byte per page (mincore's vector): bit 0 set when the page was resident.
         resident: []u8,
-        page_shift: u6,
+        stamp: u64,
 
-        /// Whether every page of `[offset, offset + len)` (inside the mapping, len > 0)
-        /// was resident when the shard was mapped.
-        pub fn residentRange(m: *const Mapping, offset: u64, len: u64) bool {
-            std.debug.assert(len > 0 and offset + len <= m.bytes.len);
-            const first: usize = @intCast(offset >> m.page_shift);
-            const last: usize = @intCast((offset + len - 1) >> m.page_shift);
-            for (m.resident[first .. last + 1]) |v| {
+        /// Whether every page of `[offset, offset + len)` (window-relative, inside the
+        /// mapping, len > 0) was resident when the window was mapped.
+        pub fn residentRange(w: *const Window, offset: u64, len: u64) bool {
+            std.debug.assert(len > 0 and offset + len <= w.bytes.len);
+            const shift: u6 = @intCast(std.math.log2_int(usize, std.heap.pageSize()));
+            const first: usize = @intCast(offset >> shift);
+            const last: usize = @intCast((offset + len - 1) >> shift);
+            for (w.resident[first .. last + 1]) |v| {
                 if (v & 1 == 0) return false;
             }
             return true;
         }
     };
 
-    /// The mapping of `key` (`want_len` bytes), made on first use from the descriptor
-    /// `files` gives (`opener`), or null when it is not mapped: the file is shorter than
-    /// `want_len`, mapping failed, or `maps_max` shards or `mapped_bytes_max` bytes are
-    /// mapped already.
-    pub fn get(m: *Maps, gpa: std.mem.Allocator, key: Key, want_len: u64, files: *Files, opener: anytype) ?Mapping {
-        if (m.entries.get(key)) |e| return e;
-        if (m.mapped >= maps_max or want_len > mapped_bytes_max - m.mapped_bytes) return null;
-        const entry = m.entries.getOrPut(gpa, key) catch return null;
-        entry.value_ptr.* = mapShard(gpa, key, want_len, files, opener);
-        if (entry.value_ptr.* != null) {
-            m.mapped += 1;
-            m.mapped_bytes += want_len;
+    pub const Access = struct {
+        /// This access's stamp (never below an earlier one).
+        now: u64,
+        /// Windows last used at or after this stamp may still be referenced.
+        pinned_from: u64,
+        /// Serve only pages that were resident when their window was mapped.
+        resident_only: bool,
+    };
+
+    /// The `len` bytes at `offset` of shard `key` (`shard_len` bytes long in its
+    /// manifest) from a mapping, or null: the range is not inside the manifest length,
+    /// `len` is 0 or over `window_overlap`, the shard cannot be mapped, the budget is full
+    /// of windows that may not be unmapped, or (`resident_only`) a page was not resident.
+    pub fn get(m: *Maps, gpa: std.mem.Allocator, key: Key, shard_len: u64, offset: u64, len: u64, files: *Files, opener: anytype, access: Access) ?[]const u8 {
+        m.over_budget = false;
+        if (len == 0 or len > window_overlap or offset > shard_len or len > shard_len - offset) return null;
+        const number = offset / window_bytes;
+        const w = m.find(key, number) orelse (m.mapWindow(gpa, key, shard_len, number, files, opener, access) orelse return null);
+        const at = offset - number * window_bytes;
+        // A window mapped when the shard was known shorter (never for a published cache,
+        // whose manifest does not change) does not serve the range.
+        if (at + len > w.bytes.len) return null;
+        if (access.resident_only and !w.residentRange(at, len)) return null;
+        w.stamp = @max(w.stamp, access.now);
+        return w.bytes[@intCast(at)..][0..@intCast(len)];
+    }
+
+    fn find(m: *Maps, key: Key, number: u64) ?*Window {
+        if (m.count > 0) {
+            const w = &m.windows[m.last];
+            if (w.number == number and std.meta.eql(w.key, key)) return w;
         }
+        for (m.windows[0..m.count], 0..) |*w, i| {
+            if (w.number == number and std.meta.eql(w.key, key)) {
+                m.last = i;
+                return w;
+            }
+        }
+        return null;
+    }
+
+    fn mapWindow(m: *Maps, gpa: std.mem.Allocator, key: Key, shard_len: u64, number: u64, files: *Files, opener: anytype, access: Access) ?*Window {
+        const start = number * window_bytes;
+        const len = @min(shard_len - start, window_bytes + window_overlap);
+        // Room: a free place, or the least recently used window if it may go.
+        var slot = m.count;
+        if (m.count == windows_max or m.mapped_bytes + len > m.budget) {
+            var oldest: usize = 0;
+            for (m.windows[0..m.count], 0..) |*w, i| {
+                if (w.stamp < m.windows[oldest].stamp) oldest = i;
+            }
+            const w = &m.windows[oldest];
+            if (!m.mappable(gpa, key, shard_len, files, opener)) return null;
+            if (w.stamp >= access.pinned_from or access.now -| w.stamp < evict_age_min or
+                (m.count < windows_max and m.mapped_bytes - w.bytes.len + len > m.budget))
+            {
+                m.over_budget = true;
+                return null;
+            }
+            m.unmap(gpa, w);
+            m.mapped_bytes -= w.bytes.len;
+            slot = oldest;
+        } else if (!m.mappable(gpa, key, shard_len, files, opener)) return null;
+        const w = mapRange(gpa, key, start, @intCast(len), files, opener, m.random) orelse {
+            if (slot != m.count) {
+                // The evicted window's place is empty now: fill it with the last one.
+                m.count -= 1;
+                m.windows[slot] = m.windows[m.count];
+            }
+            m.last = 0;
+            return null;
+        };
+        m.windows[slot] = .{ .key = key, .number = number, .bytes = w.bytes, .resident = w.resident, .stamp = access.now };
+        if (slot == m.count) m.count += 1;
+        m.mapped_bytes += len;
+        m.mapped_total += 1;
+        m.last = slot;
+        return &m.windows[slot];
+    }
+
+    /// Whether shard `key` can be mapped: its file is at least `shard_len` bytes (checked
+    /// once per shard).
+    fn mappable(m: *Maps, gpa: std.mem.Allocator, key: Key, shard_len: u64, files: *Files, opener: anytype) bool {
+        const entry = m.shards.getOrPut(gpa, key) catch return false;
+        if (entry.found_existing) return entry.value_ptr.*;
+        entry.value_ptr.* = blk: {
+            if (shard_len == 0 or shard_len > std.math.maxInt(usize)) break :blk false;
+            const handle = files.acquire(key, opener) catch break :blk false;
+            defer files.release(handle);
+            const st = posix.fstat(handle.fd) catch break :blk false;
+            break :blk st.size >= 0 and @as(u64, @intCast(st.size)) >= shard_len;
+        };
         return entry.value_ptr.*;
     }
 
-    fn mapShard(gpa: std.mem.Allocator, key: Key, want_len: u64, files: *Files, opener: anytype) ?Mapping {
-        if (want_len == 0 or want_len > std.math.maxInt(usize)) return null;
+    fn mapRange(gpa: std.mem.Allocator, key: Key, start: u64, len: usize, files: *Files, opener: anytype, random: bool) ?struct { bytes: []align(std.heap.page_size_min) const u8, resident: []u8 } {
         const handle = files.acquire(key, opener) catch return null;
         defer files.release(handle);
-        const st = posix.fstat(handle.fd) catch return null;
-        if (st.size < 0 or @as(u64, @intCast(st.size)) < want_len) return null;
-        const len: usize = @intCast(want_len);
         const page = std.heap.pageSize();
         const pages = std.math.divCeil(usize, len, page) catch unreachable;
         const resident = gpa.alloc(u8, pages) catch return null;
-        const bytes = posix.mmap(null, len, posix.PROT.READ, .{ .TYPE = .SHARED }, handle.fd, 0) catch {
+        const bytes = posix.mmap(null, len, posix.PROT.READ, .{ .TYPE = .SHARED }, handle.fd, start) catch {
             gpa.free(resident);
             return null;
         };
+        if (random) posix.madvise(bytes.ptr, bytes.len, posix.MADV.RANDOM) catch {};
         // Refused (for example for a file this user could not write: the kernel then
         // reports only pages mapped here): nothing counts as resident.
         posix.mincore(@constCast(bytes.ptr), len, resident.ptr) catch @memset(resident, 0);
-        return .{ .bytes = bytes, .resident = resident, .page_shift = @intCast(std.math.log2_int(usize, page)) };
+        return .{ .bytes = bytes, .resident = resident };
+    }
+
+    fn unmap(m: *Maps, gpa: std.mem.Allocator, w: *Window) void {
+        _ = m;
+        posix.munmap(w.bytes);
+        gpa.free(w.resident);
     }
 
     pub fn deinit(m: *Maps, gpa: std.mem.Allocator) void {
-        var it = m.entries.valueIterator();
-        while (it.next()) |e| {
-            if (e.*) |mapping| {
-                posix.munmap(mapping.bytes);
-                gpa.free(mapping.resident);
-            }
-        }
-        m.entries.deinit(gpa);
+        for (m.windows[0..m.count]) |*w| m.unmap(gpa, w);
+        m.shards.deinit(gpa);
         m.* = .{};
     }
 };
@@ -210,14 +327,17 @@ test "descriptors are cached, pinned entries are never closed under a read" {
     fs.release(d);
 }
 
-test "shards are mapped once, with their resident pages, within maps_max" {
+
+test "windows are mapped on use, within the byte budget, and unmapped only when old and unpinned" {
     const gpa = std.testing.allocator;
     var tmp = std.testing.tmpDir(.{});
     defer tmp.cleanup();
-    const page = std.heap.pageSize();
-    const data = try gpa.alloc(u8, 3 * page + 10);
+    // One shard of more windows than the budget holds.
+    const windows = mapped_bytes_max / window_bytes + 4;
+    const len: u64 = windows * window_bytes + 100;
+    const data = try gpa.alloc(u8, @intCast(len));
     defer gpa.free(data);
-    for (data, 0..) |*b, i| b.* = @truncate(i *% 7);
+    for (data, 0..) |*b, i| b.* = @truncate(i *% 7 +% i / 251);
     try tmp.dir.writeFile(.{ .sub_path = "a", .data = data });
     var opener: TestOpener = .{ .dir = tmp.dir };
     var fs: Files = .{};
@@ -225,36 +345,84 @@ test "shards are mapped once, with their resident pages, within maps_max" {
     var maps: Maps = .{};
     defer maps.deinit(gpa);
     const k: Key = .{ .cache = 0, .shard_id = 0 };
-    const m = maps.get(gpa, k, data.len, &fs, &opener).?;
-    try std.testing.expectEqualSlices(u8, data, m.bytes);
-    // Just written: every page is in the page cache.
-    try std.testing.expect(m.residentRange(0, data.len));
-    try std.testing.expect(m.residentRange(page - 1, 2));
-    _ = maps.get(gpa, k, data.len, &fs, &opener).?;
-    try std.testing.expectEqual(@as(u32, 1), maps.mapped);
-    // A file shorter than the manifest says is never mapped (pread reports it), and the
-    // outcome is kept.
+    var now: u64 = 0;
+    // Bytes are the file's, also across a window boundary (the overlap).
+    const across = window_bytes - 10;
+    const got = maps.get(gpa, k, len, across, 500, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = true }).?;
+    try std.testing.expectEqualSlices(u8, data[across..][0..500], got);
+    try std.testing.expectEqual(@as(u64, 1), maps.mapped_total);
+    // The same window again: no new mapping.
+    now += 1;
+    _ = maps.get(gpa, k, len, 3, 10, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = true }).?;
+    try std.testing.expectEqual(@as(u64, 1), maps.mapped_total);
+    // Ranges outside the manifest length, empty or longer than the overlap are refused.
+    try std.testing.expect(maps.get(gpa, k, len, len - 5, 6, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = true }) == null);
+    try std.testing.expect(maps.get(gpa, k, len, 0, 0, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = true }) == null);
+    try std.testing.expect(maps.get(gpa, k, len, 0, window_overlap + 1, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = true }) == null);
+    // Fill the budget; every window stays pinned (pinned_from 0), so the next is refused.
+    var w: u64 = 1;
+    while (maps.get(gpa, k, len, w * window_bytes, 8, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = true })) |bytes| : (w += 1) {
+        try std.testing.expectEqualSlices(u8, data[@intCast(w * window_bytes)..][0..8], bytes);
+        try std.testing.expect(maps.mapped_bytes <= mapped_bytes_max);
+    }
+    const full = maps.count;
+    try std.testing.expect(full >= 2 and w < windows);
+    try std.testing.expect(maps.over_budget);
+    try std.testing.expect(maps.mapped_bytes <= mapped_bytes_max);
+    // Unpinned but recently used: still refused (random reads do not churn mappings).
+    now += evict_age_min - 1;
+    try std.testing.expect(maps.get(gpa, k, len, w * window_bytes, 8, &fs, &opener, .{ .now = now, .pinned_from = now, .resident_only = true }) == null);
+    // Old and unpinned: the least recently used window (window 0, used at stamp 1) goes.
+    now += 2;
+    const moved = maps.get(gpa, k, len, w * window_bytes + 1, 8, &fs, &opener, .{ .now = now, .pinned_from = now, .resident_only = true }).?;
+    try std.testing.expectEqualSlices(u8, data[@intCast(w * window_bytes + 1)..][0..8], moved);
+    try std.testing.expectEqual(full, maps.count);
+    for (maps.windows[0..maps.count]) |win| try std.testing.expect(win.number != 0);
+    // An ordered pass over every window keeps within the budget.
+    var pos: u64 = 0;
+    while (pos + 600 <= len) : (pos += 4096) {
+        now += evict_age_min;
+        const bytes = maps.get(gpa, k, len, pos, 600, &fs, &opener, .{ .now = now, .pinned_from = now, .resident_only = true }).?;
+        try std.testing.expectEqualSlices(u8, data[@intCast(pos)..][0..600], bytes);
+        try std.testing.expect(maps.mapped_bytes <= mapped_bytes_max and maps.count <= windows_max);
+    }
+    // A file shorter than the manifest says is never mapped (pread reports it).
     const short: Key = .{ .cache = 1, .shard_id = 0 };
-    try std.testing.expect(maps.get(gpa, short, data.len + 1, &fs, &opener) == null);
-    try std.testing.expect(maps.get(gpa, short, data.len + 1, &fs, &opener) == null);
-    try std.testing.expectEqual(@as(u32, 1), maps.mapped);
-    // At most maps_max mappings.
-    for (2..maps_max + 5) |c| _ = maps.get(gpa, .{ .cache = @intCast(c), .shard_id = 0 }, data.len, &fs, &opener);
-    try std.testing.expectEqual(@as(u32, maps_max), maps.mapped);
-    try std.testing.expect(maps.get(gpa, .{ .cache = 1000, .shard_id = 0 }, data.len, &fs, &opener) == null);
-    try std.testing.expectEqual(@as(u64, maps_max * data.len), maps.mapped_bytes);
-    // At most mapped_bytes_max bytes (a shard that would pass it is not even opened).
-    var few: Maps = .{};
-    defer few.deinit(gpa);
-    few.mapped_bytes = mapped_bytes_max - data.len + 1;
-    const opened = opener.opened;
-    try std.testing.expect(few.get(gpa, .{ .cache = 2000, .shard_id = 0 }, data.len, &fs, &opener) == null);
-    try std.testing.expectEqual(opened, opener.opened);
-    // A page marked not resident makes every range touching it not resident.
-    var copy = m;
+    try std.testing.expect(maps.get(gpa, short, len + 1, 0, 8, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = false }) == null);
+    try std.testing.expect(!maps.over_budget);
+}
+
+test "residentRange: a page not resident makes every range touching it not resident" {
+    const page = std.heap.pageSize();
     var vec = [_]u8{ 1, 0, 1, 1 };
-    copy.resident = &vec;
-    try std.testing.expect(copy.residentRange(0, page));
-    try std.testing.expect(!copy.residentRange(page - 1, 2));
-    try std.testing.expect(copy.residentRange(2 * page, page + 10));
+    const bytes: []align(std.heap.page_size_min) const u8 = @alignCast(@as([*]align(std.heap.page_size_min) const u8, @ptrFromInt(page))[0 .. 4 * page]);
+    const w: Maps.Window = .{ .key = .{ .cache = 0, .shard_id = 0 }, .number = 0, .bytes = bytes, .resident = &vec, .stamp = 0 };
+    try std.testing.expect(w.residentRange(0, page));
+    try std.testing.expect(!w.residentRange(page - 1, 2));
+    try std.testing.expect(w.residentRange(2 * page, page + 10));
+}
+
+/// Reads `buf.len` bytes at `offset` of `fd` only if they are all in the page cache now
+/// (`preadv2` with `RWF_NOWAIT`: never waits for the disk). False, with `buf` unspecified,
+/// when they are not, on a short read, or when the kernel refuses the flag: the caller
+/// then reads them the ordinary way, which reports any error.
+pub fn readResident(fd: posix.fd_t, buf: []u8, offset: u64) bool {
+    if (buf.len == 0 or offset > std.math.maxInt(i64)) return false;
+    const iov = [1]posix.iovec{.{ .base = buf.ptr, .len = buf.len }};
+    const rc = std.os.linux.preadv2(fd, &iov, 1, @intCast(offset), std.os.linux.RWF.NOWAIT);
+    return std.os.linux.E.init(rc) == .SUCCESS and rc == buf.len;
+}
+
+test "readResident reads page-cache-resident bytes, and refuses what is past the end" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.writeFile(.{ .sub_path = "a", .data = "0123456789" });
+    const f = try tmp.dir.openFile("a", .{});
+    defer f.close();
+    var buf: [4]u8 = undefined;
+    // Just written: in the page cache (a kernel without RWF_NOWAIT for buffered reads
+    // refuses it, which is allowed).
+    if (readResident(f.handle, &buf, 3)) try std.testing.expectEqualStrings("3456", &buf);
+    try std.testing.expect(!readResident(f.handle, &buf, 8));
+    try std.testing.expect(!readResident(f.handle, buf[0..0], 0));
 }

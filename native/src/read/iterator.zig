@@ -14,12 +14,14 @@
 //! the consumer copies them out).
 //!
 //! Small records whose pages are in the page cache skip the backend: a run of them is one
-//! slot, split straight out of read-only shard mappings on the consumer thread when it is
-//! planned (`planMapped`; the mappings and their residency snapshots are `io/files.zig`
-//! `Maps`). Such a slot holds no read buffer; its payloads point into the mapping. A
-//! record is served this way only when a read would return the same bytes (it lies
-//! inside its shard's manifest length, and the file is at least that long), so both
-//! paths give the same samples, errors and order.
+//! slot, split straight out of read-only mappings of shard windows on the consumer thread
+//! when it is planned (`planMapped`; the mappings, their residency snapshots and their
+//! byte budget, `mapped_bytes_max`, are `io/files.zig` `Maps`). Such a slot holds no read
+//! buffer; its payloads point into the mapping, which stays mapped until the slot is
+//! released. A record is served this way only when a read would return the same bytes
+//! (it lies inside its shard's manifest length, and the file is at least that long), so
+//! both paths give the same samples, errors and order; a record the budget leaves
+//! unmapped is read through the backend.
 //!
 //! Invariants (asserted in `checkInvariants`):
 //! - At most `prefetch_size` samples are planned and not yet released by the consumer
@@ -86,6 +88,11 @@ const Decoded = struct {
     raw_at: u64 = 0,
     raw_len: u64 = 0,
     in_raw: bool = false,
+    /// A record read inline into `Slot.raw` (see `Iter.readRecord`): its JSON is
+    /// `json_len` bytes at `json_at` there (`json` unused), its payload `in_raw`.
+    json_at: u64 = 0,
+    json_len: u64 = 0,
+    json_in_raw: bool = false,
 };
 
 /// One positioned read of a planned span and its decoded records, or (`mapped`) a run of
@@ -175,6 +182,23 @@ const Slot = struct {
             d.payload = &.{};
         }
         try s.decoded.append(gpa, d);
+    }
+
+    /// `decodeRecord` for an uncompressed record read into `raw` at `at` (`len` bytes):
+    /// its parts are kept as places in `raw`, which may move while the slot decodes.
+    fn decodeRaw(s: *Slot, gpa: std.mem.Allocator, at: u64, len: u64) status.Error!void {
+        const image = s.raw.items[@intCast(at)..][0..@intCast(len)];
+        const rec = try shard.split(image);
+        try s.decoded.append(gpa, .{
+            .json = &.{},
+            .payload = &.{},
+            .json_at = at + (@intFromPtr(rec.json.ptr) - @intFromPtr(image.ptr)),
+            .json_len = rec.json.len,
+            .json_in_raw = true,
+            .raw_at = at + (@intFromPtr(rec.stored_payload.ptr) - @intFromPtr(image.ptr)),
+            .raw_len = rec.stored_payload.len,
+            .in_raw = true,
+        });
     }
 };
 
@@ -293,15 +317,16 @@ pub const Iter = struct {
     deferred_message: [status.message_bytes_max]u8 = undefined,
     deferred_len: usize = 0,
     files: files_mod.Files = .{},
-    /// Shard mappings for small resident records (see `mappedRecord`), and the last one
-    /// used (most runs stay in one shard).
+    /// Mapped shard windows for small resident records (see `mappedRecord`), within
+    /// `files_mod.mapped_bytes_max`.
     maps: files_mod.Maps = .{},
-    last_map: ?struct { key: files_mod.Key, mapping: files_mod.Maps.Mapping } = null,
     /// Records shorter than this may be served from a mapping (0: every record is read
     /// through the backend; unit tests of the backends set it).
     map_max: u64 = mapped_record_max,
-    /// Records served from mappings so far (tests check which path ran).
+    /// Records served from mappings (or read inline, `inline_reads` of them) so far
+    /// (tests check which path ran).
     mapped_records: u64 = 0,
+    inline_reads: u64 = 0,
     batch: batch_mod.Buffers,
     /// The slots' read buffers, and the bytes they may hold (see //!).
     ring: ByteRing = .{},
@@ -453,28 +478,63 @@ pub const Iter = struct {
     /// bounded by the byte budget), a record not in the page cache (many reads in flight
     /// beat one page fault at a time on the consumer), a record reaching past its shard's
     /// manifest length (the read reports it), or a shard that is not mapped.
-    fn mappedRecord(it: *Iter, loc: Loc) ?struct { []const u8, manifest.Compression } {
+    ///
+    /// `window_index` is the record's plan index: its window stays mapped until the slots
+    /// up to it are released (the mapping's pin), see `files_mod.Maps`.
+    fn mappedRecord(it: *Iter, loc: Loc, window_index: u64) ?struct { []const u8, manifest.Compression } {
         const ds = it.ds;
         const c = &ds.caches[loc.cache];
         const row = c.row(loc.sample_id);
         if (row.byte_len == 0 or row.byte_len >= it.map_max) return null;
         const entry = &c.manifest.shards[@intCast(row.shard_id)];
-        if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) return null;
         const key: files_mod.Key = .{ .cache = loc.cache, .shard_id = row.shard_id };
-        const mapping = if (it.last_map != null and std.meta.eql(it.last_map.?.key, key)) it.last_map.?.mapping else blk: {
-            const m = it.maps.get(ds.gpa, key, entry.byte_len, &it.files, Dataset.ShardOpener{ .ds = ds }) orelse return null;
-            it.last_map = .{ .key = key, .mapping = m };
-            break :blk m;
-        };
-        if (!mapping.residentRange(row.offset, row.byte_len)) return null;
-        return .{ mapping.bytes[@intCast(row.offset)..][0..@intCast(row.byte_len)], entry.compression };
+        // Records from the head slot's first on may still be referenced (the slots not
+        // yet released, and the one being planned).
+        const pinned_from = if (it.used > 0) it.slots[it.head].span.first else it.planned;
+        const bytes = it.maps.get(ds.gpa, key, entry.byte_len, row.offset, row.byte_len, &it.files, Dataset.ShardOpener{ .ds = ds }, .{
+            .now = window_index,
+            .pinned_from = pinned_from,
+            .resident_only = true,
+        }) orelse return null;
+        return .{ bytes, entry.compression };
+    }
+
+    /// Reads a small uncompressed record that `mappedRecord` just did not serve because its
+    /// window is outside the mapping budget (`Maps.over_budget`) into `slot.raw` right here with one `preadv2`, only
+    /// if its bytes are all in the page cache (`files_mod.readResident`): one system
+    /// call, cheaper than a backend read of one record, and never a wait for the disk.
+    /// Shuffled reads only (one record per backend read there).
+    /// Returns where it is in `slot.raw`, or null: read it through the backend (also
+    /// for any failure, which the backend read then reports).
+    fn readRecord(it: *Iter, slot: *Slot, loc: Loc) ?u64 {
+        // Ordered reads coalesce adjacent records into one backend read instead; a
+        // record whose window is mapped but was not resident then goes to the backend too
+        // (cold data: many reads in flight).
+        if (it.coalesce != 0 or !it.maps.over_budget) return null;
+        const ds = it.ds;
+        const c = &ds.caches[loc.cache];
+        const row = c.row(loc.sample_id);
+        if (row.byte_len == 0 or row.byte_len >= it.map_max) return null;
+        const entry = &c.manifest.shards[@intCast(row.shard_id)];
+        if (entry.compression != .none) return null;
+        if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) return null;
+        const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch return null;
+        defer it.files.release(handle);
+        const at = slot.raw.items.len;
+        slot.raw.ensureUnusedCapacity(ds.gpa, @intCast(row.byte_len)) catch return null;
+        const buf = slot.raw.unusedCapacitySlice()[0..@intCast(row.byte_len)];
+        if (!files_mod.readResident(handle.fd, buf, row.offset)) return null;
+        slot.raw.items.len += buf.len;
+        it.inline_reads += 1;
+        return at;
     }
 
     /// Plans into `slot` the run of records from window index `planned` (located at
-    /// `first`) served from shard mappings: consecutive records, each `mappedRecord`, in
-    /// any cache and shard, up to `limit`, decoded here on the consumer thread (no read,
-    /// no buffer). A record that fails to decode ends the run and is raised in plan
-    /// order. Returns false, planning nothing, when the first record is not mapped.
+    /// `first`) served from shard mappings: consecutive records, each `mappedRecord` (or,
+    /// outside the mapping budget, `readRecord`), in any cache and shard, up to `limit`,
+    /// decoded here on the consumer thread (no backend read, no ring buffer). A record
+    /// that fails to decode ends the run and is raised in plan order. Returns false,
+    /// planning nothing, when the first record is neither.
     ///
     /// Shuffled records are scattered over the index and the shards, so each costs cache
     /// and TLB misses: the run goes in steps of up to `mapped_step` records, each step
@@ -487,6 +547,8 @@ pub const Iter = struct {
         var locs: [mapped_step]Loc = undefined;
         var images: [mapped_step][]const u8 = undefined;
         var compressions: [mapped_step]manifest.Compression = undefined;
+        // Records read inline into `slot.raw` (see `readRecord`): where (images[j] empty).
+        var raw_at: [mapped_step]u64 = undefined;
         var count: u32 = 0;
         var bytes: u64 = 0;
         var step: u64 = 1;
@@ -504,7 +566,14 @@ pub const Iter = struct {
             }
             var mapped: usize = 0;
             while (mapped < n) : (mapped += 1) {
-                images[mapped], compressions[mapped] = it.mappedRecord(locs[mapped]) orelse break;
+                if (it.mappedRecord(locs[mapped], base + mapped)) |found| {
+                    images[mapped], compressions[mapped] = found;
+                } else {
+                    raw_at[mapped] = it.readRecord(slot, locs[mapped]) orelse break;
+                    images[mapped] = &.{};
+                    compressions[mapped] = .none;
+                    continue;
+                }
                 const image = images[mapped];
                 var at: usize = 0;
                 while (at < @min(image.len, prefetch_record_bytes)) : (at += 64) @prefetch(image.ptr + at, .{});
@@ -512,8 +581,13 @@ pub const Iter = struct {
             for (0..mapped) |j| {
                 it.loc_ring[@intCast((base + j) % it.loc_ring.len)] = locs[j];
                 count += 1;
-                bytes += images[j].len;
-                slot.decodeRecord(ds.gpa, images[j], compressions[j]) catch |err| {
+                const inline_len = if (images[j].len == 0) ds.caches[locs[j].cache].row(locs[j].sample_id).byte_len else 0;
+                bytes += images[j].len + inline_len;
+                const decoded = if (images[j].len > 0)
+                    slot.decodeRecord(ds.gpa, images[j], compressions[j])
+                else
+                    slot.decodeRaw(ds.gpa, raw_at[j], inline_len);
+                decoded catch |err| {
                     slot.fail(err);
                     break :run;
                 };
@@ -569,7 +643,8 @@ pub const Iter = struct {
     fn addSample(it: *Iter, slot: *Slot, k: u32) status.Error!void {
         const d = slot.decoded.items[k];
         const payload = if (d.in_raw) slot.raw.items[@intCast(d.raw_at)..][0..@intCast(d.raw_len)] else d.payload;
-        try it.batch.add(it.ds, it.locAt(slot.span.first + k), d.json, payload);
+        const json = if (d.json_in_raw) slot.raw.items[@intCast(d.json_at)..][0..@intCast(d.json_len)] else d.json;
+        try it.batch.add(it.ds, it.locAt(slot.span.first + k), json, payload);
     }
 
     fn deferFailure(it: *Iter, err: status.Error) void {

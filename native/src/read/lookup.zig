@@ -13,12 +13,14 @@
 //! at a time in the caller's order (errors are rare; the retry names the right one).
 //!
 //! Small reads (under `mapped_read_max` bytes: single records of small-record caches)
-//! are copied out of a read-only shared mapping of the shard, made on first use, instead
-//! of a pread each: no system call per record. A shard is mapped only when its file is
-//! at least as long as the manifest says (rows are checked against that length first),
-//! else it is read with pread, which reports a short file as the reference does; cache
-//! files are never changed once published, so a mapping stays valid. `MADV_RANDOM`: a
-//! fault reads one page, as a pread of a small record would.
+//! are copied out of a read-only shared mapping of a shard window (`io/files.zig` `Maps`,
+//! within its byte budget `lookup_mapped_bytes_max`, 132 MiB), made on first use, instead of a pread
+//! each: no system call per record. A shard is mapped only when its file is at least as
+//! long as the manifest says (rows are checked against that length first), else it is
+//! read with pread, which reports a short file as the reference does; cache files are
+//! never changed once published, so a mapping stays valid. A read the budget leaves
+//! unmapped uses pread. Windows used by a call stay mapped until the next call.
+//! `MADV_RANDOM`: a fault reads one page, as a pread of a small record would.
 //!
 //! Invariant: batch pointers into `raw` and `reads` are taken only after every record of
 //! the call was read, so neither moves any more; they stay valid until the next call on
@@ -43,9 +45,6 @@ const planned_count_max = std.math.maxInt(u32);
 
 /// Reads shorter than this are copied from the shard's mapping (see the top comment).
 const mapped_read_max = 16 << 10;
-
-/// A shard's mapping, or null when it is read with pread (see `Lookup.shardMap`).
-const ShardMap = ?[]align(std.heap.page_size_min) const u8;
 
 /// One positioned read of a planned call: `len` bytes at `offset` of a shard, into
 /// `reads[at..]`, or left where they are in the shard's mapping (`mapped`).
@@ -74,12 +73,12 @@ pub const Lookup = struct {
     record_len: std.ArrayList(u64) = .empty,
     span_reads: std.ArrayList(SpanRead) = .empty,
     reads: std.ArrayList(u8) = .empty,
-    /// Shards mapped on first small read (null: not mappable, read with pread).
-    maps: std.AutoHashMapUnmanaged(files_mod.Key, ShardMap) = .empty,
-    /// The last shard asked for in `maps` (random identities of one cache nearly always
-    /// hit the same shard: one comparison instead of a hash lookup).
-    last_map_key: ?files_mod.Key = null,
-    last_map: ShardMap = null,
+    /// Shard windows mapped on first small read (see the top comment).
+    maps: files_mod.Maps = .{ .random = true, .budget = files_mod.lookup_mapped_bytes_max },
+    /// Mapped reads so far (each one's stamp in `maps`), and the count when the current
+    /// call started: windows used since then are pinned.
+    map_stamp: u64 = 0,
+    call_stamp: u64 = 0,
     batch: batch_mod.Buffers,
 
     pub fn open(ds: *Dataset) status.Error!*Lookup {
@@ -96,6 +95,8 @@ pub const Lookup = struct {
     pub fn get(lk: *Lookup, cache_ids: []const u64, sample_ids: []const u64, contiguous: bool) status.Error!batch_mod.View {
         std.debug.assert(cache_ids.len == sample_ids.len);
         try lk.ds.runtime.checkPid();
+        // Bytes handed out by the previous call are no longer referenced.
+        lk.call_stamp = lk.map_stamp + 1;
         if (cache_ids.len < 2 or cache_ids.len > planned_count_max) return lk.getInOrder(cache_ids, sample_ids, contiguous);
         return lk.getPlanned(cache_ids, sample_ids, contiguous) catch |err| switch (err) {
             error.OutOfMemory => return err,
@@ -154,39 +155,21 @@ pub const Lookup = struct {
         return row;
     }
 
-    /// The shard's mapping, made on first use: null when its file is shorter than the
-    /// manifest says or cannot be mapped (pread then reads it, and reports what is wrong).
-    fn shardMap(lk: *Lookup, key: files_mod.Key) ShardMap {
-        if (lk.last_map_key) |last| if (last.cache == key.cache and last.shard_id == key.shard_id) return lk.last_map;
-        const entry = lk.maps.getOrPut(lk.ds.gpa, key) catch return null;
-        if (!entry.found_existing) entry.value_ptr.* = lk.mapShard(key);
-        lk.last_map_key = key;
-        lk.last_map = entry.value_ptr.*;
-        return lk.last_map;
-    }
-
-    fn mapShard(lk: *Lookup, key: files_mod.Key) ShardMap {
-        const ds = lk.ds;
-        const want = ds.caches[key.cache].manifest.shards[@intCast(key.shard_id)].byte_len;
-        if (want == 0 or want > std.math.maxInt(usize)) return null;
-        const handle = lk.files.acquire(key, Dataset.ShardOpener{ .ds = ds }) catch return null;
-        defer lk.files.release(handle);
-        const st = std.posix.fstat(handle.fd) catch return null;
-        if (st.size < 0 or @as(u64, @intCast(st.size)) < want) return null;
-        const map = std.posix.mmap(null, @intCast(want), std.posix.PROT.READ, .{ .TYPE = .SHARED }, handle.fd, 0) catch return null;
-        std.posix.madvise(map.ptr, map.len, std.posix.MADV.RANDOM) catch {};
-        return map;
-    }
-
     /// The `len` bytes at `offset` of a shard in its mapping, for a small read (counted
     /// as one lookup read), or null: then read them with `readAt`. The caller checked the
     /// range against the manifest's shard length.
     fn mappedAt(lk: *Lookup, cache: u32, shard_id: u64, len: u64, offset: u64) ?[]const u8 {
         if (len >= mapped_read_max) return null;
-        const map = lk.shardMap(.{ .cache = cache, .shard_id = shard_id }) orelse return null;
-        if (offset > map.len or len > map.len - offset) return null;
-        lk.ds.countRead(null, len);
-        return map[@intCast(offset)..][0..@intCast(len)];
+        const ds = lk.ds;
+        const shard_len = ds.caches[cache].manifest.shards[@intCast(shard_id)].byte_len;
+        lk.map_stamp += 1;
+        const bytes = lk.maps.get(ds.gpa, .{ .cache = cache, .shard_id = shard_id }, shard_len, offset, len, &lk.files, Dataset.ShardOpener{ .ds = ds }, .{
+            .now = lk.map_stamp,
+            .pinned_from = lk.call_stamp,
+            .resident_only = false,
+        }) orelse return null;
+        ds.countRead(null, len);
+        return bytes;
     }
 
     /// Reads `buf.len` bytes at `offset` of a shard, counted as one lookup read. The
@@ -443,8 +426,6 @@ pub const Lookup = struct {
         lk.record_len.deinit(gpa);
         lk.span_reads.deinit(gpa);
         lk.reads.deinit(gpa);
-        var maps = lk.maps.valueIterator();
-        while (maps.next()) |m| if (m.*) |map| std.posix.munmap(map);
         lk.maps.deinit(gpa);
         lk.batch.deinit(gpa);
         gpa.destroy(lk);
