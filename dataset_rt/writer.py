@@ -25,7 +25,7 @@ import os
 import sys
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
@@ -66,6 +66,9 @@ _PLAIN_TYPES: dict[int, type] = {
     Kind.FLOAT: float,
     Kind.STRING: str,
 }
+_ONLY_CACHE_INPUT = {CacheInput}
+_ONLY_BYTES = {bytes}
+_ONLY_DICT = {dict}
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -491,8 +494,9 @@ class _Ingest:
         self.progress = progress
         self.keys: list[str] | None = None
         self.kinds: list[Kind] = []
-        self.key_set: frozenset[str] = frozenset()
         self.getters: list[Callable[[dict[str, Any]], Any]] = []
+        self.type_sets: list[set[type]] = []
+        self.len_set: set[int] = set()
         self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
         self.count = 0
         self.payload_bytes = 0
@@ -532,15 +536,14 @@ class _Ingest:
 
         Samples are pulled ``step`` (at most ``prefetch_size``) at a time and the batch
         stops once its payloads reach BATCH_BYTES_MAX, so a source whose records grow
-        from small to large holds at most BATCH_BYTES_MAX plus one step of samples."""
+        from small to large holds at most BATCH_BYTES_MAX plus one step of samples.
+        Each step is checked and taken apart (payloads, one list of plain values per
+        field) as soon as it is pulled, and its tuples and metadata dicts are released
+        then: at most one step of them is alive, so the source's next samples reuse
+        their memory (and CPython's free lists) instead of allocating a batch's worth."""
         payloads: list[Any] = []
-        rows: list[Any] = []
         lengths: list[int] = []
-        # Each field's values, taken step by step while the step's rows are in the CPU
-        # caches (None once a step's rows do not all have exactly the schema's keys:
-        # the flush then checks the rows one by one).
         picked: list[list[Any]] | None = None
-        picking = True
         nbytes = 0
         more = True
         while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
@@ -556,72 +559,126 @@ class _Ingest:
                 # sample is checked as it arrives.
                 self._take(chunk)
                 raise SourceFailure(python_error(exc)) from exc
-            if chunk:
-                step_payloads, step_rows = self._take(chunk)
-                del chunk
-                step_lengths = list(map(len, step_payloads))
-                payloads.extend(step_payloads)
-                rows.extend(step_rows)
-                lengths.extend(step_lengths)
-                nbytes += sum(step_lengths)
-                if picking:
-                    if picked is None:  # the schema is known after the first _take
-                        picked = [[] for _ in self.getters]
-                    picking = self._pick(step_rows, picked)
-                if len(step_payloads) < want:
-                    more = False
-                    break
+            if not chunk:
+                more = False
+                break
+            pulled = len(chunk)
+            step_payloads, step_values = self._take(chunk)
+            del chunk
+            step_lengths = list(map(len, step_payloads))
+            payloads += step_payloads
+            lengths += step_lengths
+            nbytes += sum(step_lengths)
+            if picked is None:
+                picked = step_values
             else:
+                for values, step in zip(picked, step_values):
+                    values += step
+            if pulled < want:
                 more = False
                 break
         count = len(payloads)
         if count == 0:
             return size, False
-        self._flush(payloads, rows, lengths, picked if picking else None)
+        assert picked is not None
+        self._flush(payloads, picked, lengths)
         average = max(1, nbytes // count)
         return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), more
 
-    def _pick(self, rows: Any, picked: list[list[Any]]) -> bool:
-        """Append each schema field's values of ``rows`` to ``picked`` (one list per
-        field); False, leaving ``picked`` partial, unless every row has exactly the
-        schema's keys."""
-        if set(map(len, rows)) != {len(self.getters)}:
-            return False
-        try:
-            for getter, values in zip(self.getters, picked):
-                values.extend(map(getter, rows))
-        except KeyError:
-            return False
+    def _take(self, chunk: list[Any]) -> tuple[Sequence[Any], list[list[Any]]]:
+        """Check pulled samples and take them apart: their payloads (``bytes`` or flat
+        byte views) and, per schema field, their values as plain ``bool``/``int``/
+        ``float``/``str`` (checked: kind, int64 range, encodable as UTF-8). Raises the
+        first failing sample's error, as a per-sample writer would.
+
+        Bulk checks for the common case (a handful of C-level passes over the step);
+        anything unusual goes through ``_take_each``, one sample at a time."""
+        if self.keys is not None and set(map(type, chunk)) == _ONLY_CACHE_INPUT:
+            payloads, rows = zip(*chunk)
+            if (
+                set(map(type, payloads)) == _ONLY_BYTES
+                and set(map(type, rows)) == _ONLY_DICT
+                and set(map(len, rows)) == self.len_set
+            ):
+                try:
+                    picked = [list(map(getter, rows)) for getter in self.getters]
+                except KeyError:
+                    pass
+                else:
+                    if self._plain(picked):
+                        return payloads, picked
+        return self._take_each(chunk)
+
+    def _plain(self, picked: list[list[Any]]) -> bool:
+        """True if every field's values are of the field's plain Python type and valid
+        (ints within int64, strings encodable as UTF-8)."""
+        for values, types, kind in zip(picked, self.type_sets, self.kinds):
+            if set(map(type, values)) != types:
+                return False
+            if kind == Kind.INT:
+                if min(values) < INT64_MIN or max(values) > INT64_MAX:
+                    return False
+            elif kind == Kind.STRING:
+                # Only lone surrogates fail to encode; ASCII text needs no encoding.
+                joined = "\0".join(values)
+                if not joined.isascii():
+                    try:
+                        joined.encode("utf-8")
+                    except UnicodeEncodeError:
+                        return False
         return True
 
-    def _take(self, chunk: list[Any]) -> tuple[Any, Any]:
-        """The payloads and metadata dicts of pulled samples, with the per-sample checks
-        (the first failing sample's error). Bulk type checks for the common case."""
-        if self.keys is not None and set(map(type, chunk)) == {CacheInput}:
-            payloads, rows = zip(*chunk)
-            if set(map(type, payloads)) == {bytes} and set(map(type, rows)) == {dict}:
-                return payloads, rows
-        payload_list: list[Any] = []
-        row_list: list[dict[str, Any]] = []
+    def _take_each(self, chunk: list[Any]) -> tuple[list[Any], list[list[Any]]]:
+        """``_take`` one sample at a time: every check of a sample before the next one."""
+        payloads: list[Any] = []
+        picked: list[list[Any]] = [[] for _ in self.keys or ()]
         for item in chunk:
-            if (
-                type(item) is CacheInput
-                and type(item[0]) is bytes
-                and type(item[1]) is dict
-                and self.keys is not None
-            ):
-                payload, metadata = item
+            payload, metadata = self._unpack(item)
+            if len(picked) != len(self.keys or ()):  # the schema was set by this sample
+                picked = [[] for _ in self.keys or ()]
+            values = self._row_values(metadata)
+            payloads.append(payload)
+            for column, value in zip(picked, values):
+                column.append(value)
+        return payloads, picked
+
+    def _row_values(self, row: dict[str, Any]) -> list[Any]:
+        """One sample's metadata as plain values in schema order, or the reference's
+        error for its first problem (key set, then per key: missing, kind, int64 range,
+        UTF-8)."""
+        assert self.keys is not None
+        if len(row) != len(self.keys):
+            raise SourceFailure("metadata keys must be identical for every sample")
+        values: list[Any] = []
+        for key, kind in zip(self.keys, self.kinds):
+            if key not in row:
+                raise SourceFailure(f"metadata field '{key}' is missing")
+            value = row[key]
+            got = value_kind(value)
+            if got != kind:
+                raise SourceFailure(
+                    f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
+                )
+            if kind == Kind.INT:
+                value = int(value)
+                if not INT64_MIN <= value <= INT64_MAX:
+                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
+            elif kind == Kind.STRING:
+                value = str(value)
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise SourceFailure(python_error(exc)) from exc
             else:
-                payload, metadata = self._unpack(item)
-            payload_list.append(payload)
-            row_list.append(metadata)
-        return payload_list, row_list
+                value = _PLAIN_TYPES[kind](value)
+            values.append(value)
+        return values
 
     def _run_timed(self, iterator: Iterator[Any]) -> None:
         """``run`` with the profiler's per-sample timings (one sample at a time)."""
         pull = iterator.__next__
         payloads: list[Any] = []
-        rows: list[dict[str, Any]] = []
+        picked: list[list[Any]] | None = None
         timings = self.timings
         assert timings is not None
         clock = time.perf_counter_ns
@@ -641,15 +698,20 @@ class _Ingest:
                 raise SourceFailure(python_error(exc)) from exc
             timings.add("python_next", started)
             started = clock()
-            taken_payloads, taken_rows = self._take([item])
+            taken_payloads, taken_values = self._take([item])
             payloads.append(taken_payloads[0])
-            rows.append(taken_rows[0])
+            if picked is None:
+                picked = taken_values
+            else:
+                for column, values in zip(picked, taken_values):
+                    column += values
             timings.add("python_extract", started, len(payloads[-1]))
             if len(payloads) >= batch_size:
-                self._flush(payloads, rows)
-                payloads, rows = [], []
+                self._flush(payloads, picked)
+                payloads, picked = [], None
         if payloads:
-            self._flush(payloads, rows)
+            assert picked is not None
+            self._flush(payloads, picked)
         self.complete()
 
     def complete(self) -> None:
@@ -691,108 +753,50 @@ class _Ingest:
                 raise SourceFailure(f"metadata field '{key}' is reserved")
         self.kinds = kinds
         self.keys = keys
-        self.key_set = frozenset(keys)
         self.getters = [itemgetter(key) for key in keys]
+        self.type_sets = [{_PLAIN_TYPES[kind]} for kind in kinds]
+        self.len_set = {len(keys)}
         self.chunks = [[] for _ in keys]
         self.writer.set_schema(keys, kinds)
 
-    def _check_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Raise the first error of the batch in sample order, as a per-sample writer would.
-
-        Only called when the bulk checks of ``_column`` found something wrong."""
-        assert self.keys is not None
-        for row in rows:
-            if len(row) != len(self.keys):
-                raise SourceFailure("metadata keys must be identical for every sample")
-            for key, kind in zip(self.keys, self.kinds):
-                if key not in row:
-                    raise SourceFailure(f"metadata field '{key}' is missing")
-                got = value_kind(row[key])
-                if got != kind:
-                    raise SourceFailure(
-                        f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
-                    )
-                if kind == Kind.INT and not INT64_MIN <= int(row[key]) <= INT64_MAX:
-                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
-                if kind == Kind.STRING:
-                    try:
-                        str(row[key]).encode("utf-8")
-                    except UnicodeEncodeError as exc:
-                        raise SourceFailure(python_error(exc)) from exc
-
-    def _column(
-        self, index: int, key: str, rows: list[dict[str, Any]], values: list[Any] | None = None
-    ) -> tuple[Any, Any]:
+    def _column(self, kind: Kind, values: list[Any]) -> tuple[Any, Any]:
         """Typed column for one field of a batch: (numpy array or string bytes, offsets).
-        ``values``: the field's values of ``rows`` if already taken.
-
-        Bulk checks (one set of value types per column); anything unusual goes through
-        ``_check_rows``, which reports the first problem in sample order."""
+        ``values`` are plain Python values already checked by ``_take``."""
         import numpy as np
 
-        kind = self.kinds[index]
-        if values is None:
-            try:
-                values = list(map(itemgetter(key), rows))
-            except KeyError:
-                self._check_rows(rows)
-                raise
         if kind == Kind.STRING:
-            # str.join accepts only str (subclasses included: all of kind string), so a
-            # successful join is the type check.
             fast = _joined_strings(values)
             if fast is not None:
                 return fast
-        types = set(map(type, values))
-        if types != {_PLAIN_TYPES[kind]}:
-            if any(value_kind(v) != kind for v in values):
-                self._check_rows(rows)
-            if kind != Kind.STRING:
-                values = [_PLAIN_TYPES[kind](v) for v in values]
-        if kind == Kind.STRING:
-            try:
-                encoded = [str(v).encode("utf-8") for v in values]
-            except UnicodeEncodeError:
-                self._check_rows(rows)
-                raise
+            # Some value holds a NUL: encode one by one.
+            encoded = [value.encode("utf-8") for value in values]
             offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
             np.cumsum(np.fromiter(map(len, encoded), np.uint64, len(encoded)), out=offsets[1:])
             return b"".join(encoded), offsets
         if kind == Kind.INT:
-            try:
-                return np.array(values, dtype=np.int64), None
-            except OverflowError:
-                self._check_rows(rows)
-                raise
+            return np.array(values, dtype=np.int64), None
         if kind == Kind.FLOAT:
             return np.array(values, dtype=np.float64), None
         return np.array(values, dtype=np.uint8), None
 
     def _flush(
         self,
-        payloads: Any,
-        rows: Any,
+        payloads: Sequence[Any],
+        picked: list[list[Any]],
         payload_lengths: list[int] | None = None,
-        picked: list[list[Any]] | None = None,
     ) -> int:
-        """Check one batch's metadata and hand it to the native writer; returns its
-        payload bytes. ``payload_lengths`` and ``picked`` (each field's values, from
-        rows known to have exactly the schema's keys) are used when given."""
+        """Hand one batch to the native writer; returns its payload bytes. ``picked``
+        holds each schema field's values (as ``_take`` returns them); ``payload_lengths``
+        the payloads' lengths, if already known."""
         import numpy as np
 
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
-        if picked is None and set(map(len, rows)) != {len(self.keys)}:
-            self._check_rows(rows)
-        values = [
-            self._column(i, key, rows, None if picked is None else picked[i])
-            for i, key in enumerate(self.keys)
-        ]
+        values = [self._column(kind, column) for kind, column in zip(self.kinds, picked)]
         count = len(payloads)
         if payload_lengths is None:
-            lengths = np.fromiter(map(len, payloads), np.uint64, count)
-        else:
-            lengths = np.array(payload_lengths, dtype=np.uint64)
+            payload_lengths = list(map(len, payloads))
+        lengths = np.array(payload_lengths, dtype=np.uint64)
         nbytes = int(lengths.sum())
         if self.direct and nbytes >= LARGE_PAYLOAD_BYTES * count:
             # Large payloads: by pointer, written from their own buffers.
