@@ -500,6 +500,8 @@ class _Ingest:
         self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
         self.count = 0
         self.payload_bytes = 0
+        # The values of the batch being pulled (for _take_each's error ordering).
+        self._pending: list[list[Any]] | None = None
 
     def run(self, source: Any) -> None:
         try:
@@ -537,62 +539,75 @@ class _Ingest:
         Samples are pulled ``step`` (at most ``prefetch_size``) at a time and the batch
         stops once its payloads reach BATCH_BYTES_MAX, so a source whose records grow
         from small to large holds at most BATCH_BYTES_MAX plus one step of samples.
-        Each step is checked and taken apart (payloads, one list of plain values per
-        field) as soon as it is pulled, and its tuples and metadata dicts are released
-        then: at most one step of them is alive, so the source's next samples reuse
-        their memory (and CPython's free lists) instead of allocating a batch's worth."""
+        Each step is checked and taken apart (payloads, one list of values per field)
+        as soon as it is pulled, and its tuples and metadata dicts are released then: at
+        most one step of them is alive, so the source's next samples reuse their memory
+        (and CPython's free lists) instead of allocating a batch's worth."""
         payloads: list[Any] = []
         lengths: list[int] = []
-        picked: list[list[Any]] | None = None
+        picked: list[list[Any]] = []
+        self._pending = picked
         nbytes = 0
         more = True
-        while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
-            want = min(self.step, size - len(payloads))
-            chunk: list[Any] = []
-            try:
-                # list.extend keeps the items pulled before an exception.
-                chunk.extend(islice(iterator, want))
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as exc:
-                # The samples pulled before the failure are checked first, as when each
-                # sample is checked as it arrives.
-                self._take(chunk)
-                raise SourceFailure(python_error(exc)) from exc
-            if not chunk:
-                more = False
-                break
-            pulled = len(chunk)
-            step_payloads, step_values = self._take(chunk)
-            del chunk
-            step_lengths = list(map(len, step_payloads))
-            payloads += step_payloads
-            lengths += step_lengths
-            nbytes += sum(step_lengths)
-            if picked is None:
-                picked = step_values
-            else:
-                for values, step in zip(picked, step_values):
-                    values += step
-            if pulled < want:
-                more = False
-                break
+        try:
+            while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
+                want = min(self.step, size - len(payloads))
+                chunk: list[Any] = []
+                try:
+                    # list.extend keeps the items pulled before an exception.
+                    chunk.extend(islice(iterator, want))
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:
+                    # The samples pulled before the failure are checked first, as when
+                    # each sample is checked as it arrives.
+                    _, _, step_values = self._take(chunk)
+                    if self.keys is not None:
+                        self._extend(picked, step_values)
+                        self._check_values(picked)
+                    raise SourceFailure(python_error(exc)) from exc
+                if not chunk:
+                    more = False
+                    break
+                pulled = len(chunk)
+                step_payloads, step_lengths, step_values = self._take(chunk)
+                del chunk
+                payloads += step_payloads
+                lengths += step_lengths
+                nbytes += sum(step_lengths)
+                self._extend(picked, step_values)
+                if pulled < want:
+                    more = False
+                    break
+        finally:
+            self._pending = None
         count = len(payloads)
         if count == 0:
             return size, False
-        assert picked is not None
         self._flush(payloads, picked, lengths)
         average = max(1, nbytes // count)
         return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), more
 
-    def _take(self, chunk: list[Any]) -> tuple[Sequence[Any], list[list[Any]]]:
-        """Check pulled samples and take them apart: their payloads (``bytes`` or flat
-        byte views) and, per schema field, their values as plain ``bool``/``int``/
-        ``float``/``str`` (checked: kind, int64 range, encodable as UTF-8). Raises the
-        first failing sample's error, as a per-sample writer would.
+    @staticmethod
+    def _extend(picked: list[list[Any]], values: list[list[Any]]) -> None:
+        """Append a step's per-field values to the batch's (``picked`` starts empty)."""
+        if not picked:
+            picked.extend(values)
+            return
+        for column, step in zip(picked, values):
+            column += step
 
-        Bulk checks for the common case (a handful of C-level passes over the step);
-        anything unusual goes through ``_take_each``, one sample at a time."""
+    def _take(self, chunk: list[Any]) -> tuple[Sequence[Any], list[int], list[list[Any]]]:
+        """Check pulled samples and take them apart: their payloads (``bytes`` or flat
+        byte views), the payloads' lengths and, per schema field, the values (plain
+        ``bool``/``int``/``float``/``str``, or ``str`` subclasses for string fields).
+        Raises the first failing sample's error, as a per-sample writer would, except for
+        the int64 range and UTF-8 checks of the bulk path, which ``_flush`` (or the
+        next error) makes with ``_check_values``.
+
+        The bulk path is a few C-level passes over the step (``str.join`` is the type
+        check of string values); anything unusual goes through ``_take_each``, one
+        sample at a time."""
         if self.keys is not None and set(map(type, chunk)) == _ONLY_CACHE_INPUT:
             payloads, rows = zip(*chunk)
             if (
@@ -602,45 +617,65 @@ class _Ingest:
             ):
                 try:
                     picked = [list(map(getter, rows)) for getter in self.getters]
-                except KeyError:
+                    for values, types, kind in zip(picked, self.type_sets, self.kinds):
+                        if kind == Kind.STRING:
+                            "\0".join(values)  # the type check: str (subclasses too) only
+                        elif set(map(type, values)) != types:
+                            break
+                    else:
+                        return payloads, list(map(len, payloads)), picked
+                except (TypeError, KeyError):
                     pass
-                else:
-                    if self._plain(picked):
-                        return payloads, picked
         return self._take_each(chunk)
 
-    def _plain(self, picked: list[list[Any]]) -> bool:
-        """True if every field's values are of the field's plain Python type and valid
-        (ints within int64, strings encodable as UTF-8)."""
-        for values, types, kind in zip(picked, self.type_sets, self.kinds):
-            if set(map(type, values)) != types:
-                return False
-            if kind == Kind.INT:
+    def _take_each(self, chunk: list[Any]) -> tuple[list[Any], list[int], list[list[Any]]]:
+        """``_take`` one sample at a time: every check of a sample before the next one
+        (after those of the batch's earlier samples, ``_check_values``)."""
+        payloads: list[Any] = []
+        picked: list[list[Any]] = [[] for _ in self.keys or ()]
+        for item in chunk:
+            try:
+                payload, metadata = self._unpack(item)
+                if len(picked) != len(self.keys or ()):  # the schema was set by this sample
+                    picked = [[] for _ in self.keys or ()]
+                values = self._row_values(metadata)
+            except SourceFailure:
+                if self._pending:
+                    self._check_values(self._pending)
+                raise
+            payloads.append(payload)
+            for column, value in zip(picked, values):
+                column.append(value)
+        return payloads, list(map(len, payloads)), picked
+
+    def _check_values(self, picked: list[list[Any]]) -> None:
+        """Raise the first int64-range or UTF-8 error among a batch's values (in sample
+        order, then field order), if any: the checks the bulk path of ``_take`` leaves
+        for later."""
+        assert self.keys is not None
+        first: tuple[int, int, str] | None = None
+        for position, (key, kind, values) in enumerate(zip(self.keys, self.kinds, picked)):
+            bad: tuple[int, int, str] | None = None
+            if kind == Kind.INT and values:
                 if min(values) < INT64_MIN or max(values) > INT64_MAX:
-                    return False
+                    index = next(i for i, v in enumerate(values) if not INT64_MIN <= v <= INT64_MAX)
+                    bad = (index, position, f"metadata field '{key}' is outside the int64 range")
             elif kind == Kind.STRING:
-                # Only lone surrogates fail to encode; ASCII text needs no encoding.
                 joined = "\0".join(values)
                 if not joined.isascii():
                     try:
                         joined.encode("utf-8")
                     except UnicodeEncodeError:
-                        return False
-        return True
-
-    def _take_each(self, chunk: list[Any]) -> tuple[list[Any], list[list[Any]]]:
-        """``_take`` one sample at a time: every check of a sample before the next one."""
-        payloads: list[Any] = []
-        picked: list[list[Any]] = [[] for _ in self.keys or ()]
-        for item in chunk:
-            payload, metadata = self._unpack(item)
-            if len(picked) != len(self.keys or ()):  # the schema was set by this sample
-                picked = [[] for _ in self.keys or ()]
-            values = self._row_values(metadata)
-            payloads.append(payload)
-            for column, value in zip(picked, values):
-                column.append(value)
-        return payloads, picked
+                        for index, value in enumerate(values):
+                            try:
+                                str(value).encode("utf-8")
+                            except UnicodeEncodeError as exc:
+                                bad = (index, position, python_error(exc))
+                                break
+            if bad is not None and (first is None or bad < first):
+                first = bad
+        if first is not None:
+            raise SourceFailure(first[2])
 
     def _row_values(self, row: dict[str, Any]) -> list[Any]:
         """One sample's metadata as plain values in schema order, or the reference's
@@ -678,39 +713,40 @@ class _Ingest:
         """``run`` with the profiler's per-sample timings (one sample at a time)."""
         pull = iterator.__next__
         payloads: list[Any] = []
-        picked: list[list[Any]] | None = None
+        picked: list[list[Any]] = []
         timings = self.timings
         assert timings is not None
         clock = time.perf_counter_ns
         batch_size = self.batch_size
-        while True:
-            started = clock()
-            try:
-                item = pull()
-            except StopIteration:
-                # the call that ends the source is a next() too (as 0.4.8)
+        try:
+            while True:
+                self._pending = picked
+                started = clock()
+                try:
+                    item = pull()
+                except StopIteration:
+                    # the call that ends the source is a next() too (as 0.4.8)
+                    timings.add("python_next", started)
+                    break
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:
+                    timings.add("python_next", started)
+                    if picked:
+                        self._check_values(picked)
+                    raise SourceFailure(python_error(exc)) from exc
                 timings.add("python_next", started)
-                break
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as exc:
-                timings.add("python_next", started)
-                raise SourceFailure(python_error(exc)) from exc
-            timings.add("python_next", started)
-            started = clock()
-            taken_payloads, taken_values = self._take([item])
-            payloads.append(taken_payloads[0])
-            if picked is None:
-                picked = taken_values
-            else:
-                for column, values in zip(picked, taken_values):
-                    column += values
-            timings.add("python_extract", started, len(payloads[-1]))
-            if len(payloads) >= batch_size:
-                self._flush(payloads, picked)
-                payloads, picked = [], None
+                started = clock()
+                taken_payloads, _, taken_values = self._take([item])
+                payloads.append(taken_payloads[0])
+                self._extend(picked, taken_values)
+                timings.add("python_extract", started, len(payloads[-1]))
+                if len(payloads) >= batch_size:
+                    self._flush(payloads, picked)
+                    payloads, picked = [], []
+        finally:
+            self._pending = None
         if payloads:
-            assert picked is not None
             self._flush(payloads, picked)
         self.complete()
 
@@ -761,7 +797,8 @@ class _Ingest:
 
     def _column(self, kind: Kind, values: list[Any]) -> tuple[Any, Any]:
         """Typed column for one field of a batch: (numpy array or string bytes, offsets).
-        ``values`` are plain Python values already checked by ``_take``."""
+        ``values`` are as ``_take`` returns them; an int outside int64 raises
+        OverflowError, a string that is not UTF-8 encodable UnicodeEncodeError."""
         import numpy as np
 
         if kind == Kind.STRING:
@@ -792,7 +829,11 @@ class _Ingest:
 
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
-        values = [self._column(kind, column) for kind, column in zip(self.kinds, picked)]
+        try:
+            values = [self._column(kind, column) for kind, column in zip(self.kinds, picked)]
+        except (OverflowError, UnicodeEncodeError):
+            self._check_values(picked)  # raises the first sample's error
+            raise
         count = len(payloads)
         if payload_lengths is None:
             payload_lengths = list(map(len, payloads))

@@ -145,7 +145,7 @@ class _Faulty:
 
 
 @pytest.mark.parametrize("first", ["int64", "surrogate", "kind", "missing", "payload"])
-@pytest.mark.parametrize("later", ["not a tuple", "missing", "int64", "raise"])
+@pytest.mark.parametrize("later", ["not a tuple", "missing", "int64", "surrogate", "raise"])
 def test_each_sample_is_checked_before_the_next(tmp_path: Path, first: str, later: str) -> None:
     """Whatever is wrong with a later sample of the same step or batch, the error is the
     first bad sample's, exactly as when that sample is the only bad one."""
