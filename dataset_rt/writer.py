@@ -649,9 +649,9 @@ class _Ingest:
         return payloads, list(map(len, payloads)), picked
 
     def _check_values(self, picked: list[list[Any]]) -> None:
-        """Raise the first int64-range or UTF-8 error among a batch's values (in sample
-        order, then field order), if any: the checks the bulk path of ``_take`` leaves
-        for later."""
+        """Raise the first int64-range, non-finite float or UTF-8 error among a batch's
+        values (in sample order, then field order), if any: the checks the bulk path of
+        ``_take`` leaves for later."""
         assert self.keys is not None
         first: tuple[int, int, str] | None = None
         for position, (key, kind, values) in enumerate(zip(self.keys, self.kinds, picked)):
@@ -660,6 +660,12 @@ class _Ingest:
                 if min(values) < INT64_MIN or max(values) > INT64_MAX:
                     index = next(i for i, v in enumerate(values) if not INT64_MIN <= v <= INT64_MAX)
                     bad = (index, position, f"metadata field '{key}' is outside the int64 range")
+            elif kind == Kind.FLOAT and values:
+                # (the library checks this too, but only once the batch is handed over)
+                finite = list(map(math.isfinite, values))
+                if not all(finite):
+                    message = f"metadata field '{key}' must be a finite float"
+                    bad = (finite.index(False), position, message)
             elif kind == Kind.STRING:
                 joined = "\0".join(values)
                 if not joined.isascii():
@@ -680,7 +686,7 @@ class _Ingest:
     def _row_values(self, row: dict[str, Any]) -> list[Any]:
         """One sample's metadata as plain values in schema order, or the reference's
         error for its first problem (key set, then per key: missing, kind, int64 range,
-        UTF-8)."""
+        finite float, UTF-8)."""
         assert self.keys is not None
         if len(row) != len(self.keys):
             raise SourceFailure("metadata keys must be identical for every sample")
@@ -704,8 +710,12 @@ class _Ingest:
                     value.encode("utf-8")
                 except UnicodeEncodeError as exc:
                     raise SourceFailure(python_error(exc)) from exc
+            elif kind == Kind.FLOAT:
+                value = float(value)
+                if not math.isfinite(value):
+                    raise SourceFailure(f"metadata field '{key}' must be a finite float")
             else:
-                value = _PLAIN_TYPES[kind](value)
+                value = bool(value)
             values.append(value)
         return values
 

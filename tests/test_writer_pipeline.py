@@ -129,6 +129,8 @@ class _Faulty:
                 metadata["n"] = 2**63
             elif fault == "surrogate":
                 metadata["s"] = "\ud800"
+            elif fault == "nan":
+                metadata["f"] = float("nan")
             elif fault == "kind":
                 metadata["f"] = "x"
             elif fault == "missing":
@@ -144,7 +146,7 @@ class _Faulty:
             yield drt.CacheInput(b"x" * (i % 7), metadata)
 
 
-@pytest.mark.parametrize("first", ["int64", "surrogate", "kind", "missing", "payload"])
+@pytest.mark.parametrize("first", ["int64", "surrogate", "nan", "kind", "missing", "payload"])
 @pytest.mark.parametrize("later", ["not a tuple", "missing", "int64", "surrogate", "raise"])
 def test_each_sample_is_checked_before_the_next(tmp_path: Path, first: str, later: str) -> None:
     """Whatever is wrong with a later sample of the same step or batch, the error is the
