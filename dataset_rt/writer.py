@@ -25,7 +25,7 @@ import os
 import sys
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
@@ -66,6 +66,9 @@ _PLAIN_TYPES: dict[int, type] = {
     Kind.FLOAT: float,
     Kind.STRING: str,
 }
+_ONLY_CACHE_INPUT = {CacheInput}
+_ONLY_BYTES = {bytes}
+_ONLY_DICT = {dict}
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -491,11 +494,14 @@ class _Ingest:
         self.progress = progress
         self.keys: list[str] | None = None
         self.kinds: list[Kind] = []
-        self.key_set: frozenset[str] = frozenset()
         self.getters: list[Callable[[dict[str, Any]], Any]] = []
+        self.type_sets: list[set[type]] = []
+        self.len_set: set[int] = set()
         self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
         self.count = 0
         self.payload_bytes = 0
+        # The values of the batch being pulled (for _take_each's error ordering).
+        self._pending: list[list[Any]] | None = None
 
     def run(self, source: Any) -> None:
         try:
@@ -532,124 +538,226 @@ class _Ingest:
 
         Samples are pulled ``step`` (at most ``prefetch_size``) at a time and the batch
         stops once its payloads reach BATCH_BYTES_MAX, so a source whose records grow
-        from small to large holds at most BATCH_BYTES_MAX plus one step of samples."""
+        from small to large holds at most BATCH_BYTES_MAX plus one step of samples.
+        Each step is checked and taken apart (payloads, one list of values per field)
+        as soon as it is pulled, and its tuples and metadata dicts are released then: at
+        most one step of them is alive, so the source's next samples reuse their memory
+        (and CPython's free lists) instead of allocating a batch's worth."""
         payloads: list[Any] = []
-        rows: list[Any] = []
         lengths: list[int] = []
-        # Each field's values, taken step by step while the step's rows are in the CPU
-        # caches (None once a step's rows do not all have exactly the schema's keys:
-        # the flush then checks the rows one by one).
-        picked: list[list[Any]] | None = None
-        picking = True
+        picked: list[list[Any]] = []
+        self._pending = picked
         nbytes = 0
         more = True
-        while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
-            want = min(self.step, size - len(payloads))
-            chunk: list[Any] = []
-            try:
-                # list.extend keeps the items pulled before an exception.
-                chunk.extend(islice(iterator, want))
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as exc:
-                # The samples pulled before the failure are checked first, as when each
-                # sample is checked as it arrives.
-                self._take(chunk)
-                raise SourceFailure(python_error(exc)) from exc
-            if chunk:
-                step_payloads, step_rows = self._take(chunk)
-                del chunk
-                step_lengths = list(map(len, step_payloads))
-                payloads.extend(step_payloads)
-                rows.extend(step_rows)
-                lengths.extend(step_lengths)
-                nbytes += sum(step_lengths)
-                if picking:
-                    if picked is None:  # the schema is known after the first _take
-                        picked = [[] for _ in self.getters]
-                    picking = self._pick(step_rows, picked)
-                if len(step_payloads) < want:
+        try:
+            while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
+                want = min(self.step, size - len(payloads))
+                chunk: list[Any] = []
+                try:
+                    # list.extend keeps the items pulled before an exception.
+                    chunk.extend(islice(iterator, want))
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:
+                    # The samples pulled before the failure are checked first, as when
+                    # each sample is checked as it arrives.
+                    _, _, step_values = self._take(chunk)
+                    if self.keys is not None:
+                        self._extend(picked, step_values)
+                        self._check_values(picked)
+                    raise SourceFailure(python_error(exc)) from exc
+                if not chunk:
                     more = False
                     break
-            else:
-                more = False
-                break
+                pulled = len(chunk)
+                step_payloads, step_lengths, step_values = self._take(chunk)
+                del chunk
+                payloads += step_payloads
+                lengths += step_lengths
+                nbytes += sum(step_lengths)
+                self._extend(picked, step_values)
+                if pulled < want:
+                    more = False
+                    break
+        finally:
+            self._pending = None
         count = len(payloads)
         if count == 0:
             return size, False
-        self._flush(payloads, rows, lengths, picked if picking else None)
+        self._flush(payloads, picked, lengths)
         average = max(1, nbytes // count)
         return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), more
 
-    def _pick(self, rows: Any, picked: list[list[Any]]) -> bool:
-        """Append each schema field's values of ``rows`` to ``picked`` (one list per
-        field); False, leaving ``picked`` partial, unless every row has exactly the
-        schema's keys."""
-        if set(map(len, rows)) != {len(self.getters)}:
-            return False
-        try:
-            for getter, values in zip(self.getters, picked):
-                values.extend(map(getter, rows))
-        except KeyError:
-            return False
-        return True
+    @staticmethod
+    def _extend(picked: list[list[Any]], values: list[list[Any]]) -> None:
+        """Append a step's per-field values to the batch's (``picked`` starts empty)."""
+        if not picked:
+            picked.extend(values)
+            return
+        for column, step in zip(picked, values):
+            column += step
 
-    def _take(self, chunk: list[Any]) -> tuple[Any, Any]:
-        """The payloads and metadata dicts of pulled samples, with the per-sample checks
-        (the first failing sample's error). Bulk type checks for the common case."""
-        if self.keys is not None and set(map(type, chunk)) == {CacheInput}:
+    def _take(self, chunk: list[Any]) -> tuple[Sequence[Any], list[int], list[list[Any]]]:
+        """Check pulled samples and take them apart: their payloads (``bytes`` or flat
+        byte views), the payloads' lengths and, per schema field, the values (plain
+        ``bool``/``int``/``float``/``str``, or ``str`` subclasses for string fields).
+        Raises the first failing sample's error, as a per-sample writer would, except for
+        the int64 range and UTF-8 checks of the bulk path, which ``_flush`` (or the
+        next error) makes with ``_check_values``.
+
+        The bulk path is a few C-level passes over the step (``str.join`` is the type
+        check of string values); anything unusual goes through ``_take_each``, one
+        sample at a time."""
+        if self.keys is not None and set(map(type, chunk)) == _ONLY_CACHE_INPUT:
             payloads, rows = zip(*chunk)
-            if set(map(type, payloads)) == {bytes} and set(map(type, rows)) == {dict}:
-                return payloads, rows
-        payload_list: list[Any] = []
-        row_list: list[dict[str, Any]] = []
-        for item in chunk:
             if (
-                type(item) is CacheInput
-                and type(item[0]) is bytes
-                and type(item[1]) is dict
-                and self.keys is not None
+                set(map(type, payloads)) == _ONLY_BYTES
+                and set(map(type, rows)) == _ONLY_DICT
+                and set(map(len, rows)) == self.len_set
             ):
-                payload, metadata = item
-            else:
+                try:
+                    picked = [list(map(getter, rows)) for getter in self.getters]
+                    for values, types, kind in zip(picked, self.type_sets, self.kinds):
+                        if kind == Kind.STRING:
+                            "\0".join(values)  # the type check: str (subclasses too) only
+                        elif set(map(type, values)) != types:
+                            break
+                    else:
+                        return payloads, list(map(len, payloads)), picked
+                except (TypeError, KeyError):
+                    pass
+        return self._take_each(chunk)
+
+    def _take_each(self, chunk: list[Any]) -> tuple[list[Any], list[int], list[list[Any]]]:
+        """``_take`` one sample at a time: every check of a sample before the next one
+        (after those of the batch's earlier samples, ``_check_values``)."""
+        payloads: list[Any] = []
+        picked: list[list[Any]] = [[] for _ in self.keys or ()]
+        for item in chunk:
+            try:
                 payload, metadata = self._unpack(item)
-            payload_list.append(payload)
-            row_list.append(metadata)
-        return payload_list, row_list
+                if len(picked) != len(self.keys or ()):  # the schema was set by this sample
+                    picked = [[] for _ in self.keys or ()]
+                values = self._row_values(metadata)
+            except SourceFailure:
+                if self._pending:
+                    self._check_values(self._pending)
+                raise
+            payloads.append(payload)
+            for column, value in zip(picked, values):
+                column.append(value)
+        return payloads, list(map(len, payloads)), picked
+
+    def _check_values(self, picked: list[list[Any]]) -> None:
+        """Raise the first int64-range, non-finite float or UTF-8 error among a batch's
+        values (in sample order, then field order), if any: the checks the bulk path of
+        ``_take`` leaves for later."""
+        assert self.keys is not None
+        first: tuple[int, int, str] | None = None
+        for position, (key, kind, values) in enumerate(zip(self.keys, self.kinds, picked)):
+            bad: tuple[int, int, str] | None = None
+            if kind == Kind.INT and values:
+                if min(values) < INT64_MIN or max(values) > INT64_MAX:
+                    index = next(i for i, v in enumerate(values) if not INT64_MIN <= v <= INT64_MAX)
+                    bad = (index, position, f"metadata field '{key}' is outside the int64 range")
+            elif kind == Kind.FLOAT and values:
+                # (the library checks this too, but only once the batch is handed over)
+                finite = list(map(math.isfinite, values))
+                if not all(finite):
+                    message = f"metadata field '{key}' must be a finite float"
+                    bad = (finite.index(False), position, message)
+            elif kind == Kind.STRING:
+                joined = "\0".join(values)
+                if not joined.isascii():
+                    try:
+                        joined.encode("utf-8")
+                    except UnicodeEncodeError:
+                        for index, value in enumerate(values):
+                            try:
+                                str(value).encode("utf-8")
+                            except UnicodeEncodeError as exc:
+                                bad = (index, position, python_error(exc))
+                                break
+            if bad is not None and (first is None or bad < first):
+                first = bad
+        if first is not None:
+            raise SourceFailure(first[2])
+
+    def _row_values(self, row: dict[str, Any]) -> list[Any]:
+        """One sample's metadata as plain values in schema order, or the reference's
+        error for its first problem (key set, then per key: missing, kind, int64 range,
+        finite float, UTF-8)."""
+        assert self.keys is not None
+        if len(row) != len(self.keys):
+            raise SourceFailure("metadata keys must be identical for every sample")
+        values: list[Any] = []
+        for key, kind in zip(self.keys, self.kinds):
+            if key not in row:
+                raise SourceFailure(f"metadata field '{key}' is missing")
+            value = row[key]
+            got = value_kind(value)
+            if got != kind:
+                raise SourceFailure(
+                    f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
+                )
+            if kind == Kind.INT:
+                value = int(value)
+                if not INT64_MIN <= value <= INT64_MAX:
+                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
+            elif kind == Kind.STRING:
+                value = str(value)
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise SourceFailure(python_error(exc)) from exc
+            elif kind == Kind.FLOAT:
+                value = float(value)
+                if not math.isfinite(value):
+                    raise SourceFailure(f"metadata field '{key}' must be a finite float")
+            else:
+                value = bool(value)
+            values.append(value)
+        return values
 
     def _run_timed(self, iterator: Iterator[Any]) -> None:
         """``run`` with the profiler's per-sample timings (one sample at a time)."""
         pull = iterator.__next__
         payloads: list[Any] = []
-        rows: list[dict[str, Any]] = []
+        picked: list[list[Any]] = []
         timings = self.timings
         assert timings is not None
         clock = time.perf_counter_ns
         batch_size = self.batch_size
-        while True:
-            started = clock()
-            try:
-                item = pull()
-            except StopIteration:
-                # the call that ends the source is a next() too (as 0.4.8)
+        try:
+            while True:
+                self._pending = picked
+                started = clock()
+                try:
+                    item = pull()
+                except StopIteration:
+                    # the call that ends the source is a next() too (as 0.4.8)
+                    timings.add("python_next", started)
+                    break
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:
+                    timings.add("python_next", started)
+                    if picked:
+                        self._check_values(picked)
+                    raise SourceFailure(python_error(exc)) from exc
                 timings.add("python_next", started)
-                break
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as exc:
-                timings.add("python_next", started)
-                raise SourceFailure(python_error(exc)) from exc
-            timings.add("python_next", started)
-            started = clock()
-            taken_payloads, taken_rows = self._take([item])
-            payloads.append(taken_payloads[0])
-            rows.append(taken_rows[0])
-            timings.add("python_extract", started, len(payloads[-1]))
-            if len(payloads) >= batch_size:
-                self._flush(payloads, rows)
-                payloads, rows = [], []
+                started = clock()
+                taken_payloads, _, taken_values = self._take([item])
+                payloads.append(taken_payloads[0])
+                self._extend(picked, taken_values)
+                timings.add("python_extract", started, len(payloads[-1]))
+                if len(payloads) >= batch_size:
+                    self._flush(payloads, picked)
+                    payloads, picked = [], []
+        finally:
+            self._pending = None
         if payloads:
-            self._flush(payloads, rows)
+            self._flush(payloads, picked)
         self.complete()
 
     def complete(self) -> None:
@@ -691,108 +799,55 @@ class _Ingest:
                 raise SourceFailure(f"metadata field '{key}' is reserved")
         self.kinds = kinds
         self.keys = keys
-        self.key_set = frozenset(keys)
         self.getters = [itemgetter(key) for key in keys]
+        self.type_sets = [{_PLAIN_TYPES[kind]} for kind in kinds]
+        self.len_set = {len(keys)}
         self.chunks = [[] for _ in keys]
         self.writer.set_schema(keys, kinds)
 
-    def _check_rows(self, rows: list[dict[str, Any]]) -> None:
-        """Raise the first error of the batch in sample order, as a per-sample writer would.
-
-        Only called when the bulk checks of ``_column`` found something wrong."""
-        assert self.keys is not None
-        for row in rows:
-            if len(row) != len(self.keys):
-                raise SourceFailure("metadata keys must be identical for every sample")
-            for key, kind in zip(self.keys, self.kinds):
-                if key not in row:
-                    raise SourceFailure(f"metadata field '{key}' is missing")
-                got = value_kind(row[key])
-                if got != kind:
-                    raise SourceFailure(
-                        f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
-                    )
-                if kind == Kind.INT and not INT64_MIN <= int(row[key]) <= INT64_MAX:
-                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
-                if kind == Kind.STRING:
-                    try:
-                        str(row[key]).encode("utf-8")
-                    except UnicodeEncodeError as exc:
-                        raise SourceFailure(python_error(exc)) from exc
-
-    def _column(
-        self, index: int, key: str, rows: list[dict[str, Any]], values: list[Any] | None = None
-    ) -> tuple[Any, Any]:
+    def _column(self, kind: Kind, values: list[Any]) -> tuple[Any, Any]:
         """Typed column for one field of a batch: (numpy array or string bytes, offsets).
-        ``values``: the field's values of ``rows`` if already taken.
-
-        Bulk checks (one set of value types per column); anything unusual goes through
-        ``_check_rows``, which reports the first problem in sample order."""
+        ``values`` are as ``_take`` returns them; an int outside int64 raises
+        OverflowError, a string that is not UTF-8 encodable UnicodeEncodeError."""
         import numpy as np
 
-        kind = self.kinds[index]
-        if values is None:
-            try:
-                values = list(map(itemgetter(key), rows))
-            except KeyError:
-                self._check_rows(rows)
-                raise
         if kind == Kind.STRING:
-            # str.join accepts only str (subclasses included: all of kind string), so a
-            # successful join is the type check.
             fast = _joined_strings(values)
             if fast is not None:
                 return fast
-        types = set(map(type, values))
-        if types != {_PLAIN_TYPES[kind]}:
-            if any(value_kind(v) != kind for v in values):
-                self._check_rows(rows)
-            if kind != Kind.STRING:
-                values = [_PLAIN_TYPES[kind](v) for v in values]
-        if kind == Kind.STRING:
-            try:
-                encoded = [str(v).encode("utf-8") for v in values]
-            except UnicodeEncodeError:
-                self._check_rows(rows)
-                raise
+            # Some value holds a NUL: encode one by one.
+            encoded = [value.encode("utf-8") for value in values]
             offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
             np.cumsum(np.fromiter(map(len, encoded), np.uint64, len(encoded)), out=offsets[1:])
             return b"".join(encoded), offsets
         if kind == Kind.INT:
-            try:
-                return np.array(values, dtype=np.int64), None
-            except OverflowError:
-                self._check_rows(rows)
-                raise
+            return np.array(values, dtype=np.int64), None
         if kind == Kind.FLOAT:
             return np.array(values, dtype=np.float64), None
         return np.array(values, dtype=np.uint8), None
 
     def _flush(
         self,
-        payloads: Any,
-        rows: Any,
+        payloads: Sequence[Any],
+        picked: list[list[Any]],
         payload_lengths: list[int] | None = None,
-        picked: list[list[Any]] | None = None,
     ) -> int:
-        """Check one batch's metadata and hand it to the native writer; returns its
-        payload bytes. ``payload_lengths`` and ``picked`` (each field's values, from
-        rows known to have exactly the schema's keys) are used when given."""
+        """Hand one batch to the native writer; returns its payload bytes. ``picked``
+        holds each schema field's values (as ``_take`` returns them); ``payload_lengths``
+        the payloads' lengths, if already known."""
         import numpy as np
 
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
-        if picked is None and set(map(len, rows)) != {len(self.keys)}:
-            self._check_rows(rows)
-        values = [
-            self._column(i, key, rows, None if picked is None else picked[i])
-            for i, key in enumerate(self.keys)
-        ]
+        try:
+            values = [self._column(kind, column) for kind, column in zip(self.kinds, picked)]
+        except (OverflowError, UnicodeEncodeError):
+            self._check_values(picked)  # raises the first sample's error
+            raise
         count = len(payloads)
         if payload_lengths is None:
-            lengths = np.fromiter(map(len, payloads), np.uint64, count)
-        else:
-            lengths = np.array(payload_lengths, dtype=np.uint64)
+            payload_lengths = list(map(len, payloads))
+        lengths = np.array(payload_lengths, dtype=np.uint64)
         nbytes = int(lengths.sum())
         if self.direct and nbytes >= LARGE_PAYLOAD_BYTES * count:
             # Large payloads: by pointer, written from their own buffers.

@@ -112,3 +112,52 @@ def test_batches_stay_within_the_byte_bound_when_records_grow(
     samples = list(dataset)
     assert len(samples) == 20_040
     assert samples[-1].data == bytes([39]) * big
+
+
+class _Faulty:
+    """200 good samples with faults at given positions (several per pulled step)."""
+
+    def __init__(self, faults: dict[int, str]) -> None:
+        self.name = "faulty"
+        self.faults = faults
+
+    def __iter__(self):
+        for i in range(200):
+            fault = self.faults.get(i)
+            metadata = {"n": i, "s": "ok", "f": 0.5}
+            if fault == "int64":
+                metadata["n"] = 2**63
+            elif fault == "surrogate":
+                metadata["s"] = "\ud800"
+            elif fault == "nan":
+                metadata["f"] = float("nan")
+            elif fault == "kind":
+                metadata["f"] = "x"
+            elif fault == "missing":
+                del metadata["s"]
+                metadata["t"] = "ok"
+            elif fault == "not a tuple":
+                yield [b"x", metadata]
+                continue
+            elif fault == "payload":
+                yield drt.CacheInput("text", metadata)
+            elif fault == "raise":
+                raise RuntimeError("source broke")
+            yield drt.CacheInput(b"x" * (i % 7), metadata)
+
+
+@pytest.mark.parametrize("first", ["int64", "surrogate", "nan", "kind", "missing", "payload"])
+@pytest.mark.parametrize("later", ["not a tuple", "missing", "int64", "surrogate", "raise"])
+def test_each_sample_is_checked_before_the_next(tmp_path: Path, first: str, later: str) -> None:
+    """Whatever is wrong with a later sample of the same step or batch, the error is the
+    first bad sample's, exactly as when that sample is the only bad one."""
+    runtime = drt.DatasetRuntime(num_workers=2)
+    config = drt.WriterConfig(prefetch_size=16, show_progress=False)
+    [alone] = runtime.write_cache(_Faulty({70: first}), tmp_path / "a", writer_config=config)
+    assert isinstance(alone, drt.CacheWriteError), alone
+    for offset in (1, 5, 40):  # same step, same batch, a later batch
+        [both] = runtime.write_cache(
+            _Faulty({70: first, 70 + offset: later}), tmp_path / "b", writer_config=config
+        )
+        assert both == alone, (offset, both)
+        assert not (tmp_path / "b" / "faulty").exists()

@@ -67,9 +67,14 @@ const Profile = struct {
     }
 
     fn stop(p: *Profile, stage: Stage, started: i128, bytes: u64) void {
+        p.stopMany(stage, started, bytes, 1);
+    }
+
+    /// `stop` for `calls` items timed together.
+    fn stopMany(p: *Profile, stage: Stage, started: i128, bytes: u64, calls: u64) void {
         if (!p.enabled) return;
         const s = &p.stages[@intFromEnum(stage)];
-        s.calls += 1;
+        s.calls += calls;
         s.total_ns += @intCast(@max(0, std.time.nanoTimestamp() - started));
         s.bytes += bytes;
     }
@@ -499,23 +504,35 @@ pub const Writer = struct {
             to.bytes += from.bytes;
         }
         c.profile.stages = [_]StageStats{.{}} ** c.profile.stages.len;
+        const lens = c.record_lens.items;
         var at: usize = 0;
-        for (c.record_lens.items, c.raw_lens.items) |record_len, raw_len| {
-            const record = c.records.items[at..][0..@intCast(record_len)];
-            at += @intCast(record_len);
+        var i: usize = 0;
+        while (i < lens.len) {
             if (w.shard_open) {
                 const written = w.sealer.written();
-                if (written > 0 and written + record_len > w.options.max_shard_bytes) try w.closeShard();
+                if (written > 0 and written + lens[i] > w.options.max_shard_bytes) try w.closeShard();
             }
             if (!w.shard_open) try w.openShard();
             const t = w.profile.start();
-            const offset = w.sealer.written();
-            try w.sealer.append(record);
-            w.shard_uncompressed += raw_len;
-            const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
-            try w.index_file.append(gpa, &row, w.staging.staging_path);
-            w.sample_count += 1;
-            w.profile.stop(.disk_write, t, record_len + index.row_bytes);
+            // The run of records that go to this shard (the rotation rule above, record by
+            // record) is appended in one piece: a large run is written straight from
+            // `records`, without a copy into the shard buffer.
+            const run_start = at;
+            var offset = w.sealer.written();
+            var j = i;
+            while (j < lens.len) : (j += 1) {
+                const record_len = lens[j];
+                if (j > i and offset + record_len > w.options.max_shard_bytes) break;
+                const row = index.encode(.{ .shard_id = w.shards.items.len, .offset = offset, .byte_len = record_len });
+                try w.index_file.append(gpa, &row, w.staging.staging_path);
+                offset += record_len;
+                at += @intCast(record_len);
+                w.shard_uncompressed += c.raw_lens.items[j];
+            }
+            try w.sealer.append(c.records.items[run_start..at]);
+            w.sample_count += j - i;
+            w.profile.stopMany(.disk_write, t, at - run_start + (j - i) * index.row_bytes, j - i);
+            i = j;
         }
     }
 
