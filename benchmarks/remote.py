@@ -22,14 +22,15 @@ once locally and uploaded with ``write_cache`` to ``s3://bench/...``; then, in o
   ``--no-litdata``), ``StreamingDataLoader`` with 0 workers: LitData's obstore client
   options replace ``AWS_ALLOW_HTTP``, so the script allows plain HTTP in LitData's module
   state, which DataLoader worker processes would not see (its own prefetch threads
-  still fetch in parallel). Its rss column is this process's, not LitData's.
+  still fetch in parallel). LitData rows print no rss (it runs in its own process).
 
 Each line gives samples/s, MB/s and the share of the two raw fetches, then the CPU seconds per
 GB read of the client (this process, or LitData's process) and of the moto server (its
 process): on a 2-core machine the server and the client share the cores, so client CPU
 per byte caps the throughput. The load average is printed at the start and the end; peak
-RSS (VmHWM) after each dataset_rt row shows memory stays bounded by the budget's buffers,
-not the dataset.
+RSS (VmHWM, of the whole run so far: it includes the raw fetches' whole objects and the
+file pages of shards mapped while they download) after each row shows memory stays
+bounded, not growing with the dataset.
 """
 
 from __future__ import annotations

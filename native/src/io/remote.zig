@@ -17,7 +17,8 @@
 //!   chunk that failed. Then the error names the URL. A 404 and a 403 have their own
 //!   messages.
 //!
-//! Memory: one download buffer of at most `chunk_bytes` per download in progress.
+//! Memory: no download buffer: each range is written by the transport straight into a
+//! shared mapping of the shard's preallocated temporary file (see `download`).
 //! Thread safety: the callbacks may be called from any thread, concurrently.
 
 const std = @import("std");
