@@ -411,6 +411,7 @@ def test_disk_full_in_the_shard_cache(runtime, s3_bucket, shard_cache) -> None:
     env = dict(os.environ, URL=f"{s3_bucket}/d/d")
     out = run_python(code, env)
     assert "ERROR cannot write the local cache" in out.stdout, out.stdout + out.stderr
+    assert "File too large (os error 27)" in out.stdout, out.stdout
     assert str(shard_cache / "shards") in out.stdout
     assert not list((shard_cache / "shards").glob("*.tmp"))
     assert not shard_files(shard_cache)

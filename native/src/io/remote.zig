@@ -453,7 +453,7 @@ fn preallocate(file: std.fs.File, size: u64, dir_path: []const u8, name: []const
             .INTR => continue,
             .OPNOTSUPP, .NOSYS => break,
             .NOSPC => return failWrite(error.NoSpaceLeft, dir_path, name),
-            .FBIG => return failWrite(error.FileTooBig, dir_path, name),
+            .FBIG => return status.fail(error.Io, "cannot write the local cache {s}/{s}: File too large (os error 27) (free space or raise the quota, or choose another shard cache directory)", .{ dir_path, name }),
             .DQUOT => return failWrite(error.DiskQuota, dir_path, name),
             else => |e| return status.fail(error.Io, "cannot write the local cache {s}/{s}: fallocate failed ({s})", .{ dir_path, name, @tagName(e) }),
         }
