@@ -9,8 +9,11 @@ dependency), so the numbers measure the client side against one slow-ish Python 
 compare rows with each other, not with a cloud. For W1 and W2 the same records are written
 once locally and uploaded with ``write_cache`` to ``s3://bench/...``; then, in one run:
 
-- ``raw parallel fetch``: every object of the cache fetched with the same client (obstore)
-  in 8 MiB ranges by ``--fetchers`` threads (the limit of this client and server);
+- ``raw fetch``: every object of the cache fetched with the same client (obstore) by
+  ``--fetchers`` threads, in 8 MiB ranges and as whole objects (one GET each): the limits
+  of this client and server. moto reads a whole object for every ranged GET, so on this
+  server a GET costs CPU in proportion to the object, not the range: whole objects are
+  several times faster than 8 MiB ranges here (on S3 they are not);
 - ``remote ordered|shuffled cold``: ``iter_batches`` over the URL with an empty shard cache
   (a fresh ``DATASET_RT_CACHE_DIR``), ``warm``: the same again with the shard cache full;
 - ``local ordered|shuffled``: the local copy (page cache warm);
@@ -19,11 +22,15 @@ once locally and uploaded with ``write_cache`` to ``s3://bench/...``; then, in o
   ``--no-litdata``), ``StreamingDataLoader`` with 0 workers: LitData's obstore client
   options replace ``AWS_ALLOW_HTTP``, so the script allows plain HTTP in LitData's module
   state, which DataLoader worker processes would not see (its own prefetch threads
-  still fetch in parallel). Its rss column is this process's, not LitData's.
+  still fetch in parallel). LitData rows print no rss (it runs in its own process).
 
-Each line gives samples/s, MB/s and the share of the raw fetch. The load average is
-printed at the start and the end; peak RSS (VmHWM) after each dataset_rt row shows memory
-stays bounded by the budget's buffers, not the dataset.
+Each line gives samples/s, MB/s and the share of the two raw fetches, then the CPU seconds per
+GB read of the client (this process, or LitData's process) and of the moto server (its
+process): on a 2-core machine the server and the client share the cores, so client CPU
+per byte caps the throughput. The load average is printed at the start and the end; peak
+RSS (VmHWM, of the whole run so far: it includes the raw fetches' whole objects and the
+file pages of shards mapped while they download) after each row shows memory stays
+bounded, not growing with the dataset.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -71,19 +79,71 @@ def peak_rss_mib() -> float:
     return 0.0
 
 
-def row(label: str, samples: int, nbytes: int, seconds: float, limit: float | None) -> float:
+def self_cpu() -> float:
+    """CPU seconds (user + system) of this process so far, every thread."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def pid_cpu(pid: int | None) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far (0 when unknown)."""
+    if not pid:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Clock:
+    """Wall time and the CPU time of this process and of the server between start and
+    stop."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+        self.wall = time.perf_counter()
+        self.cpu = self_cpu()
+        self.server = pid_cpu(server_pid)
+
+    def stop(self) -> tuple[float, float, float]:
+        """(seconds, client CPU seconds, server CPU seconds)."""
+        return (
+            time.perf_counter() - self.wall,
+            self_cpu() - self.cpu,
+            pid_cpu(self.server_pid) - self.server,
+        )
+
+
+def row(
+    label: str,
+    samples: int,
+    nbytes: int,
+    seconds: float,
+    limits: tuple[float, float] | None,
+    cpu: tuple[float, float] | None = None,
+    rss: bool = True,
+) -> float:
+    """Prints one result line; ``limits`` are the two raw fetch rates (8 MiB ranges, whole
+    objects), ``cpu`` is (client, server) CPU seconds of the run."""
     rate = nbytes / seconds / 1e6
-    share = f"{rate / limit:>6.0%}" if limit else "      "
+    share = f"{rate / limits[0]:>5.0%} {rate / limits[1]:>5.0%}" if limits else " " * 11
+    gb = nbytes / 1e9
+    cpu_text = f"   cpu s/GB client {cpu[0] / gb:>5.2f} server {cpu[1] / gb:>5.2f}" if cpu else ""
+    rss_text = f"   (rss {peak_rss_mib():,.0f} MiB)" if rss else ""
     print(
         f"  {label:<34} {samples / seconds:>11,.0f} samples/s {rate:>8,.1f} MB/s {share}"
-        f"   (rss {peak_rss_mib():,.0f} MiB)",
+        f"{cpu_text}{rss_text}",
         flush=True,
     )
     return rate
 
 
-def raw_fetch(url: str, fetchers: int) -> tuple[float, int]:
-    """Seconds and bytes to fetch every object under ``url`` in 8 MiB ranges."""
+def raw_fetch(
+    url: str, fetchers: int, server_pid: int | None, whole: bool
+) -> tuple[tuple[float, float, float], int]:
+    """(seconds, client CPU, server CPU) and bytes to fetch every object under ``url`` by
+    ``fetchers`` threads: in 8 MiB ranges, or (``whole``) one GET per object."""
     import obstore
 
     from dataset_rt.remote import ObstoreTransport
@@ -91,17 +151,20 @@ def raw_fetch(url: str, fetchers: int) -> tuple[float, int]:
     transport = ObstoreTransport()
     store, prefix = transport.locate(url)
     metas = [m for batch in obstore.list(store, prefix) for m in batch]
-    ranges = [
-        (m["path"], start, min(m["size"], start + 8 * MiB))
-        for m in metas
-        for start in range(0, max(m["size"], 1), 8 * MiB)
-    ]
-    start = time.perf_counter()
+    if whole:
+        ranges = [(m["path"], 0, m["size"]) for m in metas]
+    else:
+        ranges = [
+            (m["path"], start, min(m["size"], start + 8 * MiB))
+            for m in metas
+            for start in range(0, max(m["size"], 1), 8 * MiB)
+        ]
+    clock = Clock(server_pid)
     with ThreadPoolExecutor(fetchers) as pool:
         total = sum(
             pool.map(lambda r: len(obstore.get_range(store, r[0], start=r[1], end=r[2])), ranges)
         )
-    return time.perf_counter() - start, total
+    return clock.stop(), total
 
 
 def read_all(dataset, batch: int) -> int:
@@ -141,9 +204,10 @@ def run_litdata_side(spec: dict) -> None:
             f"s3://bench/litdata/{spec['name']}", shuffle=shuffle, seed=1, cache_dir=cache_dir
         )
         loader = ld.StreamingDataLoader(dataset, batch_size=spec["batch"], num_workers=0)
-        start = time.perf_counter()
+        clock = Clock(spec.get("server_pid"))
         n = sum(len(b["label"]) for b in loader)
-        results["shuffled" if shuffle else "ordered"] = [time.perf_counter() - start, n]
+        seconds, client, server = clock.stop()
+        results["shuffled" if shuffle else "ordered"] = [seconds, n, client, server]
     print(json.dumps(results))
 
 
@@ -153,9 +217,18 @@ def _litdata_sample(index: int, size: int = 0) -> dict:
     return {"data": np.frombuffer(blob(size, index), dtype=np.uint8), "label": index % 10}
 
 
-def litdata_rates(env, server_env: dict, name: str, size: int, count: int, batch: int):
+def litdata_rates(
+    env, server_env: dict, server_pid: int | None, name: str, size: int, count: int, batch: int
+):
     work = Path(tempfile.mkdtemp(prefix="litdata-bench-"))
-    spec = {"dir": str(work / "out"), "size": size, "count": count, "batch": batch, "name": name}
+    spec = {
+        "dir": str(work / "out"),
+        "size": size,
+        "count": count,
+        "batch": batch,
+        "name": name,
+        "server_pid": server_pid,
+    }
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | server_env
     proc = subprocess.run(
         [str(env.python), __file__, "--litdata-side", json.dumps(spec)],
@@ -195,8 +268,14 @@ def measure(name: str, count: int, size: int, args, server, lit_env) -> None:
         [work / "local" / source.name], reader_config=drt.ReaderConfig(seed=0)
     )
     read_all(warm_up, 64)  # imports (numpy, Polars) and page cache before any timed row
-    seconds, fetched = raw_fetch(url, args.fetchers)
-    limit = row(f"raw parallel fetch ({args.fetchers} threads)", count, fetched, seconds, None)
+    server_pid = server.process.pid if server.process else None
+    rates = []
+    for whole in (False, True):
+        (seconds, client, server_cpu), fetched = raw_fetch(url, args.fetchers, server_pid, whole)
+        what = "whole objects" if whole else "8 MiB ranges"
+        label = f"raw fetch, {what} ({args.fetchers} thr)"
+        rates.append(row(label, count, fetched, seconds, None, (client, server_cpu)))
+    limit = (rates[0], rates[1])
     batch = 4096 if size < 64 * 1024 else 64
     for shuffle in (False, True):
         mode = "shuffled" if shuffle else "ordered"
@@ -204,19 +283,32 @@ def measure(name: str, count: int, size: int, args, server, lit_env) -> None:
         os.environ["DATASET_RT_CACHE_DIR"] = str(work / f"shard-cache-{mode}")
         for temperature in ("cold", "warm"):
             dataset = runtime.cached_dataset([url], reader_config=config)
-            start = time.perf_counter()
+            clock = Clock(server_pid)
             n = read_all(dataset, batch)
-            row(f"remote {mode} {temperature}", n, nbytes, time.perf_counter() - start, limit)
+            seconds, client, server_cpu = clock.stop()
+            row(f"remote {mode} {temperature}", n, nbytes, seconds, limit, (client, server_cpu))
+            del dataset
         local = runtime.cached_dataset([work / "local" / source.name], reader_config=config)
         read_all(local, batch)  # page cache warm
-        start = time.perf_counter()
+        clock = Clock(server_pid)
         n = read_all(local, batch)
-        row(f"local {mode}", n, nbytes, time.perf_counter() - start, limit)
+        seconds, client, server_cpu = clock.stop()
+        row(f"local {mode}", n, nbytes, seconds, limit, (client, server_cpu))
     if lit_env is not None:
         try:
-            rates = litdata_rates(lit_env, server.env(), name.lower(), size, count, batch)
-            for mode, (seconds, n) in rates.items():
-                row(f"litdata {mode} (0 workers)", n, n * size, seconds, limit)
+            rates = litdata_rates(
+                lit_env, server.env(), server_pid, name.lower(), size, count, batch
+            )
+            for mode, (seconds, n, client, server_cpu) in rates.items():
+                row(
+                    f"litdata {mode} (0 workers)",
+                    n,
+                    n * size,
+                    seconds,
+                    limit,
+                    (client, server_cpu),
+                    rss=False,
+                )
         except Exception as exc:
             print(f"  litdata: not measured: {exc}")
 
@@ -232,20 +324,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--w1", type=int, default=200_000, help="W1 records (512 B)")
     parser.add_argument("--w2", type=int, default=1_000, help="W2 records (1 MiB)")
-    parser.add_argument("--quick", action="store_true", help="W1 50,000 and W2 300")
+    parser.add_argument(
+        "--quick", action="store_true", help="W1 50,000 and W2 300 (unless given; 0 skips one)"
+    )
     parser.add_argument("--workers", type=int, default=8, help="DatasetRuntime threads")
     parser.add_argument("--fetchers", type=int, default=8, help="raw fetch threads")
     parser.add_argument("--shard-mib", type=int, default=64, help="max_shard_bytes in MiB")
     parser.add_argument("--no-litdata", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.w1, args.w2 = 50_000, 300
+        given = " ".join(sys.argv)
+        args.w1 = args.w1 if "--w1" in given else 50_000
+        args.w2 = args.w2 if "--w2" in given else 300
     print(
         f"dataset_rt {drt.native_info()['version']}, {os.cpu_count()} CPUs, moto S3 server on "
         f"127.0.0.1; load average at start: {load()}; "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"
     )
-    print("(last column: share of the raw parallel fetch of the same objects)")
+    print(
+        "(the two % columns: share of the raw parallel fetch of the same objects with the same"
+        " client, in 8 MiB ranges and as whole objects)"
+    )
     lit_env = None
     if not args.no_litdata:
         import refenv
@@ -258,8 +357,10 @@ def main() -> None:
     try:
         server.create_bucket("bench")
         with client_env(server.env()):
-            measure("W1", args.w1, 512, args, server, lit_env)
-            measure("W2", args.w2, MiB, args, server, lit_env)
+            if args.w1 > 0:
+                measure("W1", args.w1, 512, args, server, lit_env)
+            if args.w2 > 0:
+                measure("W2", args.w2, MiB, args, server, lit_env)
     finally:
         server.stop()
     print(f"\nload average at end: {load()}")

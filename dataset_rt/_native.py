@@ -586,6 +586,10 @@ class RemoteTransport(Protocol):
         """Exactly ``length`` bytes at ``offset`` (any buffer)."""
         ...
 
+    # Optional: ``read_into(handle, offset, out: memoryview) -> int`` writes the bytes at
+    # ``offset`` straight into ``out`` (the shard file's mapping) and returns how many it
+    # wrote; when a transport has it, :class:`Remote` calls it instead of ``read``.
+
     def close(self, handle: Any) -> None: ...
 
 
@@ -635,17 +639,22 @@ class Remote(_Handle):
             except BaseException as exc:
                 return _remote_failure(exc, message, cap)
 
+        read_into = getattr(transport, "read_into", None)
+
         def on_read(
             context: Any, handle: Any, offset: int, buf: Any, length: int, message: Any, cap: int
         ) -> int:
             try:
-                data = transport.read(handles[int(ffi.cast("uintptr_t", handle))], offset, length)
-                view = memoryview(data).cast("B")
-                if len(view) != length:
-                    raise RemoteError(
-                        RemoteCode.RETRY, f"short read: {len(view)} of {length} bytes"
-                    )
-                ffi.memmove(buf, view, length)
+                obj = handles[int(ffi.cast("uintptr_t", handle))]
+                if read_into is not None:
+                    got = read_into(obj, offset, memoryview(ffi.buffer(buf, length)))
+                else:
+                    data = memoryview(transport.read(obj, offset, length)).cast("B")
+                    got = len(data)
+                    if got == length:
+                        ffi.memmove(buf, data, length)
+                if got != length:
+                    raise RemoteError(RemoteCode.RETRY, f"short read: {got} of {length} bytes")
                 return 0
             except BaseException as exc:
                 return _remote_failure(exc, message, cap)

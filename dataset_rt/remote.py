@@ -35,6 +35,8 @@ DEFAULT_BUDGET = 16 << 30
 DEFAULT_RETRIES = 5
 #: Upload part size: files larger than this are uploaded in parts of this size.
 UPLOAD_CHUNK = 16 << 20
+#: Pieces in which a ranged GET's body is copied into the shard file (``read_into``).
+STREAM_CHUNK = 1 << 20
 
 _TRANSIENT = re.compile(
     r"error sending request|connection|connect|reset|timed out|timeout|broken pipe|"
@@ -124,6 +126,33 @@ class ObstoreTransport:
             return obstore.get_range(store, key, start=offset, length=length)
         except BaseException as exc:
             raise classify(exc) from exc
+
+    def read_into(self, handle: Any, offset: int, out: memoryview) -> int:
+        """Streams the ``len(out)`` bytes at ``offset`` into ``out`` (the core's mapping of
+        the shard file) in pieces of :data:`STREAM_CHUNK`: however large the range, the
+        client holds one piece at a time. Returns the number of bytes written (less than
+        ``len(out)`` if the body was short; the core retries)."""
+        obstore = _require_obstore()
+        store, key = handle
+        end = offset + len(out)
+        written = 0
+        try:
+            result = obstore.get(store, key, options={"range": (offset, end)})
+            for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+                view = memoryview(piece)
+                n = len(view)
+                if written + n > len(out):
+                    raise _native.RemoteError(
+                        _native.RemoteCode.FAILED,
+                        f"the server sent more than the {len(out)} bytes asked for",
+                    )
+                out[written : written + n] = view
+                written += n
+        except _native.RemoteError:
+            raise
+        except BaseException as exc:
+            raise classify(exc) from exc
+        return written
 
     def close(self, handle: Any) -> None:
         return None

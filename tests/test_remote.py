@@ -411,6 +411,7 @@ def test_disk_full_in_the_shard_cache(runtime, s3_bucket, shard_cache) -> None:
     env = dict(os.environ, URL=f"{s3_bucket}/d/d")
     out = run_python(code, env)
     assert "ERROR cannot write the local cache" in out.stdout, out.stdout + out.stderr
+    assert "File too large (os error 27)" in out.stdout, out.stdout
     assert str(shard_cache / "shards") in out.stdout
     assert not list((shard_cache / "shards").glob("*.tmp"))
     assert not shard_files(shard_cache)
@@ -566,5 +567,24 @@ def test_slow_server_keeps_memory_bounded(runtime, s3_server, s3_bucket, shard_c
     finally:
         proxy.close()
     assert result["n"] == 48
-    # Ranges of at most 8 MiB, a few at a time, plus the reader's prefetch_size records.
+    # No buffer per range: the client streams 1 MiB pieces into the shard file's mapping
+    # (counted while mapped: at most the shards in flight, 16 MiB each here), plus the
+    # reader's prefetch_size records.
     assert result["growth"] < 40 << 20, result
+
+
+def test_transport_without_read_into(
+    runtime, s3_bucket, shard_cache, tmp_path, monkeypatch
+) -> None:
+    """A transport with only ``read`` (returning the range's bytes, as a third-party
+    transport may) reads the same samples as the streaming ``read_into`` of obstore."""
+    from dataset_rt import remote as remote_mod
+
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=120)
+    monkeypatch.delattr(remote_mod.ObstoreTransport, "read_into")
+    monkeypatch.setattr(remote_mod, "_REMOTES", {})
+    config = drt.ReaderConfig(seed=5, shuffle=True, prefetch_size=8)
+    got = rows(runtime.cached_dataset([f"{base}/a"], reader_config=config))
+    want = rows(runtime.cached_dataset([local / "a"], reader_config=config))
+    assert got == want
+    assert shard_files(shard_cache)

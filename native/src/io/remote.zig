@@ -17,7 +17,8 @@
 //!   chunk that failed. Then the error names the URL. A 404 and a 403 have their own
 //!   messages.
 //!
-//! Memory: one download buffer of at most `chunk_bytes` per download in progress.
+//! Memory: no download buffer: each range is written by the transport straight into a
+//! shared mapping of the shard's preallocated temporary file (see `download`).
 //! Thread safety: the callbacks may be called from any thread, concurrently.
 
 const std = @import("std");
@@ -61,17 +62,20 @@ pub const Options = struct {
     retries: u32 = 5,
     /// First backoff; doubled after each attempt, at most 2 s.
     backoff_ns: u64 = 100 * std.time.ns_per_ms,
-    chunk_bytes: usize = 8 << 20,
-    /// Byte ranges of one shard fetched at once (the calling thread and pool workers).
-    parallel_parts: u32 = 8,
+    /// Largest byte range of a reader's own fetch (and of index.bin / metadata.arrow).
+    chunk_bytes: usize = 16 << 20,
+    /// Byte ranges of one shard fetched at once by a reader's own fetch (the calling
+    /// thread and pool workers): a 64 MiB shard is 4 GETs of 16 MiB.
+    parallel_parts: u32 = 4,
 };
 
-/// Byte ranges one background fetch (look-ahead) takes at once: with `Origin.slots_max`
-/// fetches, 8 requests in flight, as a reader's own fetch makes.
+/// Byte ranges one background fetch (look-ahead) takes at once, and their size: a shard
+/// of up to 64 MiB is one GET, so a fetch ahead costs one request, and `Origin.slots_max`
+/// shards are in flight at once. A range costs no memory of ours (it is written straight
+/// into the shard file's mapping, see `download`), so it can be as large as a shard;
+/// fewer, larger requests cost less per byte on the server and per epoch in requests.
 const background_parts = 2;
-/// Range size of background fetches: smaller than a reader's own, so the buffers of
-/// fetch-ahead (and the transport's copies) stay small.
-const background_chunk_bytes = 4 << 20;
+const background_range_bytes = 64 << 20;
 
 /// Largest manifest.json accepted (as locally).
 const manifest_bytes_max = 64 << 20;
@@ -166,12 +170,17 @@ pub const Remote = struct {
     }
 
     /// Downloads `url` into the new file `name` of `dir`, checking its size (when given)
-    /// and SHA-256 against the manifest. The file is removed on any failure. With `pool`,
-    /// up to `parallel_parts` byte ranges are fetched at once: the calling thread and pool
-    /// workers take the next range from a shared counter and write it in place; each holds
-    /// one buffer of `chunk_bytes`. The hash runs while the ranges land: whichever thread
-    /// completes the range after the hashed prefix extends the hash in order (see
-    /// `Fetch.landed`), so only the last range is hashed after the transfer.
+    /// and SHA-256 against the manifest. The file is removed on any failure.
+    ///
+    /// The file is preallocated (`fallocate`: a full disk fails here, with a clear error,
+    /// never later as a fault on a page of the mapping) and mapped shared; the transport
+    /// writes each byte range straight into the mapping (the page cache), so a download
+    /// holds no buffer of its own and the bytes are never copied again by this process
+    /// before the reader reads them. With `pool`, up to `parallel_parts` ranges are fetched
+    /// at once: the calling thread and pool workers take the next range from a shared
+    /// counter. The hash runs while the ranges land: whichever thread completes the range
+    /// after the hashed prefix extends the hash in order (see `Fetch.land`), reading the
+    /// mapping, so only the last range is hashed after the transfer.
     fn download(r: *Remote, url: [:0]const u8, dir: std.fs.Dir, dir_path: []const u8, name: []const u8, size: ?u64, sha_hex: []const u8, pool: ?*runtime.Pool, stop: ?*const std.atomic.Value(bool)) status.Error!void {
         const obj = try r.openObject(url);
         defer r.closeObject(obj);
@@ -184,20 +193,27 @@ pub const Remote = struct {
             file.close();
             if (!keep) dir.deleteFile(name) catch {};
         }
-        // Ranges of at most chunk_bytes, small enough (down to 1 MiB) that a shard spreads
-        // over every participant.
-        const spread = std.math.divCeil(u64, obj.size, @max(1, r.options.parallel_parts)) catch unreachable;
+        var map: []align(std.heap.page_size_min) u8 = &.{};
+        if (obj.size > 0) {
+            try preallocate(file, obj.size, dir_path, name);
+            map = posix.mmap(null, @intCast(obj.size), posix.PROT.READ | posix.PROT.WRITE, .{ .TYPE = .SHARED }, file.handle, 0) catch |err| return failWrite(err, dir_path, name);
+        }
+        defer if (map.len > 0) posix.munmap(map);
         const part: u64 = @max(1, if (stop != null)
-            @min(r.options.chunk_bytes, background_chunk_bytes)
+            background_range_bytes
         else if (pool == null)
             r.options.chunk_bytes
-        else
-            std.math.clamp(spread, @min(1 << 20, r.options.chunk_bytes), r.options.chunk_bytes));
+        else blk: {
+            // Ranges of at most range_bytes_max, small enough (down to 1 MiB) that a shard
+            // spreads over every participant.
+            const spread = std.math.divCeil(u64, obj.size, @max(1, r.options.parallel_parts)) catch unreachable;
+            break :blk std.math.clamp(spread, @min(1 << 20, r.options.chunk_bytes), r.options.chunk_bytes);
+        });
         const parts = std.math.divCeil(u64, obj.size, part) catch unreachable;
         const landed = try r.gpa.alloc(bool, @intCast(parts));
         defer r.gpa.free(landed);
         @memset(landed, false);
-        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .file = file, .dir_path = dir_path, .name = name, .part = part, .landed = landed, .hasher = .init(), .stop = stop };
+        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .map = map, .dir_path = dir_path, .name = name, .part = part, .landed = landed, .hasher = .init(), .stop = stop };
         if (stop != null) {
             // A background fetch (on its own thread, see `Origin`): helper threads of its
             // own, never pool workers, so no pool worker ever waits in the embedder's
@@ -351,12 +367,13 @@ pub const Remote = struct {
     }
 };
 
-/// One object being downloaded by several threads (see `Remote.download`).
+/// One object being downloaded by several threads (see `Remote.download`) into `map`,
+/// the shared mapping of its preallocated temporary file.
 const Fetch = struct {
     r: *Remote,
     obj: Remote.Object,
     url: [:0]const u8,
-    file: std.fs.File,
+    map: []u8,
     dir_path: []const u8,
     name: []const u8,
     part: u64,
@@ -380,44 +397,34 @@ const Fetch = struct {
 
     /// Fetches ranges until none is left or one failed.
     fn work(f: *Fetch) void {
-        const buf = f.r.gpa.alloc(u8, @intCast(@min(f.part, @max(f.obj.size, 1)))) catch return f.fail(error.OutOfMemory);
-        defer f.r.gpa.free(buf);
         while (!f.failed.load(.acquire)) {
             if (f.stop) |stop| if (stop.load(.acquire)) return f.fail(status.fail(error.Io, "download of {s} stopped: its cache was closed", .{f.url}));
             const i = f.next.fetchAdd(1, .monotonic);
             const offset = i * f.part;
             if (offset >= f.obj.size) return;
             const n: usize = @intCast(@min(f.obj.size - offset, f.part));
-            f.r.readObject(f.obj, f.url, offset, buf[0..n]) catch |err| return f.fail(err);
-            f.file.pwriteAll(buf[0..n], offset) catch |err| return f.fail(failWrite(err, f.dir_path, f.name));
-            f.land(i, buf) catch |err| return f.fail(err);
+            const at: usize = @intCast(offset);
+            f.r.readObject(f.obj, f.url, offset, f.map[at..][0..n]) catch |err| return f.fail(err);
+            f.land(i);
         }
     }
 
-    /// Range `i` is written (its bytes still in `buf`). Unless another thread is hashing
-    /// (it sees range `i` before it stops), hashes every written range after the hashed
-    /// prefix, in order; ranges other than `i` are read back from the file (page cache).
-    fn land(f: *Fetch, i: u64, buf: []u8) status.Error!void {
+    /// Range `i` is written. Unless another thread is hashing (it sees range `i` before
+    /// it stops), hashes every written range after the hashed prefix, in order.
+    fn land(f: *Fetch, i: u64) void {
         f.mutex.lock();
         defer f.mutex.unlock();
         f.landed[@intCast(i)] = true;
         if (f.hashing) return;
         f.hashing = true;
         defer f.hashing = false;
-        var holds_i = true; // whether buf still holds range i
         while (f.hashed < f.landed.len and f.landed[@intCast(f.hashed)] and !f.failed.load(.acquire)) {
             const k = f.hashed;
             f.mutex.unlock();
-            const offset = k * f.part;
+            const offset: usize = @intCast(k * f.part);
             const n: usize = @intCast(@min(f.obj.size - offset, f.part));
-            const got = if (k == i and holds_i) n else f.file.preadAll(buf[0..n], offset) catch |err| {
-                f.mutex.lock();
-                return failWrite(err, f.dir_path, f.name);
-            };
-            holds_i = false;
-            if (got == n) f.hasher.update(buf[0..n]);
+            f.hasher.update(f.map[offset..][0..n]);
             f.mutex.lock();
-            if (got != n) return status.fail(error.Io, "cannot read back the local cache {s}/{s}: short read", .{ f.dir_path, f.name });
             f.hashed += 1;
         }
     }
@@ -433,6 +440,26 @@ const Fetch = struct {
         @memcpy(f.message[0..f.message_len], text[0..f.message_len]);
     }
 };
+
+/// Reserves `size` bytes of disk for `file`, so that writing through a mapping of it can
+/// never fault for want of space. File systems without `fallocate` get the size by
+/// `ftruncate` (sparse: a full disk there faults while writing, as with any mapping).
+fn preallocate(file: std.fs.File, size: u64, dir_path: []const u8, name: []const u8) status.Error!void {
+    const linux = std.os.linux;
+    while (true) {
+        const rc = linux.fallocate(file.handle, 0, 0, @intCast(size));
+        switch (linux.E.init(rc)) {
+            .SUCCESS => return,
+            .INTR => continue,
+            .OPNOTSUPP, .NOSYS => break,
+            .NOSPC => return failWrite(error.NoSpaceLeft, dir_path, name),
+            .FBIG => return status.fail(error.Io, "cannot write the local cache {s}/{s}: File too large (os error 27) (free space or raise the quota, or choose another shard cache directory)", .{ dir_path, name }),
+            .DQUOT => return failWrite(error.DiskQuota, dir_path, name),
+            else => |e| return status.fail(error.Io, "cannot write the local cache {s}/{s}: fallocate failed ({s})", .{ dir_path, name, @tagName(e) }),
+        }
+    }
+    file.setEndPos(size) catch |err| return failWrite(err, dir_path, name);
+}
 
 /// A pool job taking part in a `Fetch`.
 const Helper = struct {
