@@ -987,10 +987,9 @@ class _Gather:
         iterator, memory = self._iterator, self._memory
         region: Any = np.empty(0, dtype=np.uint8)
         lease: Any = None
-        if self._per_sample >= 0:
-            wanted = min(size, max(self._left, 1))
+        if self._per_sample >= 0 and self._left > 0:
             region, lease = memory.take(
-                int(self._per_sample * wanted * _GATHER_SLACK) + _GATHER_MARGIN
+                int(self._per_sample * min(size, self._left) * _GATHER_SLACK) + _GATHER_MARGIN
             )
         batch, placed = iterator.next_batch_into(size, _STORED, region)
         count = batch.count
