@@ -1016,6 +1016,18 @@ class Iterator(_Handle):
         check(lib.drt_iter_next_batch(self._ptr, max_count, flags, self._batch))
         return Batch(self._batch)
 
+    def next_batch_into(self, max_count: int, flags: int, destination: Any) -> tuple[Batch, bool]:
+        """``drt_iter_next_batch_into`` (ABI 1.7): the next contiguous batch (as
+        ``next_batch`` with ``BatchFlag.CONTIGUOUS``), its payloads placed in the writable
+        buffer ``destination`` (e.g. a ``numpy.uint8`` array) when they all fit there.
+        Returns the batch and whether they did (its ``payload_base`` is then
+        ``destination``'s first byte; else the iterator's buffer, as ``next_batch``)."""
+        target = ffi.from_buffer("uint8_t[]", destination, require_writable=True)
+        raw = self._batch
+        check(lib.drt_iter_next_batch_into(self._ptr, max_count, flags, target, len(target), raw))
+        placed = len(target) > 0 and raw.payload_base == ffi.cast("uint8_t *", target)
+        return Batch(raw), bool(placed)
+
 
 class Lookup(_Handle):
     """``drt_lookup``: random access to a dataset's samples by identity."""

@@ -258,8 +258,10 @@ class CachedDataset:
         docs/compatibility.md).
 
         Lifetime: with ``copy=True`` (the default) the arrays stay valid as long as the
-        caller keeps them (or any view of them). Each payload is copied once, from the
-        reader's buffers into the batch's memory. Batches of 8 MiB or more are built in
+        caller keeps them (or any view of them). Each payload is copied once, natively,
+        from the shard mapping or read buffer into the batch's memory (sized from the
+        previous batch; the dataset's first batch, and one larger than foreseen, is
+        copied twice). Batches of 8 MiB or more are built in
         a pool the dataset keeps (about three of its largest batches, at most 1 GiB;
         pages faulted in once, not per batch): ``data`` is a view of it, whose space comes
         back for a later batch when ``data`` and every view of it are gone (a
@@ -291,7 +293,6 @@ class CachedDataset:
                         return
                     progress.base += len(built.cache_id)
                     yield built
-                    gather.raise_deferred()
             while True:
                 batch = iterator.next_batch(size, _BATCH_FLAGS)
                 count = batch.count
@@ -885,11 +886,6 @@ def _concat_arrays(parts: list[Any]) -> Any:
     return pa.concat_arrays(parts)
 
 
-# iter_batches(copy=True): records of at least this many bytes on average are taken from
-# the iterator without its contiguous copy (parts of at most half its read-ahead, their
-# payloads gathered straight into the batch's memory: one copy instead of two); smaller
-# ones in one contiguous native call per batch (fewer calls matter more than the copy).
-_GATHER_BYTES = 16 << 10
 # Reserved for a batch: the latest batch's bytes a sample times this, plus the margin
 # (trimmed to what the batch takes).
 _GATHER_SLACK = 1.125
@@ -917,10 +913,13 @@ class _BatchMemory:
     threads), so later epochs fault nothing in; freed with the dataset and the last
     batch built in it."""
 
-    __slots__ = ("_pool",)
+    __slots__ = ("_pool", "per_sample")
 
     def __init__(self) -> None:
         self._pool: Any = None
+        # Payload bytes a sample in the latest batch built here (-1: none yet): the next
+        # iterator's first batch is sized from it too.
+        self.per_sample = -1.0
 
     def _pool_for(self, nbytes: int) -> Any:
         from dataset_rt import _buffers
@@ -960,16 +959,17 @@ class _BatchMemory:
 
 
 class _Gather:
-    """The batches of ``iter_batches(copy=True)`` from one native iterator. Large records
-    (``_GATHER_BYTES``): each batch built from several native batches read without the
-    contiguous copy, its payloads copied once into memory from :class:`_BatchMemory`,
-    its identities and metadata concatenated. Small records: one contiguous native
-    batch, copied (as ``copy=False`` plus a copy). The same samples,
-    bytes and batch boundaries as contiguous native batches of the same size: a batch is
-    shorter only at the end of the window or right before a read error, which
-    :meth:`raise_deferred` raises after that batch was handed out."""
+    """The batches of ``iter_batches(copy=True)`` from one native iterator: each batch
+    is one contiguous native batch (``drt_iter_next_batch_into``) whose payloads the
+    library copies once, straight from its mappings or read buffers, into memory from
+    :class:`_BatchMemory`, sized from the latest batch's bytes a sample
+    (``_GATHER_SLACK``, ``_GATHER_MARGIN``; trimmed to what the batch takes). The first
+    batch of a dataset, and a batch larger than foreseen, is copied out of the
+    iterator's buffer instead (one more copy). The same samples, bytes and batch
+    boundaries as contiguous native batches of the same size; a read error met after
+    some samples of a batch is raised by the next call (natively)."""
 
-    __slots__ = ("_columns", "_deferred", "_iterator", "_memory", "_per_sample")
+    __slots__ = ("_columns", "_iterator", "_left", "_memory", "_per_sample")
 
     def __init__(
         self, iterator: _native.Iterator, columns: list[tuple[str, int]], memory: _BatchMemory
@@ -977,83 +977,45 @@ class _Gather:
         self._iterator = iterator
         self._columns = columns
         self._memory = memory
-        self._per_sample = -1.0  # payload bytes a sample in the latest batch (none yet)
-        self._deferred: Exception | None = None
-
-    def raise_deferred(self) -> None:
-        """Raise the read error met after the latest batch's samples, if any."""
-        error, self._deferred = self._deferred, None
-        if error is not None:
-            raise error
+        # Payload bytes a sample in the latest batch (before the first one: the dataset's).
+        self._per_sample = memory.per_sample
+        self._left = iterator.window().count  # samples not yet handed out (at most)
 
     def next(self, size: int) -> SampleBatch | None:
         """The next batch of up to ``size`` samples, None at the end of the window."""
         import numpy as np
 
         iterator, memory = self._iterator, self._memory
-        if 0 <= self._per_sample < _GATHER_BYTES:
-            # Small records: one contiguous native batch, copied (a batch this small is
-            # still in the CPU caches, and one native call beats several).
-            whole = iterator.next_batch(size, _BATCH_FLAGS)
-            if whole.count == 0:
-                return None
-            built = _sample_batch(whole, self._columns, True)
-            self._per_sample = len(built.data) / len(built.cache_id)
-            return built
-        region: Any = None
+        region: Any = np.empty(0, dtype=np.uint8)
         lease: Any = None
-        at = 0
-        got = 0
-        lengths: list[Any] = []
-        cache_ids: list[Any] = []
-        sample_ids: list[Any] = []
-        arrays: list[list[Any]] = []  # per part, one array per metadata column
-        while got < size:
-            per_sample = self._per_sample
-            # (The first batch's first part tells the record size; small records take
-            # the rest of that batch in one contiguous call.)
-            flags = _BATCH_FLAGS if 0 <= per_sample < _GATHER_BYTES else _STORED
-            try:
-                part = iterator.next_batch(size - got, flags)
-            except Exception as error:
-                if got == 0:
-                    raise
-                self._deferred = error  # after the samples before it, as contiguous batches
-                break
-            count = part.count
-            if count == 0:
-                break
-            lens, ids, samples = part.lengths_and_ids()
-            need = int(lens.sum())
-            if region is None or at + need > len(region):
-                if per_sample < 0 or region is not None:
-                    per_sample = (at + need) / (got + count)  # this batch's so far
-                estimate = int(per_sample * size * _GATHER_SLACK) + _GATHER_MARGIN
-                bigger, bigger_lease = memory.take(max(estimate, at + need))
-                if at:  # payloads larger than foreseen: one more copy of this batch's
-                    bigger[:at] = region[:at]
-                region, lease = bigger, bigger_lease
-            part.copy_payloads(region[at : at + need])
-            at += need
-            lengths.append(lens.copy())
-            cache_ids.append(ids.copy())
-            sample_ids.append(samples.copy())
-            arrays.append(_metadata_arrays(part, self._columns))
-            got += count
-            if self._per_sample < 0:
-                self._per_sample = need / count
-        if got == 0:
+        if self._per_sample >= 0 and self._left > 0:
+            region, lease = memory.take(
+                int(self._per_sample * min(size, self._left) * _GATHER_SLACK) + _GATHER_MARGIN
+            )
+        batch, placed = iterator.next_batch_into(size, _STORED, region)
+        count = batch.count
+        if count == 0:
             return None
-        self._per_sample = at / got
-        offsets = np.zeros(got + 1, dtype=np.uint64)
-        np.cumsum(np.concatenate(lengths) if len(lengths) > 1 else lengths[0], out=offsets[1:])
-        frame = _frame([_concat_arrays(list(parts)) for parts in zip(*arrays)], self._columns)
+        lengths, ids, samples = batch.lengths_and_ids()
+        offsets = np.zeros(count + 1, dtype=np.uint64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        if not placed:
+            # The dataset's first batch (no estimate yet) or one larger than foreseen:
+            # copied once more, out of the iterator's buffer.
+            if lease is not None:
+                memory.trim(region, lease, 0)
+            del region
+            region, lease = memory.take(total)
+            region[:total] = batch.arrays(False)[0]
+        self._per_sample = memory.per_sample = total / count
+        self._left -= count
         return SampleBatch(
-            memory.trim(region, lease, at),
+            memory.trim(region, lease, total),
             offsets,
-            np.concatenate(cache_ids) if len(cache_ids) > 1 else cache_ids[0],
-            np.concatenate(sample_ids) if len(sample_ids) > 1 else sample_ids[0],
-            frame,
+            ids.copy(),
+            samples.copy(),
+            _metadata_frame(batch, self._columns),
         )
 
 

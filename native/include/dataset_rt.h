@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 6
+    DRT_ABI_VERSION_MINOR = 7
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -521,6 +521,16 @@ int32_t drt_iter_window(drt_iter *iter, drt_iter_range *out);
  * iterator is finished (later calls return count 0).
  * Returns DRT_E_INVALID_CACHE, DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
 int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, uint32_t flags, drt_batch *out);
+
+/* (ABI 1.7) drt_iter_next_batch with DRT_BATCH_CONTIGUOUS (implied), the payloads placed
+ * in the caller's dst[0 .. capacity) instead of the iterator's buffer: when they all fit,
+ * out->payload_base == dst (each payload copied once, from the mapping or read buffer
+ * straight into dst); when they do not, out->payload_base is the iterator's buffer as
+ * with drt_iter_next_batch (dst's contents are then unspecified). The same samples and
+ * batch boundaries as drt_iter_next_batch. dst may be NULL when capacity is 0; dst must
+ * stay valid for the call only. Statuses of drt_iter_next_batch. */
+int32_t drt_iter_next_batch_into(drt_iter *iter, uint64_t max_count, uint32_t flags, uint8_t *dst,
+                                 uint64_t capacity, drt_batch *out);
 
 /* Copies the payloads of a batch (any batch: from drt_iter_next_batch or drt_lookup_get,
  * while it is valid) back to back into dst[0 .. capacity): payload i at the sum of the

@@ -501,6 +501,17 @@ export fn drt_iter_next_batch(it: ?*IterHandle, max_count: u64, flags: u32, out:
     return ok();
 }
 
+export fn drt_iter_next_batch_into(it: ?*IterHandle, max_count: u64, flags: u32, dst: ?[*]u8, capacity: u64, out: ?*abi.Batch) Rc {
+    const h = it orelse return nullArgument("iter");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    _ = batchFlags(&h.reader.batch, flags) catch |err| return fromError(err);
+    const dest: []u8 = if (dst) |d| d[0..@intCast(capacity)] else &.{};
+    const view = h.reader.nextBatchInto(max_count, dest) catch |err| return fromError(err);
+    h.publish(view, o);
+    return ok();
+}
+
 export fn drt_batch_copy_payloads(b: ?*const abi.Batch, dst: ?[*]u8, capacity: u64, out_len: ?*u64) Rc {
     const bt = b orelse return nullArgument("batch");
     const o = out_len orelse return nullArgument("out_len");

@@ -89,6 +89,11 @@ pub const Buffers = struct {
     stored_first: u64 = 0,
     stored_end: u64 = 0,
     stored_columns: []const arrow.Column = &.{},
+    /// A contiguous batch's payloads go to the caller's memory `dest` while they fit
+    /// (`in_dest`; `dest_used` bytes taken), else to `arena` (see `into`).
+    dest: []u8 = &.{},
+    dest_used: usize = 0,
+    in_dest: bool = false,
 
     pub fn init(gpa: std.mem.Allocator, field_count: usize) status.Error!Buffers {
         var b: Buffers = .{};
@@ -123,6 +128,9 @@ pub const Buffers = struct {
         b.arena.clearRetainingCapacity();
         b.cache_ids.clearRetainingCapacity();
         b.sample_ids.clearRetainingCapacity();
+        b.dest = &.{};
+        b.dest_used = 0;
+        b.in_dest = false;
         for (b.columns, fields) |*c, f| {
             c.bytes.clearRetainingCapacity();
             c.ints.clearRetainingCapacity();
@@ -241,18 +249,96 @@ pub const Buffers = struct {
         return b.cache_ids.items.len;
     }
 
-    /// Copies the payloads of samples `first..` into the arena (their source buffers can
-    /// then be reused) and records their offsets.
+    /// Room for `n` more samples in every per-sample array (string bytes excepted).
+    pub fn reserve(b: *Buffers, gpa: std.mem.Allocator, fields: []const schema.Field, n: usize) status.Error!void {
+        try b.payloads.ensureUnusedCapacity(gpa, n);
+        try b.payload_lens.ensureUnusedCapacity(gpa, n);
+        try b.payload_offsets.ensureUnusedCapacity(gpa, n);
+        try b.cache_ids.ensureUnusedCapacity(gpa, n);
+        try b.sample_ids.ensureUnusedCapacity(gpa, n);
+        for (b.columns, fields) |*c, f| switch (f.kind) {
+            .bool => try c.bytes.ensureUnusedCapacity(gpa, n),
+            .int => try c.ints.ensureUnusedCapacity(gpa, n),
+            .float => try c.floats.ensureUnusedCapacity(gpa, n),
+            .string => try c.offsets.ensureUnusedCapacity(gpa, n),
+        };
+    }
+
+    /// After `reset`: the contiguous batch's payloads go to `dest` (the caller's memory)
+    /// while they all fit; the first payload that does not fit moves those already there
+    /// into the arena, which holds the whole batch from then on.
+    pub fn into(b: *Buffers, dest: []u8) void {
+        std.debug.assert(b.count() == 0);
+        b.dest = dest;
+        b.dest_used = 0;
+        b.in_dest = dest.len > 0;
+    }
+
+    /// Where the contiguous payloads are: `dest` or the arena.
+    fn payloadBase(b: *const Buffers) [*]u8 {
+        return if (b.in_dest) b.dest.ptr else b.arena.items.ptr;
+    }
+
+    /// Bytes of contiguous payloads so far.
+    fn payloadBytes(b: *const Buffers) usize {
+        return if (b.in_dest) b.dest_used else b.arena.items.len;
+    }
+
+    /// `n` more bytes at the end of the contiguous payloads (in `dest` while they fit,
+    /// else in the arena, which always has a real address). Earlier slices may move.
+    fn claim(b: *Buffers, gpa: std.mem.Allocator, n: usize) status.Error![]u8 {
+        if (b.in_dest) {
+            if (b.dest.len - b.dest_used >= n) {
+                const s = b.dest[b.dest_used..][0..n];
+                b.dest_used += n;
+                return s;
+            }
+            // Larger than the caller foresaw: the whole batch goes to the arena.
+            try b.arena.ensureTotalCapacity(gpa, b.dest_used + n);
+            b.arena.appendSliceAssumeCapacity(b.dest[0..b.dest_used]);
+            b.in_dest = false;
+        }
+        try b.arena.ensureUnusedCapacity(gpa, @max(n, 1)); // a real address even for no bytes
+        const at = b.arena.items.len;
+        b.arena.items.len += n;
+        return b.arena.items[at..][0..n];
+    }
+
+    /// Copies the payloads of samples `first..` into the contiguous payloads (their
+    /// source buffers can then be reused) and records their offsets.
     pub fn pack(b: *Buffers, gpa: std.mem.Allocator, first: u64) status.Error!void {
         const start: usize = @intCast(first);
         std.debug.assert(b.payload_offsets.items.len == start);
         var total: usize = 0;
         for (b.payload_lens.items[start..]) |n| total += @intCast(n);
-        try b.arena.ensureUnusedCapacity(gpa, @max(total, 1)); // a real address even when all payloads are empty
+        try b.payload_offsets.ensureUnusedCapacity(gpa, b.payloads.items.len - start);
+        const space = try b.claim(gpa, total);
+        var at = b.payloadBytes() - total;
+        var k: usize = 0;
         for (b.payloads.items[start..], b.payload_lens.items[start..]) |p, n| {
-            try b.payload_offsets.append(gpa, b.arena.items.len);
-            b.arena.appendSliceAssumeCapacity(p[0..@intCast(n)]);
+            const len: usize = @intCast(n);
+            b.payload_offsets.appendAssumeCapacity(at);
+            @memcpy(space[k..][0..len], p[0..len]);
+            at += len;
+            k += len;
         }
+    }
+
+    /// `add` for a contiguous batch: the payload is copied into the contiguous payloads
+    /// at once (its source may be reused after the call).
+    pub fn addCopy(b: *Buffers, ds: *Dataset, loc: Loc, json: []const u8, payload: []const u8) status.Error!void {
+        std.debug.assert(b.payload_offsets.items.len == b.count());
+        try b.payload_offsets.ensureUnusedCapacity(ds.gpa, 1);
+        const space = try b.claim(ds.gpa, payload.len);
+        errdefer b.unclaim(payload.len);
+        @memcpy(space, payload);
+        try b.add(ds, loc, json, space);
+        b.payload_offsets.appendAssumeCapacity(b.payloadBytes() - payload.len);
+    }
+
+    /// Gives back the last `n` bytes claimed (a sample that failed to be added).
+    fn unclaim(b: *Buffers, n: usize) void {
+        if (b.in_dest) b.dest_used -= n else b.arena.items.len -= n;
     }
 
     /// The batch view. For a contiguous batch (all payloads packed), payload pointers are
@@ -281,15 +367,16 @@ pub const Buffers = struct {
                 },
             }
         }
+        const base = b.payloadBase();
         if (contiguous) {
             std.debug.assert(b.payload_offsets.items.len == b.count());
-            for (b.payloads.items, b.payload_offsets.items) |*p, off| p.* = b.arena.items.ptr + @as(usize, @intCast(off));
+            for (b.payloads.items, b.payload_offsets.items) |*p, off| p.* = base + @as(usize, @intCast(off));
         }
         return .{
             .count = b.count(),
             .payloads = b.payloads.items.ptr,
             .payload_lens = b.payload_lens.items.ptr,
-            .payload_base = if (contiguous) b.arena.items.ptr else null,
+            .payload_base = if (contiguous) base else null,
             .payload_offsets = if (contiguous) b.payload_offsets.items.ptr else null,
             .cache_ids = b.cache_ids.items.ptr,
             .sample_ids = b.sample_ids.items.ptr,

@@ -36,8 +36,10 @@
 //! - A batch whose payloads stay in the slot buffers (no copy) holds at most half the
 //!   prefetch window and half the byte budget (at least one sample), so the other half
 //!   stays in flight while the consumer works on the batch. A contiguous batch copies
-//!   payloads into one arena and releases slots as it goes, so it may be any size the
-//!   caller asks for.
+//!   payloads into one arena (or the caller's memory, `nextBatchInto`) and releases
+//!   slots as it goes, so it may be any size the caller asks for; while no slot is in
+//!   use it takes records served from mappings straight into the batch (`takeMapped`:
+//!   planned and delivered at once, so they never count against the window).
 //! - The first batch of an iterator waits for one record only (its first read is planned
 //!   alone), not for a whole window.
 //! - Batch pointers stay valid until the next call on the iterator.
@@ -670,6 +672,17 @@ pub const Iter = struct {
 
     /// Fills `out` with the next samples (count 0 at the end). See drt_iter_next_batch.
     pub fn nextBatch(it: *Iter, max_count: u64, contiguous: bool) status.Error!batch_mod.View {
+        return it.nextBatchTo(max_count, contiguous, &.{});
+    }
+
+    /// A contiguous batch whose payloads go to `dest` while they all fit (the view's
+    /// `payload_base` is then `dest.ptr`; else the iterator's arena). See
+    /// drt_iter_next_batch_into.
+    pub fn nextBatchInto(it: *Iter, max_count: u64, dest: []u8) status.Error!batch_mod.View {
+        return it.nextBatchTo(max_count, true, dest);
+    }
+
+    fn nextBatchTo(it: *Iter, max_count: u64, contiguous: bool, dest: []u8) status.Error!batch_mod.View {
         const ds = it.ds;
         try ds.runtime.checkPid();
         if (max_count == 0) return status.fail(error.InvalidArgument, "max_count must be at least 1", .{});
@@ -700,9 +713,16 @@ pub const Iter = struct {
             // never waits for a window's worth of submissions).
             if (first_batch) try it.fillReads(1);
         } else {
-            // Payloads are copied into the batch arena, so slots are released round by
-            // round and a batch may be larger than the prefetch window.
+            // Payloads are copied into the batch arena (or `dest`), so slots are released
+            // round by round and a batch may be larger than the prefetch window. While
+            // nothing is planned ahead, records served from mappings go straight into the
+            // batch, as many as it takes (no slot, no window round).
+            it.batch.into(dest);
             while (it.batch.count() < max_count and it.delivered < it.schedule.count and it.deferred == null) {
+                if (it.used == 0 and try it.takeMapped(max_count - it.batch.count()) > 0) {
+                    it.started = true;
+                    continue;
+                }
                 try it.fill();
                 it.started = true;
                 const first = it.batch.count();
@@ -713,6 +733,60 @@ pub const Iter = struct {
         }
         it.checkInvariants();
         return it.batch.view(ds.fields, contiguous);
+    }
+
+    /// Contiguous batches, with nothing planned ahead: appends up to `wanted` next
+    /// samples whose records `mappedRecord` serves (uncompressed), copying each payload
+    /// from the mapping straight into the batch's contiguous payloads. Stops at the first
+    /// record that is not served so (the slots read it). A failure after samples of this
+    /// batch is deferred like `deliver`'s. Returns the samples taken.
+    fn takeMapped(it: *Iter, wanted: u64) status.Error!u64 {
+        std.debug.assert(it.used == 0 and it.planned == it.delivered and it.head_taken == 0);
+        const ds = it.ds;
+        const end = @min(it.schedule.count, it.delivered + wanted);
+        if (it.map_max == 0 or it.delivered >= end) return 0;
+        it.lookahead.advance(ds, it.table, it.schedule, it.planned);
+        try it.batch.reserve(ds.gpa, ds.fields, @intCast(@min(end - it.delivered, 1 << 16)));
+        var locs: [mapped_step]Loc = undefined;
+        var images: [mapped_step][]const u8 = undefined;
+        var taken: u64 = 0;
+        var bytes: u64 = 0;
+        // In steps (as `planMapped`): locate a step's records, prefetch their index rows,
+        // then their bytes, then copy them out, so the misses of a step overlap.
+        run: while (it.delivered < end) {
+            const n: usize = @intCast(@min(mapped_step, end - it.delivered));
+            for (0..n) |j| {
+                locs[j] = ds.locate(it.table, it.schedule.position(it.delivered + j));
+                const c = &ds.caches[locs[j].cache];
+                @prefetch(c.index_map.ptr + locs[j].sample_id * index.row_bytes, .{});
+            }
+            var mapped: usize = 0;
+            while (mapped < n) : (mapped += 1) {
+                const image, const compression = it.mappedRecord(locs[mapped]) orelse break;
+                if (compression != .none) break;
+                images[mapped] = image;
+                var at: usize = 0;
+                while (at < @min(image.len, prefetch_record_bytes)) : (at += 64) @prefetch(image.ptr + at, .{});
+            }
+            for (locs[0..mapped], images[0..mapped]) |loc, image| {
+                const added = if (shard.split(image)) |rec|
+                    it.batch.addCopy(ds, loc, rec.json, rec.stored_payload)
+                else |err| err;
+                added catch |err| {
+                    if (err == error.OutOfMemory or it.batch.count() == 0) return err;
+                    it.deferFailure(err);
+                    break :run;
+                };
+                it.delivered += 1;
+                it.planned += 1;
+                taken += 1;
+                bytes += image.len;
+            }
+            if (mapped < n) break;
+        }
+        _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
+        it.mapped_records += taken;
+        return taken;
     }
 
     /// Appends up to `wanted` samples in plan order to the batch: waits for the oldest
@@ -858,6 +932,60 @@ fn expectRanges(backend: io.Kind) !void {
     defer it.close();
     try testing.expectError(error.InvalidArgument, it.nextBatch(0, false));
     try testing.expectEqualStrings("max_count must be at least 1", status.lastMessage());
+}
+
+/// nextBatchInto: the same samples and batch boundaries as contiguous batches, the
+/// payloads in the caller's memory exactly when they all fit there (else in the arena),
+/// whether records come from the mappings or through the backend.
+fn expectBatchesInto(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    const dest = try gpa.alloc(u8, 1 << 20);
+    defer gpa.free(dest);
+    for ([_]u64{ 1, 3, 64 }) |prefetch| {
+        for ([_]bool{ false, true }) |shuffle| {
+            var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
+            defer env.close();
+            for ([_]bool{ false, true }) |mapped| {
+                for ([_]u64{ 1, 7, 100 }) |max_count| {
+                    // No room, room for about half a batch, room for every batch.
+                    for ([_]usize{ 0, 700, dest.len }) |room| {
+                        errdefer std.debug.print("prefetch {d} shuffle {} mapped {} max_count {d} room {d}\n", .{ prefetch, shuffle, mapped, max_count, room });
+                        const it = try env.openIter();
+                        defer it.close();
+                        if (!mapped) it.map_max = 0;
+                        var k: u64 = 0;
+                        var placed: u64 = 0;
+                        while (true) {
+                            @memset(dest, '!');
+                            const view = try it.nextBatchInto(max_count, dest[0..room]);
+                            if (view.count == 0) break;
+                            try testing.expectEqual(@min(max_count, it.schedule.count - k), view.count);
+                            var total: u64 = 0;
+                            for (0..@intCast(view.count)) |i| {
+                                try env.expectSample(view, i, env.expectedLoc(it, k + i));
+                                try testing.expectEqual(total, view.payload_offsets.?[i]);
+                                total += view.payload_lens.?[i];
+                            }
+                            const in_dest = view.payload_base.? == dest.ptr;
+                            try testing.expectEqual(room > 0 and total <= room, in_dest);
+                            if (in_dest) placed += 1;
+                            k += view.count;
+                        }
+                        try testing.expectEqual(it.schedule.count, k);
+                        if (room == dest.len) try testing.expect(placed > 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+test "iterator (io_uring): batches into the caller's memory" {
+    try expectBatchesInto(.io_uring);
+}
+
+test "iterator (threads): batches into the caller's memory" {
+    try expectBatchesInto(.threads);
 }
 
 test "byte ring: FIFO allocations wrap, never overlap, and grow only when empty" {
