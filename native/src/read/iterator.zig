@@ -762,7 +762,9 @@ pub const Iter = struct {
             }
             var mapped: usize = 0;
             while (mapped < n) : (mapped += 1) {
-                const image, const compression = it.mappedRecord(locs[mapped]) orelse break;
+                // Plan index as the stamp; `pinned_from` is `planned` (== `delivered`), so
+                // this step's windows stay mapped until its copies are done.
+                const image, const compression = it.mappedRecord(locs[mapped], it.delivered + mapped) orelse break;
                 if (compression != .none) break;
                 images[mapped] = image;
                 var at: usize = 0;
