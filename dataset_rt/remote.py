@@ -288,3 +288,62 @@ def _delete_quietly(obstore: Any, store: Any, keys: Iterable[str]) -> list[str]:
         except BaseException:
             left.append(key)
     return left
+
+
+def upload_files(local: Path, url: str) -> list[str]:
+    """Upload every file under the directory ``local`` to ``url/<relative path>`` (plain
+    puts, no publication marker: for staging such as a Ray job's fragments). Returns the
+    relative paths uploaded, sorted. On failure the objects already uploaded are deleted
+    (best effort) and the error is raised."""
+    obstore = _require_obstore()
+    transport = ObstoreTransport()
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    uploaded: list[tuple[Any, str]] = []
+    try:
+        for rel in files:
+            store, key = transport.locate(join(url, rel))
+            _put_file(obstore, store, key, local / rel)
+            uploaded.append((store, key))
+    except BaseException as exc:
+        for store, key in uploaded:
+            _delete_quietly(obstore, store, [key])
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, OSError)):
+            raise
+        raise classify(exc) from exc
+    return files
+
+
+def download_files(url: str, names: Iterable[str], local: Path) -> None:
+    """Download ``url/<name>`` for each of ``names`` into ``local/<name>`` (directories
+    made as needed), streaming each object in pieces of :data:`STREAM_CHUNK`. The caller
+    verifies the contents (checksums in a manifest)."""
+    obstore = _require_obstore()
+    transport = ObstoreTransport()
+    for name in names:
+        store, key = transport.locate(join(url, name))
+        target = local / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            result = obstore.get(store, key)
+            with open(target, "wb") as out:
+                for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+                    out.write(memoryview(piece))
+        except OSError:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise classify(exc) from exc
+
+
+def delete_prefix(url: str) -> list[str]:
+    """Delete every object under ``url/`` (best effort). Returns the keys that could not
+    be listed or deleted (empty when everything is gone)."""
+    obstore = _require_obstore()
+    transport = ObstoreTransport()
+    store, prefix = transport.locate(join(url, ""))
+    try:
+        keys = [m["path"] for batch in obstore.list(store, prefix) for m in batch]
+    except BaseException:
+        return [prefix + "*"]
+    return _delete_quietly(obstore, store, keys)
