@@ -83,6 +83,28 @@ def default_budget() -> int:
     return value
 
 
+#: The process that made the first obstore request (obstore's runtime starts there).
+_CLIENT_PID: list[int] = []
+
+FORKED_MESSAGE = (
+    "the object store client (obstore) cannot be used in a process forked from one that "
+    "already used it: its runtime's threads do not survive fork, and its requests would "
+    "never finish; start worker processes with 'spawn' or 'forkserver' instead (for "
+    "example to_torch_dataloader(multiprocessing_context='spawn'), the default, or "
+    "multiprocessing.set_start_method('spawn'))"
+)
+
+
+def _check_not_forked() -> None:
+    """Raises ``RemoteError`` (not retried) in a process forked after obstore was used in
+    its parent, where a request would hang forever (obstore is not fork safe)."""
+    pid = os.getpid()
+    if not _CLIENT_PID:
+        _CLIENT_PID.append(pid)
+    elif _CLIENT_PID[0] != pid:
+        raise _native.RemoteError(_native.RemoteCode.FAILED, FORKED_MESSAGE)
+
+
 class ObstoreTransport:
     """The ``RemoteTransport`` over obstore: one store per ``scheme://bucket`` (configured
     from the environment), HEAD for open, ranged GET for read. obstore's own retries are
@@ -93,7 +115,10 @@ class ObstoreTransport:
         self._lock = threading.Lock()
 
     def locate(self, url: str) -> tuple[Any, str]:
-        """The store of ``url``'s bucket and the object's key in it."""
+        """The store of ``url``'s bucket and the object's key in it. Raises
+        ``RemoteError`` in a process forked after obstore was used (see
+        :data:`FORKED_MESSAGE`): every request starts here."""
+        _check_not_forked()
         scheme, _, rest = url.partition("://")
         bucket, _, key = rest.partition("/")
         root = f"{scheme}://{bucket}"
