@@ -11,7 +11,9 @@ once locally and uploaded with ``write_cache`` to ``s3://bench/...``; then, in o
 
 - ``raw fetch``: every object of the cache fetched with the same client (obstore) by
   ``--fetchers`` threads, in 8 MiB ranges and as whole objects (one GET each): the limits
-  of this client and server. moto reads a whole object for every ranged GET, so on this
+  of this client and server; then the whole-object fetch again, each object written to
+  a new local file (what keeping a local copy costs on top, without hashing or reading
+  it back). moto reads a whole object for every ranged GET, so on this
   server a GET costs CPU in proportion to the object, not the range: whole objects are
   several times faster than 8 MiB ranges here (on S3 they are not);
 - ``remote ordered|shuffled cold``: ``iter_batches`` over the URL with an empty shard cache
@@ -140,10 +142,16 @@ def row(
 
 
 def raw_fetch(
-    url: str, fetchers: int, server_pid: int | None, whole: bool
+    url: str,
+    fetchers: int,
+    server_pid: int | None,
+    whole: bool,
+    to_dir: Path | None = None,
 ) -> tuple[tuple[float, float, float], int]:
     """(seconds, client CPU, server CPU) and bytes to fetch every object under ``url`` by
-    ``fetchers`` threads: in 8 MiB ranges, or (``whole``) one GET per object."""
+    ``fetchers`` threads: in 8 MiB ranges, or (``whole``) one GET per object; with
+    ``to_dir`` (whole objects only), each object is written to a new file there, as a
+    client that keeps a local copy must (no hashing, no reading back)."""
     import obstore
 
     from dataset_rt.remote import ObstoreTransport
@@ -159,11 +167,19 @@ def raw_fetch(
             for m in metas
             for start in range(0, max(m["size"], 1), 8 * MiB)
         ]
+
+    def fetch(item: tuple[str, int, int]) -> int:
+        data = obstore.get_range(store, item[0], start=item[1], end=item[2])
+        if to_dir is not None:
+            with open(to_dir / item[0].replace("/", "_"), "wb") as out:
+                out.write(memoryview(data))
+        return len(data)
+
+    if to_dir is not None:
+        to_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock(server_pid)
     with ThreadPoolExecutor(fetchers) as pool:
-        total = sum(
-            pool.map(lambda r: len(obstore.get_range(store, r[0], start=r[1], end=r[2])), ranges)
-        )
+        total = sum(pool.map(fetch, ranges))
     return clock.stop(), total
 
 
@@ -276,6 +292,13 @@ def measure(name: str, count: int, size: int, args, server, lit_env) -> None:
         label = f"raw fetch, {what} ({args.fetchers} thr)"
         rates.append(row(label, count, fetched, seconds, None, (client, server_cpu)))
     limit = (rates[0], rates[1])
+    # The same whole-object fetch writing each object to a new local file: what any
+    # client keeping a local copy (a shard cache, LitData's cache) pays on top.
+    (seconds, client, server_cpu), fetched = raw_fetch(
+        url, args.fetchers, server_pid, True, to_dir=work / "raw-files"
+    )
+    label = f"raw fetch, whole, to files ({args.fetchers} thr)"
+    row(label, count, fetched, seconds, limit, (client, server_cpu))
     batch = 4096 if size < 64 * 1024 else 64
     for shuffle in (False, True):
         mode = "shuffled" if shuffle else "ordered"
