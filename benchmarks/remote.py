@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -224,6 +225,7 @@ def run_litdata_side(spec: dict) -> None:
         n = sum(len(b["label"]) for b in loader)
         seconds, client, server = clock.stop()
         results["shuffled" if shuffle else "ordered"] = [seconds, n, client, server]
+        shutil.rmtree(cache_dir, ignore_errors=True)
     print(json.dumps(results))
 
 
@@ -246,15 +248,18 @@ def litdata_rates(
         "server_pid": server_pid,
     }
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | server_env
-    proc = subprocess.run(
-        [str(env.python), __file__, "--litdata-side", json.dumps(spec)],
-        env=clean,
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [str(env.python), __file__, "--litdata-side", json.dumps(spec)],
+            env=clean,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
         Path("/tmp/litdata-bench-stderr.txt").write_text(proc.stderr)
         lines = [x for x in proc.stderr.splitlines() if x.strip().endswith(("Error", "error"))]
@@ -266,10 +271,25 @@ def litdata_rates(
 
 
 def measure(name: str, count: int, size: int, args, server, lit_env) -> None:
-    import dataset_rt as drt
-
+    """Prints the rows of one workload; its local files (the local copy, the shard
+    caches, the raw fetch's files: over a GB for W2) are removed afterwards."""
     print(f"\n{name}: {count:,} x {size:,} B records", flush=True)
     work = Path(tempfile.mkdtemp(prefix=f"drt-remote-{name}-"))
+    saved = os.environ.get("DATASET_RT_CACHE_DIR")
+    os.environ["DATASET_RT_CACHE_DIR"] = str(work / "local-cache")  # write_cache's staging
+    try:
+        _measure(work, name, count, size, args, server, lit_env)
+    finally:
+        if saved is None:
+            os.environ.pop("DATASET_RT_CACHE_DIR", None)
+        else:
+            os.environ["DATASET_RT_CACHE_DIR"] = saved
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(work: Path, name: str, count: int, size: int, args, server, lit_env) -> None:
+    import dataset_rt as drt
+
     runtime = drt.DatasetRuntime(num_workers=args.workers)
     writer = drt.WriterConfig(show_progress=False, max_shard_bytes=args.shard_mib * MiB)
     source = Records(name.lower(), count, size)
