@@ -11,7 +11,9 @@ once locally and uploaded with ``write_cache`` to ``s3://bench/...``; then, in o
 
 - ``raw fetch``: every object of the cache fetched with the same client (obstore) by
   ``--fetchers`` threads, in 8 MiB ranges and as whole objects (one GET each): the limits
-  of this client and server. moto reads a whole object for every ranged GET, so on this
+  of this client and server; then the whole-object fetch again, each object written to
+  a new local file (what keeping a local copy costs on top, without hashing or reading
+  it back). moto reads a whole object for every ranged GET, so on this
   server a GET costs CPU in proportion to the object, not the range: whole objects are
   several times faster than 8 MiB ranges here (on S3 they are not);
 - ``remote ordered|shuffled cold``: ``iter_batches`` over the URL with an empty shard cache
@@ -39,6 +41,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,10 +143,16 @@ def row(
 
 
 def raw_fetch(
-    url: str, fetchers: int, server_pid: int | None, whole: bool
+    url: str,
+    fetchers: int,
+    server_pid: int | None,
+    whole: bool,
+    to_dir: Path | None = None,
 ) -> tuple[tuple[float, float, float], int]:
     """(seconds, client CPU, server CPU) and bytes to fetch every object under ``url`` by
-    ``fetchers`` threads: in 8 MiB ranges, or (``whole``) one GET per object."""
+    ``fetchers`` threads: in 8 MiB ranges, or (``whole``) one GET per object; with
+    ``to_dir`` (whole objects only), each object is written to a new file there, as a
+    client that keeps a local copy must (no hashing, no reading back)."""
     import obstore
 
     from dataset_rt.remote import ObstoreTransport
@@ -159,11 +168,19 @@ def raw_fetch(
             for m in metas
             for start in range(0, max(m["size"], 1), 8 * MiB)
         ]
+
+    def fetch(item: tuple[str, int, int]) -> int:
+        data = obstore.get_range(store, item[0], start=item[1], end=item[2])
+        if to_dir is not None:
+            with open(to_dir / item[0].replace("/", "_"), "wb") as out:
+                out.write(memoryview(data))
+        return len(data)
+
+    if to_dir is not None:
+        to_dir.mkdir(parents=True, exist_ok=True)
     clock = Clock(server_pid)
     with ThreadPoolExecutor(fetchers) as pool:
-        total = sum(
-            pool.map(lambda r: len(obstore.get_range(store, r[0], start=r[1], end=r[2])), ranges)
-        )
+        total = sum(pool.map(fetch, ranges))
     return clock.stop(), total
 
 
@@ -208,6 +225,7 @@ def run_litdata_side(spec: dict) -> None:
         n = sum(len(b["label"]) for b in loader)
         seconds, client, server = clock.stop()
         results["shuffled" if shuffle else "ordered"] = [seconds, n, client, server]
+        shutil.rmtree(cache_dir, ignore_errors=True)
     print(json.dumps(results))
 
 
@@ -230,15 +248,18 @@ def litdata_rates(
         "server_pid": server_pid,
     }
     clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | server_env
-    proc = subprocess.run(
-        [str(env.python), __file__, "--litdata-side", json.dumps(spec)],
-        env=clean,
-        cwd=work,
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [str(env.python), __file__, "--litdata-side", json.dumps(spec)],
+            env=clean,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=False,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     if proc.returncode != 0:
         Path("/tmp/litdata-bench-stderr.txt").write_text(proc.stderr)
         lines = [x for x in proc.stderr.splitlines() if x.strip().endswith(("Error", "error"))]
@@ -250,10 +271,25 @@ def litdata_rates(
 
 
 def measure(name: str, count: int, size: int, args, server, lit_env) -> None:
-    import dataset_rt as drt
-
+    """Prints the rows of one workload; its local files (the local copy, the shard
+    caches, the raw fetch's files: over a GB for W2) are removed afterwards."""
     print(f"\n{name}: {count:,} x {size:,} B records", flush=True)
     work = Path(tempfile.mkdtemp(prefix=f"drt-remote-{name}-"))
+    saved = os.environ.get("DATASET_RT_CACHE_DIR")
+    os.environ["DATASET_RT_CACHE_DIR"] = str(work / "local-cache")  # write_cache's staging
+    try:
+        _measure(work, name, count, size, args, server, lit_env)
+    finally:
+        if saved is None:
+            os.environ.pop("DATASET_RT_CACHE_DIR", None)
+        else:
+            os.environ["DATASET_RT_CACHE_DIR"] = saved
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _measure(work: Path, name: str, count: int, size: int, args, server, lit_env) -> None:
+    import dataset_rt as drt
+
     runtime = drt.DatasetRuntime(num_workers=args.workers)
     writer = drt.WriterConfig(show_progress=False, max_shard_bytes=args.shard_mib * MiB)
     source = Records(name.lower(), count, size)
@@ -276,6 +312,13 @@ def measure(name: str, count: int, size: int, args, server, lit_env) -> None:
         label = f"raw fetch, {what} ({args.fetchers} thr)"
         rates.append(row(label, count, fetched, seconds, None, (client, server_cpu)))
     limit = (rates[0], rates[1])
+    # The same whole-object fetch writing each object to a new local file: what any
+    # client keeping a local copy (a shard cache, LitData's cache) pays on top.
+    (seconds, client, server_cpu), fetched = raw_fetch(
+        url, args.fetchers, server_pid, True, to_dir=work / "raw-files"
+    )
+    label = f"raw fetch, whole, to files ({args.fetchers} thr)"
+    row(label, count, fetched, seconds, limit, (client, server_cpu))
     batch = 4096 if size < 64 * 1024 else 64
     for shuffle in (False, True):
         mode = "shuffled" if shuffle else "ordered"

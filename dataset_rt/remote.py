@@ -83,6 +83,28 @@ def default_budget() -> int:
     return value
 
 
+#: The process that made the first obstore request (obstore's runtime starts there).
+_CLIENT_PID: list[int] = []
+
+FORKED_MESSAGE = (
+    "the object store client (obstore) cannot be used in a process forked from one that "
+    "already used it: its runtime's threads do not survive fork, and its requests would "
+    "never finish; start worker processes with 'spawn' or 'forkserver' instead (for "
+    "example to_torch_dataloader(multiprocessing_context='spawn'), the default, or "
+    "multiprocessing.set_start_method('spawn'))"
+)
+
+
+def _check_not_forked() -> None:
+    """Raises ``RemoteError`` (not retried) in a process forked after obstore was used in
+    its parent, where a request would hang forever (obstore is not fork safe)."""
+    pid = os.getpid()
+    if not _CLIENT_PID:
+        _CLIENT_PID.append(pid)
+    elif _CLIENT_PID[0] != pid:
+        raise _native.RemoteError(_native.RemoteCode.FAILED, FORKED_MESSAGE)
+
+
 class ObstoreTransport:
     """The ``RemoteTransport`` over obstore: one store per ``scheme://bucket`` (configured
     from the environment), HEAD for open, ranged GET for read. obstore's own retries are
@@ -93,7 +115,10 @@ class ObstoreTransport:
         self._lock = threading.Lock()
 
     def locate(self, url: str) -> tuple[Any, str]:
-        """The store of ``url``'s bucket and the object's key in it."""
+        """The store of ``url``'s bucket and the object's key in it. Raises
+        ``RemoteError`` in a process forked after obstore was used (see
+        :data:`FORKED_MESSAGE`): every request starts here."""
+        _check_not_forked()
         scheme, _, rest = url.partition("://")
         bucket, _, key = rest.partition("/")
         root = f"{scheme}://{bucket}"
@@ -288,3 +313,62 @@ def _delete_quietly(obstore: Any, store: Any, keys: Iterable[str]) -> list[str]:
         except BaseException:
             left.append(key)
     return left
+
+
+def upload_files(local: Path, url: str) -> list[str]:
+    """Upload every file under the directory ``local`` to ``url/<relative path>`` (plain
+    puts, no publication marker: for staging such as a Ray job's fragments). Returns the
+    relative paths uploaded, sorted. On failure the objects already uploaded are deleted
+    (best effort) and the error is raised."""
+    obstore = _require_obstore()
+    transport = ObstoreTransport()
+    files = sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file())
+    uploaded: list[tuple[Any, str]] = []
+    try:
+        for rel in files:
+            store, key = transport.locate(join(url, rel))
+            _put_file(obstore, store, key, local / rel)
+            uploaded.append((store, key))
+    except BaseException as exc:
+        for store, key in uploaded:
+            _delete_quietly(obstore, store, [key])
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, OSError)):
+            raise
+        raise classify(exc) from exc
+    return files
+
+
+def download_files(url: str, names: Iterable[str], local: Path) -> None:
+    """Download ``url/<name>`` for each of ``names`` into ``local/<name>`` (directories
+    made as needed), streaming each object in pieces of :data:`STREAM_CHUNK`. The caller
+    verifies the contents (checksums in a manifest)."""
+    obstore = _require_obstore()
+    transport = ObstoreTransport()
+    for name in names:
+        store, key = transport.locate(join(url, name))
+        target = local / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            result = obstore.get(store, key)
+            with open(target, "wb") as out:
+                for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+                    out.write(memoryview(piece))
+        except OSError:
+            raise
+        except BaseException as exc:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            raise classify(exc) from exc
+
+
+def delete_prefix(url: str) -> list[str]:
+    """Delete every object under ``url/`` (best effort). Returns the keys that could not
+    be listed or deleted (empty when everything is gone)."""
+    obstore = _require_obstore()
+    transport = ObstoreTransport()
+    store, prefix = transport.locate(join(url, ""))
+    try:
+        keys = [m["path"] for batch in obstore.list(store, prefix) for m in batch]
+    except BaseException:
+        return [prefix + "*"]
+    return _delete_quietly(obstore, store, keys)

@@ -7,6 +7,7 @@ asserts on. Not collected by pytest (no test_ prefix).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -44,6 +45,69 @@ def tree(root: Path) -> dict[str, str]:
 
 def leftovers(base: Path) -> list[str]:
     return sorted(str(p.relative_to(base)) for p in (base / "tmp").rglob("*"))
+
+
+def remote_tree(url: str) -> dict[str, str]:
+    """``tree`` of the objects under ``url`` (through the same client as the reader)."""
+    import obstore
+
+    from dataset_rt.remote import ObstoreTransport
+
+    store, prefix = ObstoreTransport().locate(url.rstrip("/") + "/")
+    keys = sorted(m["path"] for batch in obstore.list(store, prefix) for m in batch)
+    return {
+        key[len(prefix) :].lstrip("/"): bytes(obstore.get(store, key).bytes()).hex() for key in keys
+    }
+
+
+def read_rows(path: object) -> list[list[object]]:
+    rt = drt.DatasetRuntime(num_workers=1)
+    config = drt.ReaderConfig(seed=0, shuffle=False, validate_cache=True)
+    return [
+        [s.sample_id, s.data.decode(), s.metadata]
+        for s in rt.cached_dataset([path], reader_config=config)
+    ]
+
+
+def check_urls(out: dict[str, object], base: str, sources: list[Source], ds, failing) -> None:
+    """6. ``write_sources`` and ``CacheDatasink`` with a URL base (the moto server that
+    tests/test_ray.py started; the client environment is inherited by Ray's workers)."""
+    results = drt_ray.write_sources(sources, base + "/sources", writer_config=CFG)
+    out["url_sources_results"] = [repr(r) for r in results]
+    out["url_sources_identical"] = {
+        s.name: remote_tree(f"{base}/sources/{s.name}") == tree(WORK / "local" / s.name)
+        for s in sources
+    }
+    again = drt_ray.write_sources(sources[:1], base + "/sources", writer_config=CFG)
+    out["url_sources_again"] = [repr(r) for r in again]
+
+    sink = drt_ray.CacheDatasink(base + "/sink", "rows", writer_config=CFG)
+    ds.write_datasink(sink)
+    out["url_sink_result"] = repr(sink.result)
+    out["url_sink_rows"] = read_rows(f"{base}/sink/rows")
+    # The same files as the Datasink's local commit of the same dataset.
+    out["url_sink_identical"] = remote_tree(f"{base}/sink/rows") == tree(WORK / "sink" / "rows")
+
+    sink2 = drt_ray.CacheDatasink(base + "/sink", "failed", writer_config=CFG)
+    try:
+        failing.write_datasink(sink2)
+        out["url_failed_raised"] = None
+    except Exception as exc:
+        out["url_failed_raised"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    # Only the published cache is left under the base: no fragments, no failed cache.
+    out["url_objects"] = sorted({key.split("/")[0] for key in remote_tree(base + "/sink")})
+    try:
+        ds.write_datasink(drt_ray.CacheDatasink(base + "/sink", "rows", writer_config=CFG))
+        out["url_exists_raised"] = None
+    except Exception as exc:
+        out["url_exists_raised"] = str(exc)[:300]
+    try:
+        drt_ray.CacheDatasink(base + "/sink", "rows", replace=True)
+        out["url_replace_raised"] = None
+    except ValueError as exc:
+        out["url_replace_raised"] = str(exc)
+    uploads = Path(os.environ["DATASET_RT_CACHE_DIR"]) / "uploads"
+    out["url_staging_left"] = sorted(p.name for p in uploads.iterdir()) if uploads.exists() else []
 
 
 def main() -> None:
@@ -130,6 +194,11 @@ def main() -> None:
         out["exists_raised"] = None
     except Exception as exc:
         out["exists_raised"] = str(exc)[:300]
+    base = os.environ.get("DRT_TEST_S3_BASE")
+    if base:
+        t = time.monotonic()
+        check_urls(out, base, sources, ds, failing)
+        out["urls_s"] = time.monotonic() - t
     out["total_s"] = time.monotonic() - started
     ray.shutdown()
     print("RESULT " + json.dumps(out))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from refenv import ReferenceUnavailable, ensure_extra, ensure_reference, skip_or_fail
+from remote_server import S3Server, require_remote_packages
 
 RAY_REQUIREMENTS = ("ray[data]==2.60.0",)
 SCRIPT = Path(__file__).with_name("ray_script.py")
@@ -27,14 +28,29 @@ def ray_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     except ReferenceUnavailable as exc:
         skip_or_fail(f"the ray extra cannot be installed: {exc}")
     work = tmp_path_factory.mktemp("ray")
-    # Ray would start its workers through `uv run` when the driver's ancestors include
-    # uv (its uv runtime-env hook); the workers must use the extra virtualenv as is.
-    proc = env.run(
-        [str(SCRIPT), str(work)],
-        cwd=work,
-        timeout=240,
-        env={"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
-    )
+    # The URL checks run against moto's S3 server, started here (moto lives in the uv
+    # environment, which the script sees on PYTHONPATH, as it sees obstore); the client
+    # environment reaches Ray's workers through the driver's environment.
+    require_remote_packages()
+    server = S3Server()
+    server.start()
+    try:
+        server.create_bucket("ray")
+        # Ray would start its workers through `uv run` when the driver's ancestors include
+        # uv (its uv runtime-env hook); the workers must use the extra virtualenv as is.
+        proc = env.run(
+            [str(SCRIPT), str(work)],
+            cwd=work,
+            timeout=300,
+            env={
+                "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+                "DRT_TEST_S3_BASE": "s3://ray/base",
+                "DATASET_RT_CACHE_DIR": str(work / "local-cache"),
+                **server.env(),
+            },
+        )
+    finally:
+        server.stop()
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULT ") :]), work
@@ -83,3 +99,31 @@ def test_datasink_cache_validates_in_the_reference(ray_run):
     except ReferenceUnavailable as exc:
         skip_or_fail(f"dataset-rt 0.4.8 unavailable: {exc}")
     assert env.read_validated(work / "sink" / "rows") == out["sink_rows"]
+
+
+def test_write_sources_to_a_url_uploads_the_write_cache_bytes(ray_run):
+    out, _ = ray_run
+    assert out["url_sources_results"] == [
+        f"CacheWriteSuccess(source_name={n!r}, path='s3://ray/base/sources/{n}')"
+        for n in ("a", "b", "c")
+    ]
+    assert out["url_sources_identical"] == {"a": True, "b": True, "c": True}
+    assert out["url_sources_again"] == [
+        "CacheWriteError(source_name='a', message='cache path already exists: "
+        "s3://ray/base/sources/a')"
+    ]
+
+
+def test_datasink_to_a_url_publishes_the_local_commit_and_nothing_else(ray_run):
+    out, _ = ray_run
+    assert out["url_sink_result"] == (
+        "CacheWriteSuccess(source_name='rows', path='s3://ray/base/sink/rows')"
+    )
+    assert out["url_sink_rows"] == out["sink_rows"]  # read from the URL, validated
+    assert out["url_sink_identical"] is True
+    # A failing job publishes nothing, and no fragment object is left under the base.
+    assert out["url_failed_raised"] and "boom in a write task" in out["url_failed_raised"]
+    assert out["url_objects"] == ["rows"]
+    assert out["url_exists_raised"].startswith("cache path already exists: s3://ray/base/sink/rows")
+    assert "cannot replace a cache on object storage" in out["url_replace_raised"]
+    assert out["url_staging_left"] == []

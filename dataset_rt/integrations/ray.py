@@ -16,17 +16,25 @@ Two ways, both producing the same immutable, checksummed caches as ``write_cache
   and removes its fragments; a retried task rewrites its own fragment, so no sample is
   ever committed twice.
 
-``base_dir`` must be on storage that every node and the driver see at the same path
-(NFS, Lustre, a shared POSIX mount); see ``docs/guide-ray.md``.
+``base_dir`` is storage that every node and the driver see at the same path (NFS,
+Lustre, a shared POSIX mount; see ``docs/guide-ray.md``), or an object store URL
+(``s3://bucket/prefix``, see ``docs/guide-remote.md``): then each cache is built locally
+in staging and uploaded with :func:`dataset_rt.remote.upload_cache` (the manifest last,
+never replacing a cache). :func:`write_sources` tasks upload their own caches;
+``CacheDatasink`` tasks upload their fragments under
+``<url>/tmp/<name>.<random>.fragments/``, and the commit on the driver downloads them,
+merges them locally and uploads the cache.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
 from ray.data.datasource.datasink import Datasink, WriteResult
@@ -43,7 +51,7 @@ from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSucc
 from dataset_rt.runtime import DatasetRuntime
 from dataset_rt.writer import plan_sources
 
-__all__ = ["CacheDatasink", "CacheDatasinkError", "write_sources"]
+__all__ = ["CacheDatasink", "CacheDatasinkError", "RemoteFragment", "write_sources"]
 
 DEFAULT_WRITER_CONFIG = WriterConfig(show_progress=False)
 
@@ -109,6 +117,16 @@ class CacheDatasinkError(RuntimeError):
         self.result = result
 
 
+class RemoteFragment(NamedTuple):
+    """A fragment a write task uploaded (``CacheDatasink`` to a URL): its id, the URL
+    prefix of this attempt's files, their paths relative to it, and its sample count."""
+
+    fragment_id: str
+    url: str
+    files: tuple[str, ...]
+    sample_count: int
+
+
 class CacheDatasink(Datasink[Any]):
     """Writes a ``ray.data.Dataset`` as the cache ``<base_dir>/<name>``.
 
@@ -118,10 +136,20 @@ class CacheDatasink(Datasink[Any]):
     dataset's block order when ``DataContext.execution_options.preserve_order`` is on;
     ``on_write_start`` refuses to run without it unless ``ordered=False``.
 
+    ``base_dir`` may be an object store URL (``s3://bucket/prefix``): each write task
+    writes its fragment in a local staging directory (under ``DATASET_RT_CACHE_DIR``)
+    and uploads it under ``<url>/tmp/<name>.<random>.fragments/<task>.<attempt>/``;
+    the commit on the driver downloads the fragments, merges them locally (checking
+    every fragment file's SHA-256) and uploads the cache with
+    :func:`dataset_rt.remote.upload_cache` (manifest last, create only). A cache on
+    object storage is never replaced (``replace=True`` is refused for a URL). Every
+    byte crosses the network three times (task up, driver down, driver up).
+
     After a successful ``write_datasink`` call, :attr:`result` is the
     ``CacheWriteSuccess``. If the commit fails (an existing cache without ``replace``, a
-    damaged fragment) ``write_datasink`` raises :class:`CacheDatasinkError` and nothing
-    is published. Fragments and staging are removed in every case the driver survives.
+    damaged fragment, a failed upload) ``write_datasink`` raises
+    :class:`CacheDatasinkError` and nothing is published. Fragments and staging (local
+    or uploaded) are removed in every case the driver survives.
     """
 
     def __init__(
@@ -135,13 +163,13 @@ class CacheDatasink(Datasink[Any]):
         replace: bool = False,
         ordered: bool = True,
     ) -> None:
-        if remote.is_url(base_dir):
+        self.url = str(base_dir).rstrip("/") if remote.is_url(base_dir) else None
+        if self.url is not None and replace:
             raise ValueError(
-                f"CacheDatasink cannot write to {base_dir} yet: its fragments need a file "
-                "system every node shares; write to a shared directory and upload, or use "
-                "write_sources with the URL (docs/guide-remote.md)"
+                f"CacheDatasink cannot replace a cache on object storage ({base_dir}): "
+                "delete the old cache or write to another URL"
             )
-        self.base_dir = str(base_dir)
+        self.base_dir = self.url if self.url is not None else str(base_dir)
         self.name = name
         self.data_column = data_column
         self.writer_config = writer_config
@@ -149,8 +177,18 @@ class CacheDatasink(Datasink[Any]):
         self.replace = replace
         self.ordered = ordered
         token = secrets.token_hex(8)
-        self.fragments_dir = os.path.join(self.base_dir, "tmp", f"{name}.{token}.fragments")
+        if self.url is not None:
+            self.fragments_dir = remote.join(self.url, f"tmp/{name}.{token}.fragments")
+        else:
+            self.fragments_dir = os.path.join(self.base_dir, "tmp", f"{name}.{token}.fragments")
         self.result: CacheWriteResult | None = None
+
+    @property
+    def destination(self) -> str:
+        """``<base_dir>/<name>``: a path, or a URL."""
+        if self.url is not None:
+            return remote.join(self.url, self.name)
+        return os.path.join(self.base_dir, self.name)
 
     def get_name(self) -> str:
         return "DatasetRtCache"
@@ -167,13 +205,17 @@ class CacheDatasink(Datasink[Any]):
                     "(or pass ordered=False to accept the order in which blocks reach the "
                     "write tasks)"
                 )
-        destination = os.path.join(self.base_dir, self.name)
-        if not self.replace and os.path.lexists(destination):
-            raise ValueError(f"cache path already exists: {destination}")
+        if self.url is not None:
+            if remote.exists(self.destination):
+                raise ValueError(f"cache path already exists: {self.destination}")
+            return
+        if not self.replace and os.path.lexists(self.destination):
+            raise ValueError(f"cache path already exists: {self.destination}")
         os.makedirs(self.fragments_dir, exist_ok=True)
 
-    def write(self, blocks: Iterable[Any], ctx: Any) -> Fragment | None:
-        """One write task: its blocks, in order, become fragment ``ctx.task_idx``."""
+    def write(self, blocks: Iterable[Any], ctx: Any) -> Fragment | RemoteFragment | None:
+        """One write task: its blocks, in order, become fragment ``ctx.task_idx`` (for a
+        URL: written in local staging, uploaded, then the staging removed)."""
         from ray.data.block import BlockAccessor
 
         tables = (BlockAccessor.for_block(block).to_arrow() for block in blocks)
@@ -181,14 +223,34 @@ class CacheDatasink(Datasink[Any]):
         nonempty = _NonEmpty(tables)
         if not nonempty.any():
             return None
-        return write_fragment_arrow(
-            runtime,
-            nonempty,
-            self.fragments_dir,
-            int(ctx.task_idx),
-            data_column=self.data_column,
-            writer_config=self.writer_config,
-        )
+        if self.url is None:
+            return write_fragment_arrow(
+                runtime,
+                nonempty,
+                self.fragments_dir,
+                int(ctx.task_idx),
+                data_column=self.data_column,
+                writer_config=self.writer_config,
+            )
+        staging = _staging_dir("fragment-")
+        try:
+            fragment = write_fragment_arrow(
+                runtime,
+                nonempty,
+                staging,
+                int(ctx.task_idx),
+                data_column=self.data_column,
+                writer_config=self.writer_config,
+            )
+            # Each attempt of a task has a prefix of its own: a retried task never mixes
+            # its files with a lost attempt's; the commit takes the attempt returned.
+            prefix = remote.join(
+                self.fragments_dir, f"{fragment.fragment_id}.{secrets.token_hex(4)}"
+            )
+            files = remote.upload_files(Path(fragment.path), prefix)
+            return RemoteFragment(fragment.fragment_id, prefix, tuple(files), fragment.sample_count)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def on_write_complete(self, write_result: WriteResult[Any]) -> None:
         """Commits every fragment in task-index order, then removes the fragments."""
@@ -201,17 +263,63 @@ class CacheDatasink(Datasink[Any]):
                 result: CacheWriteResult = CacheWriteError(
                     self.name, "cache source yielded no samples"
                 )
-            else:
+            elif self.url is None:
                 result = commit_fragments(fragments, self.base_dir, self.name, replace=self.replace)
+            else:
+                result = self._commit_remote(fragments)
         finally:
-            remove_fragments(self.fragments_dir)
+            self._remove_fragments()
         self.result = result
         if isinstance(result, CacheWriteError):
             raise CacheDatasinkError(result)
 
     def on_write_failed(self, error: Exception) -> None:
         """Removes the fragments of a failed job; nothing was published."""
-        remove_fragments(self.fragments_dir)
+        self._remove_fragments()
+
+    def _commit_remote(self, fragments: list[RemoteFragment]) -> CacheWriteResult:
+        """Downloads the uploaded fragments, commits them in local staging and uploads
+        the cache (``upload_cache``: manifest last, never replacing one)."""
+        staging = _staging_dir("commit-")
+        try:
+            local = []
+            for fragment in fragments:
+                path = Path(staging) / "fragments" / fragment.fragment_id
+                remote.download_files(fragment.url, fragment.files, path)
+                local.append(path)
+            result = commit_fragments(local, Path(staging) / "cache", self.name)
+            if isinstance(result, CacheWriteSuccess):
+                remote.upload_cache(Path(result.path), self.destination)
+                result = CacheWriteSuccess(self.name, self.destination)  # type: ignore[arg-type]
+            return result
+        except (OSError, RuntimeError) as exc:
+            return CacheWriteError(self.name, str(exc))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _remove_fragments(self) -> None:
+        if self.url is None:
+            remove_fragments(self.fragments_dir)
+            return
+        left = remote.delete_prefix(self.fragments_dir)
+        if left:
+            import warnings
+
+            warnings.warn(
+                f"CacheDatasink could not delete its fragments under {self.fragments_dir}/ "
+                f"({len(left)} objects); delete them (for example: aws s3 rm --recursive "
+                f"{self.fragments_dir}/)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+
+def _staging_dir(prefix: str) -> str:
+    """A new directory under ``DATASET_RT_CACHE_DIR/uploads`` (as ``write_cache`` to a
+    URL stages there); the caller removes it."""
+    root = remote.default_cache_dir() / "uploads"
+    root.mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=root)
 
 
 class _NonEmpty:
