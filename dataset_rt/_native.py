@@ -886,8 +886,8 @@ class Batch:
         self, kinds: Sequence[int]
     ) -> tuple[Sequence[bytes], list[int], list[int], list[list[Any]], int]:
         """Everything in the batch as Python values: ``(payloads, cache_ids, sample_ids,
-        columns, payload_bytes)``, one list per metadata field of ``kinds`` (plain ints,
-        schema order), and the payloads' total length.
+        columns, longest)``, one list per metadata field of ``kinds`` (plain ints, schema
+        order), and the length of the longest payload.
 
         Per batch, a handful of C-level copies (``ffi.unpack``; no numpy: its per-call
         overhead would dominate small batches); no bytecode runs per sample.
@@ -907,20 +907,20 @@ class Batch:
         payloads: Sequence[bytes]
         if base != ffi.NULL:
             # Contiguous: payload i starts where payload i - 1 ends (drt_batch).
-            length = _same_u64(raw.payload_lens, n)
-            if length is not None:
-                unpacker = _equal_payloads(length, n)
+            longest = _same_u64(raw.payload_lens, n)
+            if longest is not None:
+                unpacker = _equal_payloads(longest, n)
             else:
                 lengths = ffi.unpack(raw.payload_lens, n)
+                longest = max(lengths)
                 unpacker = struct.Struct("s".join(map(str, lengths)) + "s")
-            total = unpacker.size
-            payloads = unpacker.unpack_from(ffi.buffer(base, total))
+            payloads = unpacker.unpack_from(ffi.buffer(base, unpacker.size))
         else:
             lengths = ffi.unpack(raw.payload_lens, n)
-            total = sum(lengths)
+            longest = max(lengths)
             starts = ffi.unpack(ffi.cast("uint64_t *", raw.payloads), n)
             low = min(starts)
-            span = ffi.buffer(ffi.cast("uint8_t *", low), max(starts) - low + max(lengths))
+            span = ffi.buffer(ffi.cast("uint8_t *", low), max(starts) - low + longest)
             at = list(map(sub, starts, repeat(low)))
             payloads = list(map(span.__getitem__, map(slice, at, map(add, at, lengths))))
         columns = raw.columns
@@ -928,7 +928,7 @@ class Batch:
         # Batches nearly always come from one cache: one int object then.
         cache_id = _same_u64(raw.cache_ids, n)
         cache_ids = ffi.unpack(raw.cache_ids, n) if cache_id is None else [cache_id] * n
-        return payloads, cache_ids, ffi.unpack(raw.sample_ids, n), values, total
+        return payloads, cache_ids, ffi.unpack(raw.sample_ids, n), values, longest
 
     def copy_payloads(self, destination: Any) -> int:
         """The payloads back to back into ``destination``: see ``batch_copy_payloads``."""

@@ -25,10 +25,10 @@ IO_BACKEND_ENV = "DATASET_RT_IO_BACKEND"
 # Samples requested per native call. The native side caps a batch at half the
 # prefetch_size window unless it is contiguous (see CachedDataset._generate).
 BATCH_SAMPLES_MAX = 4096
-# Per-sample iteration asks for contiguous batches while the records average fewer bytes
-# than this (like integrations/torch.py's _GATHER_BYTES): for them the per-batch Python
-# work outweighs the native copy into one buffer; larger records stay in the read
-# buffers until their one copy into bytes objects.
+# Per-sample iteration asks for contiguous batches while the records of the previous
+# batch are all shorter than this (the threshold of integrations/torch.py's
+# _GATHER_BYTES): for them the per-batch Python work outweighs the native copy into one
+# buffer; larger records stay in the read buffers until their one copy into bytes.
 CONTIGUOUS_RECORD_BYTES = 16 << 10
 # The payload bytes a contiguous batch aims at: enough samples to spread the per-batch
 # work thin, few enough that the batch's arena and bytes objects stay in the CPU caches
@@ -206,15 +206,16 @@ class CachedDataset:
                 count = batch.count
                 if count == 0:
                     return
-                samples, rest, payload_bytes = self._samples(batch)
+                samples, rest, longest = self._samples(batch)
                 progress.base += count
                 progress.rest = rest
-                if payload_bytes < CONTIGUOUS_RECORD_BYTES * count:
+                if longest < CONTIGUOUS_RECORD_BYTES:
                     # Small records: a contiguous batch is not limited to half the
                     # prefetch window (its payloads are copied out of the read buffers
                     # natively), so the per-batch work is spread over many samples.
+                    # Sized by the longest record, as records ahead are likely alike.
                     flags = _CONTIGUOUS
-                    count_max = CONTIGUOUS_BATCH_BYTES * count // max(payload_bytes, 1)
+                    count_max = CONTIGUOUS_BATCH_BYTES // max(longest, 1)
                     count_max = max(1, min(BATCH_SAMPLES_MAX, count_max))
                 else:
                     # Large records: the payloads stay in the read buffers until the
@@ -255,7 +256,7 @@ class CachedDataset:
     def _samples(self, batch: _native.Batch) -> tuple[Iterator[CachedSample], Iterator[int], int]:
         """Python records for one native batch (copies everything out of it now), made
         as they are consumed; an iterator whose ``length_hint`` is the samples not yet
-        made; and the bytes of their payloads.
+        made; and the length of the longest payload.
 
         Per-batch work is a handful of C-level copies (see ``_native.Batch.rows``) and
         the metadata dicts; per-sample work is one payload ``bytes``, one dict and one
@@ -264,12 +265,12 @@ class CachedDataset:
         are made one at a time as the consumer takes them, so a collection never
         traverses (and promotes) a whole batch of them waiting in a list.
         """
-        payloads, cache_ids, sample_ids, columns, payload_bytes = batch.rows(self._kinds)
+        payloads, cache_ids, sample_ids, columns, longest = batch.rows(self._kinds)
         rows = self._make_dicts(len(payloads), *columns)
         # zip takes one item of each per sample: `rest` is behind by the samples made.
         rest = iter(sample_ids)
         samples = map(_new_sample, repeat(CachedSample), zip(payloads, rows, cache_ids, rest))
-        return samples, rest, payload_bytes
+        return samples, rest, longest
 
     def iter_batches(self, batch_size: int, *, copy: bool = True) -> Iterator[SampleBatch]:
         """Iterate the same stream as ``iter(dataset)``, a batch of samples at a time.
