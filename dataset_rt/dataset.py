@@ -267,7 +267,7 @@ class CachedDataset:
         """
         payloads, cache_ids, sample_ids, columns, longest = batch.rows(self._kinds)
         rows = self._make_dicts(len(payloads), *columns)
-        # zip takes one item of each per sample: `rest` is behind by the samples made.
+        # zip takes one item of each per sample made, so `rest` holds those not yet made.
         rest = iter(sample_ids)
         samples = map(_new_sample, repeat(CachedSample), zip(payloads, rows, cache_ids, rest))
         return samples, rest, longest
