@@ -22,8 +22,20 @@ from dataset_rt.records import CachedSample
 
 IO_BACKEND_ENV = "DATASET_RT_IO_BACKEND"
 
-# Samples requested per native call; the native side caps a batch at prefetch_size.
+# Samples requested per native call. The native side caps a batch at half the
+# prefetch_size window unless it is contiguous (see CachedDataset._generate).
 BATCH_SAMPLES_MAX = 4096
+# Per-sample iteration asks for contiguous batches while the records of the previous
+# batch are all shorter than this (the threshold of integrations/torch.py's
+# _GATHER_BYTES): for them the per-batch Python work outweighs the native copy into one
+# buffer; larger records stay in the read buffers until their one copy into bytes.
+CONTIGUOUS_RECORD_BYTES = 16 << 10
+# The payload bytes a contiguous batch aims at: enough samples to spread the per-batch
+# work thin, few enough that the batch's arena and bytes objects stay in the CPU caches
+# until consumed (2 MiB batches measured slower than 64-256 KiB ones). Held until the
+# next call, besides the prefetch budget.
+CONTIGUOUS_BATCH_BYTES = 256 << 10
+_CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS)
 
 _new_sample = tuple.__new__
 
@@ -185,15 +197,30 @@ class CachedDataset:
         else:
             iterator = _native.Iterator.open_range(self._handle, positions)
             progress = _Progress(0, 0)
+        # The first batch is one sample (the native side plans the first record alone);
+        # each later one takes its shape from the previous batch's record sizes.
+        count_max, flags = BATCH_SAMPLES_MAX, 0
         try:
             while True:
-                batch = iterator.next_batch(BATCH_SAMPLES_MAX)
+                batch = iterator.next_batch(count_max, flags)
                 count = batch.count
                 if count == 0:
                     return
-                samples = iter(self._samples(batch))
+                samples, rest, longest = self._samples(batch)
                 progress.base += count
-                progress.rest = samples
+                progress.rest = rest
+                if longest < CONTIGUOUS_RECORD_BYTES:
+                    # Small records: a contiguous batch is not limited to half the
+                    # prefetch window (its payloads are copied out of the read buffers
+                    # natively), so the per-batch work is spread over many samples.
+                    # Sized by the longest record, as records ahead are likely alike.
+                    flags = _CONTIGUOUS
+                    count_max = CONTIGUOUS_BATCH_BYTES // max(longest, 1)
+                    count_max = max(1, min(BATCH_SAMPLES_MAX, count_max))
+                else:
+                    # Large records: the payloads stay in the read buffers until the
+                    # next call (one copy each, into their bytes objects).
+                    count_max, flags = BATCH_SAMPLES_MAX, 0
                 yield from samples
         finally:
             progress.closed = True
@@ -226,17 +253,24 @@ class CachedDataset:
         positions = _native.IterRange(start, count, block_len, block_stride)
         return _RangeBatches(_native.Iterator.open_range(self._handle, positions), self._columns)
 
-    def _samples(self, batch: _native.Batch) -> list[CachedSample]:
-        """Python records for one native batch (copies everything out of it).
+    def _samples(self, batch: _native.Batch) -> tuple[Iterator[CachedSample], Iterator[int], int]:
+        """Python records for one native batch (copies everything out of it now), made
+        as they are consumed; an iterator whose ``length_hint`` is the samples not yet
+        made; and the length of the longest payload.
 
-        Per-batch work is a handful of C-level copies (see ``_native.Batch``);
-        per-sample work is one payload slice, one dict and one tuple.
+        Per-batch work is a handful of C-level copies (see ``_native.Batch.rows``) and
+        the metadata dicts; per-sample work is one payload ``bytes``, one dict and one
+        tuple, made by C-level loops (no bytecode per sample but the dict display). The
+        ``CachedSample`` tuples (the only objects here the garbage collector tracks)
+        are made one at a time as the consumer takes them, so a collection never
+        traverses (and promotes) a whole batch of them waiting in a list.
         """
-        payloads, cache_ids, sample_ids, columns = batch.rows(self._kinds)
+        payloads, cache_ids, sample_ids, columns, longest = batch.rows(self._kinds)
         rows = self._make_dicts(len(payloads), *columns)
-        return list(
-            map(_new_sample, repeat(CachedSample), zip(payloads, rows, cache_ids, sample_ids))
-        )
+        # zip takes one item of each per sample made, so `rest` holds those not yet made.
+        rest = iter(sample_ids)
+        samples = map(_new_sample, repeat(CachedSample), zip(payloads, rows, cache_ids, rest))
+        return samples, rest, longest
 
     def iter_batches(self, batch_size: int, *, copy: bool = True) -> Iterator[SampleBatch]:
         """Iterate the same stream as ``iter(dataset)``, a batch of samples at a time.
@@ -728,7 +762,8 @@ def _refusal(cache_id: Any, sample_id: Any) -> Exception:
 
 class _Progress:
     """How far the consumer got in an iterator's window: ``base`` samples were fetched
-    from the native iterator, of which ``rest`` (a list iterator) still holds some."""
+    from the native iterator, of which ``rest`` (an iterator with a length hint, see
+    ``CachedDataset._samples``) still holds some."""
 
     __slots__ = ("base", "closed", "count", "rest", "start")
 

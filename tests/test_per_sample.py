@@ -1,0 +1,124 @@
+"""Per-sample iteration (``for s in ds``): the batch shapes it asks for (contiguous
+batches for small records, slot batches for large ones), how it turns them into Python
+objects, and that none of this changes a sample."""
+
+from __future__ import annotations
+
+import gc
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dataset_rt as drt
+from dataset_rt import dataset as dataset_module
+
+
+class _Source:
+    """A cache source of fixed ``(payload, metadata)`` records."""
+
+    def __init__(self, name: str, records: list[tuple[bytes, dict[str, Any]]]) -> None:
+        self.name = name
+        self.records = records
+
+    def __iter__(self) -> Any:
+        return (drt.CacheInput(data, meta) for data, meta in self.records)
+
+
+def _write(
+    runtime: Any, base: Path, name: str, records: list[tuple[bytes, dict[str, Any]]]
+) -> Path:
+    config = drt.WriterConfig(
+        show_progress=False, shard_compression=drt.ShardCompression(algo="none")
+    )
+    [result] = runtime.write_cache(_Source(name, records), base, writer_config=config)
+    assert type(result).__name__ == "CacheWriteSuccess", result
+    return base / name
+
+
+def _open(runtime: Any, path: Path, io_backend: str, shuffle: bool, **extra: Any) -> Any:
+    config = drt.ReaderConfig(seed=5, shuffle=shuffle, io_backend=io_backend, **extra)
+    return runtime.cached_dataset([path], reader_config=config)
+
+
+def _as_tuples(samples: Any) -> list[tuple[Any, ...]]:
+    return [(s.data, s.metadata, list(s.metadata), s.cache_id, s.sample_id) for s in samples]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_mixed_record_sizes_read_like_get_item(
+    runtime: Any, io_backend: str, tmp_path: Path, shuffle: bool
+) -> None:
+    """Records on both sides of the contiguous-batch threshold, in runs long enough that
+    the batch shape switches back and forth, read exactly as ``get_item`` reads them."""
+    rng = random.Random(3)
+    threshold = dataset_module.CONTIGUOUS_RECORD_BYTES
+    records = []
+    for i in range(600):
+        large = (i // 40) % 2 == 1
+        size = rng.randrange(threshold, 3 * threshold) if large else rng.randrange(0, 700)
+        records.append((rng.randbytes(size), {"i": i, "large": large, "tag": f"t{i % 3}"}))
+    path = _write(runtime, tmp_path, "mixed", records)
+    dataset = _open(runtime, path, io_backend, shuffle, prefetch_size=8)
+    got = list(dataset)
+    assert len(got) == len(records)
+    assert all(type(s) is drt.CachedSample and type(s.data) is bytes for s in got)
+    want = [dataset.get_item(s.cache_id, s.sample_id) for s in got]
+    assert _as_tuples(got) == _as_tuples(want)
+    for s in got:
+        data, meta = records[s.sample_id]
+        assert s.data == data and s.metadata == meta
+    if not shuffle:
+        assert [s.sample_id for s in got] == list(range(len(records)))
+
+
+def test_string_columns_of_one_length(runtime: Any, io_backend: str, tmp_path: Path) -> None:
+    """String values whose bytes tile a batch like a repeated constant but differ
+    (``"a", "", "aa"``: ``"aaa"``), constant values (ASCII, non-ASCII, empty), and
+    values of one length that differ: each sample keeps its own value."""
+    cases = [["a", "", "aa"], ["train"] * 5, ["tränn"] * 4, [""] * 3, ["ab", "ab", "ba"]]
+    records = [(bytes([k]), {"s": value}) for values in cases for k, value in enumerate(values)]
+    for k, values in enumerate(cases):
+        path = _write(runtime, tmp_path, f"strings{k}", [(b"x", {"s": v}) for v in values])
+        dataset = _open(runtime, path, io_backend, shuffle=False)
+        assert [s.metadata["s"] for s in dataset] == values
+    path = _write(runtime, tmp_path, "strings_all", records)
+    dataset = _open(runtime, path, io_backend, shuffle=False)
+    assert [s.metadata for s in dataset] == [meta for _, meta in records]
+
+
+def test_samples_are_made_as_they_are_consumed(
+    runtime: Any, io_backend: str, tmp_path: Path
+) -> None:
+    """A batch's ``CachedSample`` tuples (objects the garbage collector tracks) are made
+    one at a time as the consumer takes them, not held in a list for the whole batch:
+    with a batch waiting, only the samples taken are alive. Many tracked objects alive
+    at once made every collection traverse (and promote) them."""
+    records = [(bytes(64), {"label": i % 10}) for i in range(500)]
+    path = _write(runtime, tmp_path, "lazy", records)
+    dataset = _open(runtime, path, io_backend, shuffle=False, prefetch_size=64)
+    it = iter(dataset)
+    taken = [next(it) for _ in range(5)]  # the first batch is one sample, then a large one
+    gc.collect()
+    alive = [o for o in gc.get_objects() if type(o) is drt.CachedSample]
+    assert len(alive) == len(taken)
+    taken += list(it)
+    assert [s.sample_id for s in taken] == list(range(500))
+
+
+def test_state_counts_samples_taken_within_a_batch(
+    runtime: Any, io_backend: str, tmp_path: Path
+) -> None:
+    """``state_dict`` in the middle of a large contiguous batch points right after the
+    last sample handed out."""
+    records = [(bytes([i % 256]) * 16, {"label": i}) for i in range(300)]
+    path = _write(runtime, tmp_path, "state", records)
+    dataset = _open(runtime, path, io_backend, shuffle=False)
+    it = iter(dataset)
+    for _ in range(123):
+        next(it)
+    assert dataset.state_dict()["position"] == 123
+    again = _open(runtime, path, io_backend, shuffle=False)
+    again.load_state_dict(dataset.state_dict())
+    assert [s.sample_id for s in again][:5] == [123, 124, 125, 126, 127]
