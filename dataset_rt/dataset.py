@@ -259,9 +259,10 @@ class CachedDataset:
 
         Lifetime: with ``copy=True`` (the default) the arrays stay valid as long as the
         caller keeps them (or any view of them). Each payload is copied once, natively,
-        from the shard mapping or read buffer into the batch's memory (sized from the
-        previous batch; the dataset's first batch, and one larger than foreseen, is
-        copied twice). Batches of 8 MiB or more are built in
+        into the batch's memory (sized from the previous batch; the dataset's first
+        batch, and one larger than foreseen, is copied twice): small records from the
+        shard mapping or a read buffer, large uncompressed ones (64 KiB or more) read
+        by the I/O backend's threads straight into it. Batches of 8 MiB or more are built in
         a pool the dataset keeps (about three of its largest batches, at most 1 GiB;
         pages faulted in once, not per batch): ``data`` is a view of it, whose space comes
         back for a later batch when ``data`` and every view of it are gone (a
