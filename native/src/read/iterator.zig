@@ -902,8 +902,9 @@ pub const Iter = struct {
     /// Contiguous batches into the caller's memory, with nothing planned ahead: appends up
     /// to `wanted` (at most `prefetch_size`) next samples whose records are large
     /// (`direct_record_min`) and uncompressed, reading each payload with the backend
-    /// straight into `dest` (the record's 8-byte header is read first, to find it), so
-    /// it is copied once, by the backend's threads, and the consumer copies nothing.
+    /// straight into `dest` (the record's 8-byte header is read first, to find it, only
+    /// when it is in the page cache), so it is copied once, by the backend's threads,
+    /// and the consumer copies nothing.
     /// Metadata from `metadata.arrow` (stored metadata only, no `validate_cache`). Stops
     /// at the first record that is not so, or whose header or row the slots must handle
     /// (a short file, a bad header, a null in its row: the slots read it and report it
@@ -931,10 +932,12 @@ pub const Iter = struct {
             if (entry.compression != .none or row.byte_len < it.direct_min) break;
             if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) break;
             const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch break;
+            // Only from the page cache: a header read that waited for the disk would
+            // serialize cold reads on this thread (the slots keep many in flight).
             var header: [shard.header_bytes]u8 = undefined;
-            const got = std.posix.pread(handle.fd, &header, row.offset) catch 0;
+            const resident = files_mod.readResident(handle.fd, &header, row.offset);
             const json_len = std.mem.readInt(u64, &header, .little);
-            if (got != header.len or json_len > row.byte_len - shard.header_bytes) {
+            if (!resident or json_len > row.byte_len - shard.header_bytes) {
                 it.files.release(handle);
                 break;
             }
