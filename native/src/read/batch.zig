@@ -336,8 +336,119 @@ pub const Buffers = struct {
         b.payload_offsets.appendAssumeCapacity(b.payloadBytes() - payload.len);
     }
 
+    /// `addCopy` in bulk for `payloads.len` samples of cache `cache` with consecutive
+    /// sample ids from `first` (stored metadata only, without `validate_cache`): their
+    /// `metadata.arrow` rows are appended column by column (one copy per int and float
+    /// column, one per string column's bytes) and their payloads copied back to back.
+    /// Returns the samples added: a prefix of the run, up to the end of the first row's
+    /// record batch and before the first row holding a null (0 when the first does, or
+    /// when batches parse the embedded JSON: the caller adds those with `addCopy`, which
+    /// gives the same values and errors). Nothing is added when it fails.
+    pub fn addCopyRun(b: *Buffers, ds: *Dataset, cache: u32, first: u64, payloads: []const []const u8) status.Error!usize {
+        if (!b.stored_metadata or ds.options.validate_cache or payloads.len == 0) return 0;
+        const gpa = ds.gpa;
+        std.debug.assert(b.payload_offsets.items.len == b.count());
+        const columns, const row = try b.storedRow(ds, .{ .cache = cache, .sample_id = first });
+        var n: usize = @intCast(@min(payloads.len, b.stored_end - first));
+        for (columns) |col| {
+            if (col.null_count == 0) continue;
+            for (0..n) |k| if (col.isNull(row + k)) {
+                n = k;
+                break;
+            };
+        }
+        if (n == 0) return 0;
+        var total: usize = 0;
+        for (payloads[0..n]) |p| total += p.len;
+        // Room first, so that nothing below fails halfway.
+        try b.reserve(gpa, ds.fields, n);
+        for (columns, b.columns, ds.fields) |col, *out, f| if (f.kind == .string) {
+            try out.bytes.ensureUnusedCapacity(gpa, @intCast(stringEnd(col, row + n) - stringEnd(col, row)));
+        };
+        const space = try b.claim(gpa, total);
+        const at0 = b.payloadBytes() - total;
+        for (columns, b.columns, ds.fields) |col, *out, f| {
+            const r: usize = @intCast(row);
+            switch (f.kind) {
+                .bool => for (0..n) |k| out.bytes.appendAssumeCapacity(@intFromBool(col.getBool(r + k))),
+                .int => appendWords(i64, &out.ints, col.values[r * 8 ..][0 .. n * 8]),
+                .float => appendWords(f64, &out.floats, col.values[r * 8 ..][0 .. n * 8]),
+                .string => {
+                    const start = stringEnd(col, r);
+                    const base = out.bytes.items.len;
+                    out.bytes.appendSliceAssumeCapacity(col.values[@intCast(start)..@intCast(stringEnd(col, r + n))]);
+                    for (1..n + 1) |k| out.offsets.appendAssumeCapacity(base + (stringEnd(col, r + k) - start));
+                },
+            }
+        }
+        const cache_id = ds.caches[cache].cache_id;
+        var at: usize = 0;
+        for (payloads[0..n], 0..) |p, k| {
+            @memcpy(space[at..][0..p.len], p);
+            // The pointer is rebased by `view` (a contiguous batch); any real address.
+            b.payloads.appendAssumeCapacity(space.ptr);
+            b.payload_lens.appendAssumeCapacity(p.len);
+            b.payload_offsets.appendAssumeCapacity(at0 + at);
+            b.cache_ids.appendAssumeCapacity(cache_id);
+            b.sample_ids.appendAssumeCapacity(first + k);
+            at += p.len;
+        }
+        return n;
+    }
+
+    /// `n` more bytes of the caller's `dest` for a contiguous payload, or null (nothing
+    /// claimed) when the payloads are not in `dest` or it has no room for them: unlike
+    /// `claim`, never moves the payloads (reads may be writing into `dest`).
+    pub fn claimDest(b: *Buffers, n: usize) ?[]u8 {
+        if (!b.in_dest or b.dest.len - b.dest_used < n) return null;
+        const s = b.dest[b.dest_used..][0..n];
+        b.dest_used += n;
+        return s;
+    }
+
+    /// A contiguous batch's sample whose payload is `space` (just taken with `claimDest`;
+    /// the caller fills it, e.g. reads into it, before the batch is handed out), with its
+    /// stored metadata row. Pre: `stored_metadata`, no `validate_cache`. False, with
+    /// nothing appended (`space` still claimed), when the row holds a null.
+    pub fn addPlaced(b: *Buffers, ds: *Dataset, loc: Loc, space: []u8) status.Error!bool {
+        std.debug.assert(b.stored_metadata and !ds.options.validate_cache and b.in_dest);
+        std.debug.assert(b.payload_offsets.items.len == b.count());
+        const gpa = ds.gpa;
+        try b.reserve(gpa, ds.fields, 1);
+        if (!try b.addStored(ds, loc)) return false;
+        b.payloads.appendAssumeCapacity(space.ptr);
+        b.payload_lens.appendAssumeCapacity(space.len);
+        b.payload_offsets.appendAssumeCapacity(@intFromPtr(space.ptr) - @intFromPtr(b.dest.ptr));
+        b.cache_ids.appendAssumeCapacity(ds.caches[loc.cache].cache_id);
+        b.sample_ids.appendAssumeCapacity(loc.sample_id);
+        return true;
+    }
+
+    /// Keeps only the first `n` samples of a contiguous batch (the later ones' reads
+    /// failed); their payload bytes are given back.
+    pub fn truncate(b: *Buffers, fields: []const schema.Field, n: usize) void {
+        std.debug.assert(n <= b.count() and b.payload_offsets.items.len == b.count());
+        if (n == b.count()) return;
+        const bytes: usize = @intCast(b.payload_offsets.items[n]);
+        if (b.in_dest) b.dest_used = bytes else b.arena.items.len = bytes;
+        b.payloads.items.len = n;
+        b.payload_lens.items.len = n;
+        b.payload_offsets.items.len = n;
+        b.cache_ids.items.len = n;
+        b.sample_ids.items.len = n;
+        for (b.columns, fields) |*c, f| switch (f.kind) {
+            .bool => c.bytes.items.len = n,
+            .int => c.ints.items.len = n,
+            .float => c.floats.items.len = n,
+            .string => {
+                c.offsets.items.len = n + 1;
+                c.bytes.items.len = @intCast(c.offsets.items[n]);
+            },
+        };
+    }
+
     /// Gives back the last `n` bytes claimed (a sample that failed to be added).
-    fn unclaim(b: *Buffers, n: usize) void {
+    pub fn unclaim(b: *Buffers, n: usize) void {
         if (b.in_dest) b.dest_used -= n else b.arena.items.len -= n;
     }
 
@@ -384,6 +495,30 @@ pub const Buffers = struct {
         };
     }
 };
+
+/// Where string row `row - 1` of `col` ends (row `row` starts): its offset `row`.
+/// Pre: a utf8 or large_utf8 column, `row <= len` (the parser checked the offsets).
+fn stringEnd(col: arrow.Column, row: u64) u64 {
+    return switch (col.type) {
+        .utf8 => @intCast(std.mem.readInt(i32, col.offsets[@intCast(row * 4)..][0..4], .little)),
+        .large_utf8 => @intCast(std.mem.readInt(i64, col.offsets[@intCast(row * 8)..][0..8], .little)),
+        else => unreachable,
+    };
+}
+
+/// Appends the little-endian 8-byte values in `bytes` (unaligned) to `list`, which has
+/// room for them.
+fn appendWords(comptime T: type, list: *std.ArrayList(T), bytes: []const u8) void {
+    std.debug.assert(bytes.len % 8 == 0 and list.unusedCapacitySlice().len >= bytes.len / 8);
+    const n = bytes.len / 8;
+    const dest = list.unusedCapacitySlice()[0..n];
+    if (comptime @import("builtin").cpu.arch.endian() == .little) {
+        @memcpy(std.mem.sliceAsBytes(dest), bytes);
+    } else {
+        for (dest, 0..) |*v, k| v.* = @bitCast(std.mem.readInt(u64, bytes[k * 8 ..][0..8], .little));
+    }
+    list.items.len += n;
+}
 
 fn matchesRow(fields: []const schema.Field, values: []const schema.Value, columns: []const arrow.Column, row: u64) bool {
     for (fields, values, columns[0..fields.len]) |f, v, col| {
@@ -594,4 +729,81 @@ test "batch: stored metadata with validate_cache still parses and compares the J
     const rec = try shard.split(image);
     try testing.expectError(error.InvalidCache, b.add(ds, .{ .cache = 0, .sample_id = 4 }, rec.json, rec.stored_payload));
     try testing.expectEqualStrings("embedded metadata does not match metadata.arrow for sample 4", status.lastMessage());
+}
+
+test "batch: addCopyRun gives what addCopy gives, in runs cut at record batches" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
+    defer env.close();
+    const ds = env.ds;
+    var one = try Buffers.init(gpa, ds.fields.len);
+    defer one.deinit(gpa);
+    var run = try Buffers.init(gpa, ds.fields.len);
+    defer run.deinit(gpa);
+    one.stored_metadata = true;
+    run.stored_metadata = true;
+    const payloads = [_][]const u8{ "a", "", "bcd", "efgh", "", "ijklmnop", "q" } ** 40;
+    var dest: [4096]u8 = undefined;
+    for (ds.caches, 0..) |*c, ci| {
+        const cache: u32 = @intCast(ci);
+        const n = @min(payloads.len, c.sampleCount());
+        try one.reset(gpa, ds.fields);
+        try run.reset(gpa, ds.fields);
+        run.into(&dest); // payloads in the caller's memory, as iter_batches asks for
+        for (payloads[0..n], 0..) |p, i| try one.addCopy(ds, .{ .cache = cache, .sample_id = i }, "not json", p);
+        var added: usize = 0;
+        while (added < n) {
+            const k = try run.addCopyRun(ds, cache, added, payloads[added..n]);
+            try testing.expect(k > 0); // writer-made caches hold no nulls
+            added += k;
+        }
+        const a = one.view(ds.fields, true);
+        const b = run.view(ds.fields, true);
+        try testing.expectEqual(a.count, b.count);
+        try testing.expectEqual(@as(?[*]const u8, &dest), b.payload_base);
+        for (0..@intCast(a.count)) |i| {
+            try testing.expectEqualStrings(a.payloads.?[i][0..@intCast(a.payload_lens.?[i])], b.payloads.?[i][0..@intCast(b.payload_lens.?[i])]);
+            try testing.expectEqual(a.payload_offsets.?[i], b.payload_offsets.?[i]);
+            try testing.expectEqual(a.cache_ids.?[i], b.cache_ids.?[i]);
+            try testing.expectEqual(a.sample_ids.?[i], b.sample_ids.?[i]);
+            try helpers.expectColumns(ds.fields, b, i, env.expected[ci].samples()[i].metadata);
+        }
+        for (a.columns, b.columns, ds.fields) |x, y, f| switch (f.kind) {
+            .bool => try testing.expectEqualSlices(u8, boolsOf(x, @intCast(a.count)), boolsOf(y, @intCast(b.count))),
+            .int => try testing.expectEqualSlices(i64, intsOf(x, @intCast(a.count)), intsOf(y, @intCast(b.count))),
+            .float => try testing.expectEqualSlices(u64, @ptrCast(floatsOf(x, @intCast(a.count))), @ptrCast(floatsOf(y, @intCast(b.count)))),
+            .string => try testing.expectEqualSlices(u64, x.offsets.?[0..@intCast(a.count + 1)], y.offsets.?[0..@intCast(b.count + 1)]),
+        };
+    }
+    // Parsed metadata (validate_cache, or not stored): nothing in bulk.
+    run.stored_metadata = false;
+    try run.reset(gpa, ds.fields);
+    try testing.expectEqual(@as(usize, 0), try run.addCopyRun(ds, 0, 0, payloads[0..3]));
+}
+
+test "batch: truncate keeps the first samples of a contiguous batch" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{});
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    b.stored_metadata = true;
+    try b.reset(gpa, ds.fields);
+    var dest: [64]u8 = undefined;
+    b.into(&dest);
+    for (0..5) |i| {
+        const space = b.claimDest(3).?;
+        @memset(space, @intCast('a' + i));
+        try testing.expect(try b.addPlaced(ds, .{ .cache = 0, .sample_id = i }, space));
+    }
+    try testing.expectEqual(@as(?[]u8, null), b.claimDest(64 - 15 + 1)); // never spills
+    b.truncate(ds.fields, 2);
+    const v = b.view(ds.fields, true);
+    try testing.expectEqual(@as(u64, 2), v.count);
+    try testing.expectEqualStrings("aaabbb", v.payload_base.?[0..6]);
+    for (0..2) |i| try helpers.expectColumns(ds.fields, v, i, env.expected[0].samples()[i].metadata);
+    try testing.expectEqual(@as(u64, 1), v.sample_ids.?[1]);
+    // The space of the samples dropped is free again.
+    try testing.expectEqual(@as(usize, 6), b.dest_used);
 }

@@ -79,6 +79,27 @@ const mapped_step = 16;
 /// small record, the payload the consumer copies out next).
 const prefetch_record_bytes = 1024;
 
+/// Records at least this long, uncompressed, are read by the backend straight into a
+/// contiguous batch's destination (`Iter.takeDirect`): one copy out of the page cache, on
+/// the backend's threads. Smaller ones go through the slots (a header read each would
+/// cost more than their second copy).
+const direct_record_min = 64 << 10;
+
+/// One read of `Iter.takeDirect`: a payload straight into the batch's destination.
+const DirectRead = struct {
+    read: io.Read = .{ .complete = onRead },
+    it: *Iter = undefined,
+    /// The shard's descriptor, pinned while the read may run.
+    file: ?files_mod.Files.Handle = null,
+    cache: u32 = 0,
+    shard_id: u64 = 0,
+
+    fn onRead(read: *io.Read) void {
+        const d: *DirectRead = @fieldParentPtr("read", read);
+        if (read.result == .ok) d.it.ds.countRead(d.it.io.kind(), read.buf.len);
+    }
+};
+
 /// Where one record's parts are after its slot is read and decoded.
 const Decoded = struct {
     /// In `Slot.buf` or in a shard mapping: both stay put while the slot is in use.
@@ -329,6 +350,10 @@ pub const Iter = struct {
     /// (tests check which path ran).
     mapped_records: u64 = 0,
     inline_reads: u64 = 0,
+    /// Records at least this long may be read straight into a batch's destination
+    /// (`takeDirect`; tests lower it, the fixtures' records are small), and how many were.
+    direct_min: u64 = direct_record_min,
+    direct_reads: u64 = 0,
     batch: batch_mod.Buffers,
     /// The slots' read buffers, and the bytes they may hold (see //!).
     ring: ByteRing = .{},
@@ -339,6 +364,8 @@ pub const Iter = struct {
     started: bool = false,
     /// Fetch-ahead of remote shards in plan order (a no-op for local caches).
     lookahead: LookAhead = .{},
+    /// The reads of `takeDirect` (one per sample, at most `prefetch_size`).
+    direct: []DirectRead,
 
     /// An iterator over the next window of the dataset's stream (reserved now).
     pub fn open(ds: *Dataset) status.Error!*Iter {
@@ -363,6 +390,9 @@ pub const Iter = struct {
         const slots = try gpa.alloc(Slot, prefetch);
         errdefer gpa.free(slots);
         @memset(slots, .{});
+        const direct = try gpa.alloc(DirectRead, prefetch);
+        errdefer gpa.free(direct);
+        @memset(direct, .{});
         const it = try gpa.create(Iter);
         errdefer gpa.destroy(it);
         var backend = io.Io.init(ds.io_kind, @intCast(prefetch), &ds.runtime.pool);
@@ -379,6 +409,7 @@ pub const Iter = struct {
             .io = backend,
             .loc_ring = loc_ring,
             .slots = slots,
+            .direct = direct,
             .batch = batch,
             .budget = budget,
             // A quarter of the budget per read keeps several reads in flight (both cores
@@ -386,6 +417,7 @@ pub const Iter = struct {
             .coalesce = if (ds.options.shuffle) 0 else std.math.clamp(budget / 4, 1, plan.coalesce_bytes_max),
         };
         for (slots) |*s| s.it = it;
+        for (direct) |*d| d.it = it;
         return it;
     }
 
@@ -723,6 +755,10 @@ pub const Iter = struct {
                     it.started = true;
                     continue;
                 }
+                if (it.used == 0 and (try it.takeDirect(max_count - it.batch.count()) > 0 or it.deferred != null)) {
+                    it.started = true;
+                    continue;
+                }
                 try it.fill();
                 it.started = true;
                 const first = it.batch.count();
@@ -760,7 +796,7 @@ pub const Iter = struct {
                 const c = &ds.caches[locs[j].cache];
                 @prefetch(c.index_map.ptr + locs[j].sample_id * index.row_bytes, .{});
             }
-            var mapped: usize = 0;
+            var mapped: usize = it.mappedAdjacent(locs[0..n], images[0..n]);
             while (mapped < n) : (mapped += 1) {
                 // Plan index as the stamp; `pinned_from` is `planned` (== `delivered`), so
                 // this step's windows stay mapped until its copies are done.
@@ -770,9 +806,22 @@ pub const Iter = struct {
                 var at: usize = 0;
                 while (at < @min(image.len, prefetch_record_bytes)) : (at += 64) @prefetch(image.ptr + at, .{});
             }
-            for (locs[0..mapped], images[0..mapped]) |loc, image| {
-                const added = if (shard.split(image)) |rec|
-                    it.batch.addCopy(ds, loc, rec.json, rec.stored_payload)
+            var j: usize = 0;
+            while (j < mapped) {
+                // Runs of one cache's consecutive samples in bulk (`addCopyRun`); a record
+                // it leaves (a null in its metadata.arrow row, a record that does not
+                // split, parsed metadata) one at a time, which raises its error.
+                const run = try it.copyRun(locs[j..mapped], images[j..mapped]);
+                if (run > 0) {
+                    for (images[j..][0..run]) |image| bytes += image.len;
+                    it.delivered += run;
+                    it.planned += run;
+                    taken += run;
+                    j += run;
+                    continue;
+                }
+                const added = if (shard.split(images[j])) |rec|
+                    it.batch.addCopy(ds, locs[j], rec.json, rec.stored_payload)
                 else |err| err;
                 added catch |err| {
                     if (err == error.OutOfMemory or it.batch.count() == 0) return err;
@@ -782,13 +831,177 @@ pub const Iter = struct {
                 it.delivered += 1;
                 it.planned += 1;
                 taken += 1;
-                bytes += image.len;
+                bytes += images[j].len;
+                j += 1;
             }
             if (mapped < n) break;
         }
         _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
         it.mapped_records += taken;
         return taken;
+    }
+
+    /// For `takeMapped` (nothing planned ahead): the leading records at `locs` that lie
+    /// back to back in one uncompressed shard, each one `mappedRecord` would serve, from
+    /// one `Maps.get` of their whole range (one window lookup and residency check instead
+    /// of one per record). Sets their `images`; returns how many (0 when fewer than two,
+    /// or the range is not served: then each record is looked up alone).
+    fn mappedAdjacent(it: *Iter, locs: []const Loc, images: [][]const u8) usize {
+        std.debug.assert(it.used == 0 and it.planned == it.delivered);
+        if (locs.len < 2) return 0;
+        const ds = it.ds;
+        const c = &ds.caches[locs[0].cache];
+        const first = c.row(locs[0].sample_id);
+        const entry = &c.manifest.shards[@intCast(first.shard_id)];
+        if (entry.compression != .none) return 0;
+        var end = first.offset;
+        var n: usize = 0;
+        while (n < locs.len) : (n += 1) {
+            if (locs[n].cache != locs[0].cache) break;
+            const row = c.row(locs[n].sample_id);
+            if (row.shard_id != first.shard_id or row.offset != end) break;
+            if (row.byte_len == 0 or row.byte_len >= it.map_max) break;
+            end += row.byte_len;
+        }
+        if (n < 2) return 0;
+        const key: files_mod.Key = .{ .cache = locs[0].cache, .shard_id = first.shard_id };
+        // Stamped with the first record's plan index; `pinned_from` as in `mappedRecord`.
+        const bytes = it.maps.get(ds.gpa, key, entry.byte_len, first.offset, end - first.offset, &it.files, Dataset.ShardOpener{ .ds = ds }, .{
+            .now = it.planned,
+            .pinned_from = it.planned,
+            .resident_only = true,
+        }) orelse return 0;
+        var at: usize = 0;
+        for (locs[0..n], images[0..n]) |loc, *image| {
+            const len: usize = @intCast(c.row(loc.sample_id).byte_len);
+            image.* = bytes[at..][0..len];
+            at += len;
+        }
+        return n;
+    }
+
+    /// `takeMapped`'s bulk copy: adds the leading records of `images` (mapped, located at
+    /// `locs`) that are consecutive samples of one cache and split cleanly, with one
+    /// `Buffers.addCopyRun`. Returns the samples added (0: add the first one alone, which
+    /// reports any failure as `addCopy` does); only running out of memory fails.
+    fn copyRun(it: *Iter, locs: []const Loc, images: []const []const u8) error{OutOfMemory}!usize {
+        var payloads: [mapped_step][]const u8 = undefined;
+        var n: usize = 0;
+        while (n < locs.len) : (n += 1) {
+            if (n > 0 and (locs[n].cache != locs[0].cache or locs[n].sample_id != locs[0].sample_id + n)) break;
+            const rec = shard.split(images[n]) catch break;
+            payloads[n] = rec.stored_payload;
+        }
+        return it.batch.addCopyRun(it.ds, locs[0].cache, locs[0].sample_id, payloads[0..n]) catch |err| switch (err) {
+            error.OutOfMemory => error.OutOfMemory,
+            // Nothing was added; `addCopy` meets the same failure for this record.
+            else => 0,
+        };
+    }
+
+    /// Contiguous batches into the caller's memory, with nothing planned ahead: appends up
+    /// to `wanted` (at most `prefetch_size`) next samples whose records are large
+    /// (`direct_record_min`) and uncompressed, reading each payload with the backend
+    /// straight into `dest` (the record's 8-byte header is read first, to find it, only
+    /// when it is in the page cache), so it is copied once, by the backend's threads,
+    /// and the consumer copies nothing.
+    /// Metadata from `metadata.arrow` (stored metadata only, no `validate_cache`). Stops
+    /// at the first record that is not so, or whose header or row the slots must handle
+    /// (a short file, a bad header, a null in its row: the slots read it and report it
+    /// as usual), or that does not fit in `dest`. Waits for every read it queued before
+    /// it returns, errors included (`dest` is the caller's). A read that fails after
+    /// samples of this batch is deferred like `deliver`'s. Returns the samples taken.
+    fn takeDirect(it: *Iter, wanted: u64) status.Error!u64 {
+        std.debug.assert(it.used == 0 and it.planned == it.delivered and it.head_taken == 0);
+        const ds = it.ds;
+        if (!it.batch.stored_metadata or ds.options.validate_cache or ds.options.remote != null) return 0;
+        const end = @min(it.schedule.count, it.delivered + @min(wanted, it.direct.len));
+        const first = it.batch.count();
+        var n: usize = 0;
+        // No read may still target `dest` once this returns.
+        errdefer for (it.direct[0..n]) |*d| {
+            it.io.cancel(&d.read);
+            it.releaseDirect(d);
+        };
+        while (it.delivered + n < end) : (n += 1) {
+            if (!it.batch.in_dest) break;
+            const loc = ds.locate(it.table, it.schedule.position(it.delivered + n));
+            const c = &ds.caches[loc.cache];
+            const row = c.row(loc.sample_id);
+            const entry = &c.manifest.shards[@intCast(row.shard_id)];
+            if (entry.compression != .none or row.byte_len < it.direct_min) break;
+            if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) break;
+            const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch break;
+            // Only from the page cache: a header read that waited for the disk would
+            // serialize cold reads on this thread (the slots keep many in flight).
+            var header: [shard.header_bytes]u8 = undefined;
+            const resident = files_mod.readResident(handle.fd, &header, row.offset);
+            const json_len = std.mem.readInt(u64, &header, .little);
+            if (!resident or json_len > row.byte_len - shard.header_bytes) {
+                it.files.release(handle);
+                break;
+            }
+            _ = ds.bytes_read.fetchAdd(header.len, .monotonic);
+            const payload_len: usize = @intCast(row.byte_len - shard.header_bytes - json_len);
+            const space = it.batch.claimDest(payload_len) orelse {
+                it.files.release(handle);
+                break;
+            };
+            const added = it.batch.addPlaced(ds, loc, space) catch |err| blk: {
+                if (err == error.OutOfMemory) {
+                    it.batch.unclaim(payload_len);
+                    it.files.release(handle);
+                    return err;
+                }
+                break :blk false; // the slots meet the same failure and report it
+            };
+            if (!added) {
+                it.batch.unclaim(payload_len);
+                it.files.release(handle);
+                break;
+            }
+            const d = &it.direct[n];
+            d.file = handle;
+            d.cache = loc.cache;
+            d.shard_id = row.shard_id;
+            d.read.prepare(handle.fd, space, row.offset + shard.header_bytes + json_len);
+            if (space.len == 0) {
+                // Nothing to read: done, and ok.
+                d.read.result = .ok;
+                d.read.skip();
+            } else try it.io.queue(&d.read);
+        }
+        try it.io.submit();
+        var ok: usize = n;
+        for (it.direct[0..n], 0..) |*d, k| {
+            try it.io.wait(&d.read);
+            if (ok == n and d.read.result != .ok) ok = k;
+        }
+        var failure: ?status.Error = null;
+        if (ok < n) {
+            const d = &it.direct[ok];
+            const path = ds.caches[d.cache].shard_paths[@intCast(d.shard_id)];
+            failure = switch (d.read.result) {
+                .os => |e| status.failErrno(e, path),
+                else => status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{path}),
+            };
+        }
+        for (it.direct[0..n]) |*d| it.releaseDirect(d);
+        n = 0; // nothing left for the errdefer
+        if (failure) |err| {
+            it.batch.truncate(ds.fields, first + ok);
+            if (it.batch.count() == 0) return err;
+            it.deferFailure(err);
+        }
+        it.delivered += ok;
+        it.planned += ok;
+        it.direct_reads += ok;
+        return ok;
+    }
+
+    fn releaseDirect(it: *Iter, d: *DirectRead) void {
+        if (d.file) |handle| it.files.release(handle);
+        d.file = null;
     }
 
     /// Appends up to `wanted` samples in plan order to the batch: waits for the oldest
@@ -842,12 +1055,17 @@ pub const Iter = struct {
         // No read may target a buffer once it is freed.
         for (it.slots) |*s| it.io.cancel(&s.read);
         for (it.slots) |*s| it.releaseFile(s);
+        for (it.direct) |*d| {
+            it.io.cancel(&d.read);
+            it.releaseDirect(d);
+        }
         it.io.deinit();
         it.files.deinit();
         it.maps.deinit(gpa);
         for (it.slots) |*s| s.deinit(gpa);
         it.ring.deinit(gpa);
         gpa.free(it.slots);
+        gpa.free(it.direct);
         gpa.free(it.loc_ring);
         it.batch.deinit(gpa);
         it.table.release();
@@ -947,14 +1165,22 @@ fn expectBatchesInto(backend: io.Kind) !void {
         for ([_]bool{ false, true }) |shuffle| {
             var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
             defer env.close();
-            for ([_]bool{ false, true }) |mapped| {
+            // Records from shard mappings, through the slots, or read straight into
+            // `dest` (`takeDirect`, with stored metadata as the batch APIs ask for).
+            for ([_]enum { mapped, slots, direct }{ .mapped, .slots, .direct }) |path| {
+                var direct_reads: u64 = 0;
                 for ([_]u64{ 1, 7, 100 }) |max_count| {
                     // No room, room for about half a batch, room for every batch.
                     for ([_]usize{ 0, 700, dest.len }) |room| {
-                        errdefer std.debug.print("prefetch {d} shuffle {} mapped {} max_count {d} room {d}\n", .{ prefetch, shuffle, mapped, max_count, room });
+                        errdefer std.debug.print("prefetch {d} shuffle {} path {s} max_count {d} room {d}\n", .{ prefetch, shuffle, @tagName(path), max_count, room });
                         const it = try env.openIter();
                         defer it.close();
-                        if (!mapped) it.map_max = 0;
+                        if (path != .mapped) it.map_max = 0;
+                        if (path == .direct) {
+                            it.direct_min = 1;
+                            it.batch.stored_metadata = true;
+                        }
+                        defer direct_reads += it.direct_reads;
                         var k: u64 = 0;
                         var placed: u64 = 0;
                         while (true) {
@@ -977,6 +1203,8 @@ fn expectBatchesInto(backend: io.Kind) !void {
                         if (room == dest.len) try testing.expect(placed > 0);
                     }
                 }
+                // The uncompressed caches' records went straight into `dest`.
+                if (path == .direct) try testing.expect(direct_reads > 0);
             }
         }
     }
