@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 7
+    DRT_ABI_VERSION_MINOR = 8
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -304,12 +304,18 @@ enum {
     DRT_REMOTE_NOT_FOUND = 1, /* no object at that URL (HTTP 404) */
     DRT_REMOTE_DENIED = 2,    /* credentials missing or refused (HTTP 401/403) */
     DRT_REMOTE_RETRY = 3,     /* transient: connection refused or reset, timeout, 5xx, short body */
-    DRT_REMOTE_FAILED = 4     /* anything else; not retried */
+    DRT_REMOTE_FAILED = 4,    /* anything else; not retried */
+    DRT_REMOTE_CHANGED = 5    /* (ABI 1.8) a read of a handle whose object was replaced since
+                                 open (HTTP 412 on a read conditional on the ETag seen at
+                                 open); not retried */
 };
 
 typedef struct drt_remote_ops {
     void *context;
-    /* Opens the object at url: its size in *size, a handle for read and close. */
+    /* Opens the object at url: its size in *size, a handle for read and close. The
+     * handle should pin the version seen now (its ETag or version id): reads of it are
+     * conditional on that version and return DRT_REMOTE_CHANGED once it was replaced
+     * (ABI 1.8; a transport that does not pin still works, with only size checks). */
     int32_t (*open)(void *context, const char *url, uint64_t *size, void **handle,
                     char *message, uint64_t message_cap);
     /* Reads exactly len bytes at offset of the object into buf. */

@@ -41,14 +41,20 @@ pub const Code = enum(i32) {
     retry = 3,
     /// Anything else; not retried.
     failed = 4,
+    /// (ABI 1.8) The object is no longer the version its handle opened (HTTP 412 on a
+    /// read made conditional on the ETag seen at open): never retried, never mixed.
+    changed = 5,
 };
 
 /// The callback table (`drt_remote_ops`). `message` is a buffer of `message_cap` bytes for
 /// a NUL-terminated explanation when a callback does not return `ok`.
 pub const Ops = extern struct {
     context: ?*anyopaque,
+    /// Opens the object at `url`: its size, and a handle that pins the version seen now
+    /// (its ETag or version id) when the store has one.
     open: ?*const fn (context: ?*anyopaque, url: [*:0]const u8, size: *u64, handle: *?*anyopaque, message: [*]u8, message_cap: u64) callconv(.c) i32,
-    /// Reads exactly `len` bytes at `offset` into `buf`.
+    /// Reads exactly `len` bytes at `offset` into `buf`, of the version `open` pinned
+    /// (`Code.changed` when the object was replaced since).
     read: ?*const fn (context: ?*anyopaque, handle: ?*anyopaque, offset: u64, buf: [*]u8, len: u64, message: [*]u8, message_cap: u64) callconv(.c) i32,
     close: ?*const fn (context: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void,
 };
@@ -166,6 +172,7 @@ pub const Remote = struct {
             .not_found => return status.fail(error.InvalidCache, "no object at {s}: {s}", .{ url, text }),
             .denied => return status.fail(error.Io, "access denied to {s}: the object store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE, or GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_* for other stores): {s}", .{ url, text }),
             .failed => return status.fail(error.Io, "object store error for {s}: {s}", .{ url, text }),
+            .changed => return status.fail(error.InvalidCache, "{s} changed on the server while it was read: the object is no longer the version opened (its ETag changed): {s}", .{ url, text }),
         }
     }
 
@@ -509,6 +516,19 @@ const Origin = struct {
     pins: [pins_max]Pin = undefined,
     pin_count: usize = 0,
     held_bytes: u64 = 0,
+    /// Shuffled reading (no ordered read-ahead): with `cache_bytes` over the budget, the
+    /// iterators read shards that are not cached by byte ranges (see `readsRanges`).
+    shuffled: bool = false,
+    /// The bytes of all the cache's shards (set when the cache is open).
+    cache_bytes: u64 = 0,
+    /// Objects opened for range reads, by shard id: kept open (their version pinned, see
+    /// `Ops.open`) until the cache closes, so every range of a shard comes from the one
+    /// version this process first opened. Guarded by `objects_mutex`.
+    objects: std.AutoHashMapUnmanaged(u64, Remote.Object) = .empty,
+    objects_mutex: std.Thread.Mutex = .{},
+    /// Range reads made and bytes they read (tests and statistics).
+    range_reads: std.atomic.Value(u64) = .init(0),
+    range_bytes: std.atomic.Value(u64) = .init(0),
 
     const slots_max = 4;
     const pins_max = 8;
@@ -588,11 +608,76 @@ const Origin = struct {
         o.pin_count -= 1;
     }
 
+    /// Whether iterators read the shards that are not cached by byte ranges: shuffled
+    /// reading of a cache larger than the shard-cache budget, where a shard fetched whole
+    /// would be evicted long before the plan came back to most of its records.
+    fn iteratorRanges(o: *const Origin) bool {
+        return o.shuffled and o.cache_bytes > o.remote.shards.budget;
+    }
+
+    /// The read policy: whether `reader` reads shard `shard_id` of `c` by byte ranges
+    /// (`readRange`) instead of through a whole verified copy (`Cache.openShard`). A shard
+    /// that is in the local shard cache is always read locally; otherwise a lookup
+    /// (`get_item`) reads ranges, and an iterator reads ranges when `iteratorRanges`.
+    fn readsRanges(o: *Origin, c: *const cache.Cache, shard_id: u64, reader: cache.Reader) bool {
+        if (reader == .iterator and !o.iteratorRanges()) return false;
+        const shard = &c.manifest.shards[@intCast(shard_id)];
+        return !o.remote.shards.contains(shard.sha256, shard.byte_len);
+    }
+
+    /// Reads `buf.len` bytes at `offset` of shard `shard_id` of `c` with one ranged read
+    /// of its object (retried as downloads are), from the version pinned when this origin
+    /// first opened that object. The object's size must be the manifest's; the caller
+    /// checked the range against it. What this cannot verify: the manifest's SHA-256 is of
+    /// the whole shard, so a range is checked only by the pinned version, the size and
+    /// the record framing the reader checks when it splits the record.
+    fn readRange(o: *Origin, c: *const cache.Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void {
+        const shard = &c.manifest.shards[@intCast(shard_id)];
+        const url = c.shard_paths[@intCast(shard_id)];
+        if (offset > shard.byte_len or buf.len > shard.byte_len - offset) {
+            return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{url});
+        }
+        if (buf.len == 0) return;
+        const obj = try o.object(shard_id, url, shard.byte_len);
+        try o.remote.readObject(obj, url, offset, buf);
+        _ = o.range_reads.fetchAdd(1, .monotonic);
+        _ = o.range_bytes.fetchAdd(buf.len, .monotonic);
+    }
+
+    /// The object of shard `shard_id` opened for range reads (opening it on first use).
+    fn object(o: *Origin, shard_id: u64, url: [:0]const u8, size: u64) status.Error!Remote.Object {
+        {
+            o.objects_mutex.lock();
+            defer o.objects_mutex.unlock();
+            if (o.objects.get(shard_id)) |obj| return obj;
+        }
+        // Opened outside the lock (a HEAD); a concurrent open of the same shard keeps
+        // the first one.
+        const obj = try o.remote.openObject(url);
+        if (obj.size != size) {
+            o.remote.closeObject(obj);
+            return status.fail(error.InvalidCache, "{s} is {d} bytes but the manifest says {d}: the object was changed or truncated on the server", .{ url, obj.size, size });
+        }
+        o.objects_mutex.lock();
+        defer o.objects_mutex.unlock();
+        const entry = o.objects.getOrPut(o.remote.gpa, shard_id) catch |err| {
+            o.remote.closeObject(obj);
+            return err;
+        };
+        if (entry.found_existing) {
+            o.remote.closeObject(obj);
+            return entry.value_ptr.*;
+        }
+        entry.value_ptr.* = obj;
+        return obj;
+    }
+
     /// Shard `shard_id` of `c` will be read soon: pin it, or start fetching it. False when
     /// it cannot be taken now (every slot busy, or the half budget held by shards in
-    /// flight): the caller asks again later.
+    /// flight): the caller asks again later. Nothing is fetched whole when iterators read
+    /// ranges (`iteratorRanges`).
     fn request(o: *Origin, c: *const cache.Cache, shard_id: u64) bool {
-        if (o.pool == null) return true;
+        if (o.pool == null or o.iteratorRanges()) return true;
         const shard = &c.manifest.shards[@intCast(shard_id)];
         const limit = o.remote.shards.budget / 2;
         o.mutex.lock();
@@ -656,6 +741,15 @@ const Origin = struct {
             defer o.mutex.unlock();
             while (o.pin_count > 0) o.unpinOldest();
         }
+        {
+            // No reader is left (the cache closes after its iterators and lookups).
+            o.objects_mutex.lock();
+            defer o.objects_mutex.unlock();
+            var it = o.objects.valueIterator();
+            while (it.next()) |obj| o.remote.closeObject(obj.*);
+            o.objects.deinit(o.remote.gpa);
+            o.objects = .empty;
+        }
         o.unref();
     }
 };
@@ -673,14 +767,32 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, poo
     errdefer r.gpa.destroy(origin);
     const owned_url = try r.gpa.dupe(u8, trimmed);
     errdefer r.gpa.free(owned_url);
-    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max) };
+    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max), .shuffled = readahead == 0 };
     for (&origin.slots) |*slot| slot.* = .{ .origin = origin };
     const c = try cache.Cache.openRemote(r.gpa, local, position, validate, .{
         .url = trimmed,
-        .source = .{ .context = origin, .open = openCacheShard, .release = releaseOrigin, .prefetch = prefetchShard },
+        .source = .{
+            .context = origin,
+            .open = openCacheShard,
+            .release = releaseOrigin,
+            .prefetch = prefetchShard,
+            .ranges = rangesShard,
+            .read_range = readRangeShard,
+        },
     });
+    for (c.manifest.shards) |shard| origin.cache_bytes +|= shard.byte_len;
     _ = r.retain(); // the origin's, released by its last reference
     return c;
+}
+
+fn rangesShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64, reader: cache.Reader) bool {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.readsRanges(c, shard_id, reader);
+}
+
+fn readRangeShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.readRange(c, shard_id, offset, buf);
 }
 
 fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) status.Error!posix.fd_t {
@@ -717,13 +829,17 @@ fn failWrite(err: anyerror, dir_path: []const u8, name: []const u8) status.Error
 
 const testing = std.testing;
 
-/// A transport over a local directory standing in for a bucket: `file://<dir>/...`
-/// URLs; `fail_reads` transient failures before reads succeed.
+/// A transport over a local directory standing in for a bucket: `fake://<dir>/...`
+/// URLs; `fail_reads` transient failures before reads succeed. A handle pins the file it
+/// opened (its inode, as a store pins an ETag): a read after the file was replaced
+/// returns `Code.changed`.
 const FakeStore = struct {
     dir: std.fs.Dir,
     fail_reads: u32 = 0,
     reads: std.atomic.Value(u32) = .init(0),
     opens: u32 = 0,
+
+    const Handle = struct { fd: posix.fd_t, ino: u64, name: []u8 };
 
     fn ops(fs: *FakeStore) Ops {
         return .{ .context = fs, .open = open, .read = read, .close = close };
@@ -740,8 +856,11 @@ const FakeStore = struct {
         const name = rel(url);
         if (std.mem.startsWith(u8, name, "denied/")) return say(message, cap, "403 Forbidden", .denied);
         const f = fs.dir.openFile(name, .{}) catch return say(message, cap, "404 Not Found", .not_found);
-        size.* = (f.stat() catch unreachable).size;
-        handle.* = @ptrFromInt(@as(usize, @intCast(f.handle)) + 1);
+        const st = f.stat() catch unreachable;
+        const h = testing.allocator.create(Handle) catch unreachable;
+        h.* = .{ .fd = f.handle, .ino = st.inode, .name = testing.allocator.dupe(u8, name) catch unreachable };
+        size.* = st.size;
+        handle.* = h;
         return 0;
     }
 
@@ -752,15 +871,20 @@ const FakeStore = struct {
             fs.fail_reads -= 1;
             return say(message, cap, "connection reset by peer", .retry);
         }
-        const fd: posix.fd_t = @intCast(@intFromPtr(handle.?) - 1);
-        const n = posix.pread(fd, buf[0..@intCast(len)], offset) catch return say(message, cap, "read error", .failed);
+        const h: *Handle = @ptrCast(@alignCast(handle.?));
+        const now = fs.dir.statFile(h.name) catch return say(message, cap, "404 Not Found", .not_found);
+        if (now.inode != h.ino) return say(message, cap, "412 Precondition Failed", .changed);
+        const n = posix.pread(h.fd, buf[0..@intCast(len)], offset) catch return say(message, cap, "read error", .failed);
         if (n != len) return say(message, cap, "short body", .retry);
         return 0;
     }
 
     fn close(ctx: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void {
         _ = ctx;
-        posix.close(@intCast(@intFromPtr(handle.?) - 1));
+        const h: *Handle = @ptrCast(@alignCast(handle.?));
+        posix.close(h.fd);
+        testing.allocator.free(h.name);
+        testing.allocator.destroy(h);
     }
 
     fn say(message: [*]u8, cap: u64, text: []const u8, code: Code) i32 {
@@ -857,4 +981,173 @@ test "shards download once, verified, retried, and the errors name the URL" {
         if (std.mem.endsWith(u8, e.name, ".bin")) bins += 1;
     }
     try testing.expectEqual(@as(u32, 2), bins);
+}
+
+/// Copies the fixture cache `name` into `<dir>/bucket/<name>`; returns its shards' total
+/// and largest byte counts.
+fn copyFixture(dir: std.fs.Dir, name: []const u8) !struct { total: u64, largest: u64 } {
+    const helpers = @import("../read/testing.zig");
+    const src_path = try helpers.fixturePath(testing.allocator, name);
+    defer testing.allocator.free(src_path);
+    var src = try std.fs.cwd().openDir(src_path, .{ .iterate = true });
+    defer src.close();
+    var dst_buf: [256]u8 = undefined;
+    const dst_path = try std.fmt.bufPrint(&dst_buf, "bucket/{s}/shards", .{name});
+    try dir.makePath(dst_path);
+    var dst = try dir.openDir(dst_path[0 .. dst_path.len - "/shards".len], .{});
+    defer dst.close();
+    var walker = try src.walk(testing.allocator);
+    defer walker.deinit();
+    var total: u64 = 0;
+    var largest: u64 = 0;
+    while (try walker.next()) |e| {
+        if (e.kind != .file) continue;
+        try src.copyFile(e.path, dst, e.path, .{});
+        if (std.mem.startsWith(u8, e.path, "shards/")) {
+            const size = (try src.statFile(e.path)).size;
+            total += size;
+            largest = @max(largest, size);
+        }
+    }
+    return .{ .total = total, .largest = largest };
+}
+
+test "range reads: get_item and shuffled reading over the budget read records by ranges, from one pinned version" {
+    const gpa = testing.allocator;
+    const helpers = @import("../read/testing.zig");
+    const Dataset = @import("../read/dataset.zig").Dataset;
+    const Lookup = @import("../read/lookup.zig").Lookup;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.makePath("local");
+    const root = try tmp.dir.realpathAlloc(gpa, "local");
+    defer gpa.free(root);
+    var store: FakeStore = .{ .dir = tmp.dir };
+    for ([_][]const u8{ "plain_many_shards", "lz4_many_shards" }) |name| {
+        const sizes = try copyFixture(tmp.dir, name);
+        // Room for a few shards, far less than the cache.
+        const budget = 3 * sizes.largest;
+        try testing.expect(budget < sizes.total);
+        var url_buf: [128]u8 = undefined;
+        const url = try std.fmt.bufPrint(&url_buf, "fake://bucket/{s}", .{name});
+        for ([_]bool{ false, true }) |shuffle| {
+            errdefer std.debug.print("{s} shuffle {}\n", .{ name, shuffle });
+            var shard_dir_buf: [std.fs.max_path_bytes]u8 = undefined;
+            const shard_dir = try std.fmt.bufPrint(&shard_dir_buf, "{s}/shards", .{root});
+            std.fs.cwd().deleteTree(shard_dir) catch {};
+            const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = budget, .backoff_ns = 1000 });
+            defer r.release();
+            const rt = try runtime.Runtime.open(gpa, 2);
+            defer rt.release();
+            const ds = try Dataset.open(gpa, rt, &.{url}, .{ .seed = 11, .prefetch_size = 8, .shuffle = shuffle, .validate_cache = false, .io_backend = .threads, .remote = r });
+            defer ds.release();
+            const origin: *Origin = @ptrCast(@alignCast(ds.caches[0].source.?.context));
+            const expected = try gpa.alloc(helpers.Expected, 1);
+            expected[0] = try helpers.Expected.load(gpa, name);
+            const cache_ids = try gpa.alloc(u64, 1);
+            cache_ids[0] = manifest.cacheIdForName(name);
+            var env: helpers.Env = .{ .gpa = gpa, .config = .{ .shuffle = shuffle, .prefetch_size = 8, .seed = 11 }, .rt = rt, .ds = ds, .expected = expected, .cache_ids = cache_ids };
+            defer {
+                for (env.expected) |*e| e.deinit();
+                gpa.free(env.expected);
+                gpa.free(env.cache_ids);
+            }
+
+            // get_item on a cold shard cache: one range per record, no shard file.
+            const lk = try Lookup.open(ds);
+            defer lk.close();
+            for ([_]u64{ 299, 0, 150, 151 }) |sid| {
+                const view = try lk.get(&.{cache_ids[0]}, &.{sid}, false);
+                try env.expectSample(view, 0, .{ .cache = 0, .sample_id = sid });
+            }
+            const planned = try lk.get(&.{ cache_ids[0], cache_ids[0], cache_ids[0] }, &.{ 7, 3, 8 }, true);
+            for ([_]u64{ 7, 3, 8 }, 0..) |sid, i| try env.expectSample(planned, i, .{ .cache = 0, .sample_id = sid });
+            try testing.expect(origin.range_reads.load(.monotonic) >= 4);
+            try testing.expectEqual(@as(usize, 0), try countBins(r));
+
+            // A whole epoch: shuffled over the budget reads ranges only; ordered reading
+            // fetches whole shards (within the budget).
+            const before = origin.range_reads.load(.monotonic);
+            const it = try env.openIter();
+            defer it.close();
+            _ = try env.expectEpoch(it, 5, false);
+            const ranged = origin.range_reads.load(.monotonic) - before;
+            if (shuffle) {
+                try testing.expect(ranged > 0);
+                try testing.expectEqual(@as(usize, 0), try countBins(r));
+            } else {
+                try testing.expectEqual(@as(u64, 0), ranged);
+                try testing.expect(try countBins(r) > 0);
+            }
+            // A shard in the local cache is read locally, by lookups too.
+            if (!shuffle) {
+                const lookups = origin.range_reads.load(.monotonic);
+                const last = ds.caches[0].row(299).shard_id;
+                if (r.shards.contains(ds.caches[0].manifest.shards[@intCast(last)].sha256, ds.caches[0].manifest.shards[@intCast(last)].byte_len)) {
+                    _ = try lk.get(&.{cache_ids[0]}, &.{299}, false);
+                    try testing.expectEqual(lookups, origin.range_reads.load(.monotonic));
+                }
+            }
+        }
+    }
+
+    // The object replaced on the server between two ranges: "changed", never mixed.
+    {
+        const name = "plain_many_shards";
+        const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 1 << 20, .backoff_ns = 1000 });
+        defer r.release();
+        const rt = try runtime.Runtime.open(gpa, 2);
+        defer rt.release();
+        const ds = try Dataset.open(gpa, rt, &.{"fake://bucket/" ++ name}, .{ .seed = 1, .prefetch_size = 8, .shuffle = true, .validate_cache = false, .io_backend = .threads, .remote = r });
+        defer ds.release();
+        const c = &ds.caches[0];
+        const id = manifest.cacheIdForName(name);
+        // Two records of one shard that is not cached.
+        var first: u64 = 0;
+        while (c.row(first).byte_len == 0 or c.row(first + 1).shard_id != c.row(first).shard_id or
+            r.shards.contains(c.manifest.shards[@intCast(c.row(first).shard_id)].sha256, c.manifest.shards[@intCast(c.row(first).shard_id)].byte_len)) first += 1;
+        const lk = try Lookup.open(ds);
+        defer lk.close();
+        _ = try lk.get(&.{id}, &.{first}, false);
+        var path_buf: [256]u8 = undefined;
+        const shard_path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, c.manifest.shards[@intCast(c.row(first).shard_id)].name });
+        const old = try tmp.dir.readFileAlloc(gpa, shard_path, 1 << 20);
+        defer gpa.free(old);
+        // Same size, other bytes, a new object (new inode: a new ETag).
+        const zeros = try gpa.alloc(u8, old.len);
+        defer gpa.free(zeros);
+        @memset(zeros, 0);
+        try tmp.dir.writeFile(.{ .sub_path = "replacement", .data = zeros });
+        try tmp.dir.rename("replacement", shard_path);
+        try testing.expectError(error.InvalidCache, lk.get(&.{id}, &.{first + 1}, false));
+        const message = status.lastMessage();
+        try testing.expect(std.mem.indexOf(u8, message, "changed on the server while it was read") != null);
+        try testing.expect(std.mem.indexOf(u8, message, shard_path) != null);
+        // Put back (another new object): this dataset keeps its pinned version, so it still
+        // refuses; a new dataset reads the bytes.
+        try tmp.dir.writeFile(.{ .sub_path = "replacement", .data = old });
+        try tmp.dir.rename("replacement", shard_path);
+        try testing.expectError(error.InvalidCache, lk.get(&.{id}, &.{first + 1}, false));
+        // Truncated before it was opened: the size check.
+        const other = c.row(first).shard_id + 1;
+        const other_path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, c.manifest.shards[@intCast(other)].name });
+        const whole = try tmp.dir.readFileAlloc(gpa, other_path, 1 << 20);
+        defer gpa.free(whole);
+        try tmp.dir.writeFile(.{ .sub_path = other_path, .data = whole[0 .. whole.len - 1] });
+        var sid: u64 = 0;
+        while (c.row(sid).shard_id != other or c.row(sid).byte_len == 0) sid += 1;
+        try testing.expectError(error.InvalidCache, lk.get(&.{id}, &.{sid}, false));
+        try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "bytes but the manifest says") != null);
+        try tmp.dir.writeFile(.{ .sub_path = other_path, .data = whole });
+        try testing.expectEqual(@as(usize, 0), try countBins(r));
+    }
+}
+
+fn countBins(r: *Remote) !usize {
+    var n: usize = 0;
+    var it = r.shards.dir.iterate();
+    while (try it.next()) |e| {
+        if (std.mem.endsWith(u8, e.name, ".bin")) n += 1;
+    }
+    return n;
 }
