@@ -295,7 +295,9 @@ void drt_dataset_close(drt_dataset *dataset);
  * before they appear), and each shard, when first read, into the shard cache
  * <cache_dir>/shards/<sha256>.bin (size and SHA-256 verified; temporary file + rename;
  * least recently used shards evicted beyond budget_bytes; several processes may share
- * cache_dir). Callbacks may be called from any thread, concurrently. A callback that does
+ * cache_dir). (ABI 1.8) Lookups of a shard that is not in the shard cache, and shuffled
+ * iterators over a cache larger than budget_bytes, read records by byte ranges instead
+ * (size, pinned version and record framing checked; see docs/c-api.md). Callbacks may be called from any thread, concurrently. A callback that does
  * not return DRT_REMOTE_OK may write a NUL-terminated explanation into message
  * (message_cap bytes); DRT_REMOTE_RETRY is retried `retries` times with exponential
  * backoff (100 ms, doubling, at most 2 s), the others fail at once. */
@@ -341,7 +343,8 @@ void drt_remote_close(drt_remote *remote);
 /* drt_dataset_open, where every path that is a URL (scheme://...) is a cache on object
  * storage reached through remote (NULL: every path is local). Besides drt_dataset_open's
  * errors: DRT_E_INVALID_CACHE "no cache at <url>: ..." (no manifest.json there),
- * "checksum mismatch for <url>: ...", "<url> is N bytes but the manifest says M: ...";
+ * "checksum mismatch for <url>: ...", "<url> is N bytes but the manifest says M: ...",
+ * "<url> changed on the server while it was read: ..." (DRT_REMOTE_CHANGED);
  * DRT_E_IO "access denied to <url>: ..." (credentials), "cannot read <url>: still failing
  * after N attempts ..." (unreachable), "cannot write the local cache ..." (disk full).
  * Shard fetch errors surface where the shard is first read (iteration, get_item).

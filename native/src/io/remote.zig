@@ -12,6 +12,13 @@
 //!   (`shardcache.zig`), downloading it first when it is absent: the size the server
 //!   reports and the SHA-256 of the bytes must match the manifest, or nothing is kept.
 //!   The I/O backends (io_uring, threads) then read the local file as any other.
+//! - Or byte ranges (`Origin.readRange`): the read policy (`Origin.readsRanges`) sends
+//!   lookups of a shard that is not in the shard cache, and shuffled iterators over a
+//!   cache larger than the budget, to ranged reads of the shard's object straight into
+//!   the reader's memory. No SHA-256 can check a range: the object's size is checked
+//!   when it is opened, the handle pins the version seen then (the transport makes every
+//!   read conditional on its ETag: `Code.changed` once it was replaced) and stays open
+//!   until the cache closes, and the reader checks each record's framing.
 //! - Transient failures (`Code.retry`: connection refused or reset, timeouts, 5xx, a short
 //!   body) are retried with exponential backoff; a reset mid-file continues from the
 //!   chunk that failed. Then the error names the URL. A 404 and a 403 have their own
@@ -758,7 +765,9 @@ const Origin = struct {
 /// metadata) as cache `position` of a dataset; its shards come through `r`, which must
 /// outlive the cache. In ordered reading (`readahead` > 0), opening a shard also asks
 /// for the `readahead` (at most 4) shards after it; in every mode the iterators' look-ahead
-/// asks for the shards of the positions they will read next (see `Origin`).
+/// asks for the shards of the positions they will read next (see `Origin`). `readahead`
+/// 0 means shuffled reading (the dataset passes 0 exactly then): with the cache larger
+/// than the budget, iterators then read byte ranges (`Origin.iteratorRanges`).
 pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
     const local = try r.fetchCache(url, pool);
     defer r.gpa.free(local);
@@ -983,18 +992,15 @@ test "shards download once, verified, retried, and the errors name the URL" {
     try testing.expectEqual(@as(u32, 2), bins);
 }
 
-/// Copies the fixture cache `name` into `<dir>/bucket/<name>`; returns its shards' total
-/// and largest byte counts.
+/// Copies the reference cache `name` (tests/fixtures) into `<dir>/bucket/<name>`;
+/// returns its shards' total and largest byte counts.
 fn copyFixture(dir: std.fs.Dir, name: []const u8) !struct { total: u64, largest: u64 } {
-    const helpers = @import("../read/testing.zig");
-    const src_path = try helpers.fixturePath(testing.allocator, name);
-    defer testing.allocator.free(src_path);
-    var src = try std.fs.cwd().openDir(src_path, .{ .iterate = true });
+    const fixtures: []const u8 = @import("build_options").fixtures_dir;
+    var src = try (try std.fs.cwd().openDir(fixtures, .{})).openDir(name, .{ .iterate = true });
     defer src.close();
     var dst_buf: [256]u8 = undefined;
-    const dst_path = try std.fmt.bufPrint(&dst_buf, "bucket/{s}/shards", .{name});
-    try dir.makePath(dst_path);
-    var dst = try dir.openDir(dst_path[0 .. dst_path.len - "/shards".len], .{});
+    try dir.makePath(try std.fmt.bufPrint(&dst_buf, "bucket/{s}/shards", .{name}));
+    var dst = try dir.openDir(try std.fmt.bufPrint(&dst_buf, "bucket/{s}", .{name}), .{});
     defer dst.close();
     var walker = try src.walk(testing.allocator);
     defer walker.deinit();
@@ -1012,135 +1018,109 @@ fn copyFixture(dir: std.fs.Dir, name: []const u8) !struct { total: u64, largest:
     return .{ .total = total, .largest = largest };
 }
 
-test "range reads: get_item and shuffled reading over the budget read records by ranges, from one pinned version" {
+test "range reads: the policy, the bytes of every record, the pinned version and the size" {
     const gpa = testing.allocator;
-    const helpers = @import("../read/testing.zig");
-    const Dataset = @import("../read/dataset.zig").Dataset;
-    const Lookup = @import("../read/lookup.zig").Lookup;
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     try tmp.dir.makePath("local");
     const root = try tmp.dir.realpathAlloc(gpa, "local");
     defer gpa.free(root);
     var store: FakeStore = .{ .dir = tmp.dir };
-    for ([_][]const u8{ "plain_many_shards", "lz4_many_shards" }) |name| {
-        const sizes = try copyFixture(tmp.dir, name);
-        // Room for a few shards, far less than the cache.
-        const budget = 3 * sizes.largest;
-        try testing.expect(budget < sizes.total);
-        var url_buf: [128]u8 = undefined;
-        const url = try std.fmt.bufPrint(&url_buf, "fake://bucket/{s}", .{name});
-        for ([_]bool{ false, true }) |shuffle| {
-            errdefer std.debug.print("{s} shuffle {}\n", .{ name, shuffle });
-            var shard_dir_buf: [std.fs.max_path_bytes]u8 = undefined;
-            const shard_dir = try std.fmt.bufPrint(&shard_dir_buf, "{s}/shards", .{root});
-            std.fs.cwd().deleteTree(shard_dir) catch {};
-            const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = budget, .backoff_ns = 1000 });
-            defer r.release();
-            const rt = try runtime.Runtime.open(gpa, 2);
-            defer rt.release();
-            const ds = try Dataset.open(gpa, rt, &.{url}, .{ .seed = 11, .prefetch_size = 8, .shuffle = shuffle, .validate_cache = false, .io_backend = .threads, .remote = r });
-            defer ds.release();
-            const origin: *Origin = @ptrCast(@alignCast(ds.caches[0].source.?.context));
-            const expected = try gpa.alloc(helpers.Expected, 1);
-            expected[0] = try helpers.Expected.load(gpa, name);
-            const cache_ids = try gpa.alloc(u64, 1);
-            cache_ids[0] = manifest.cacheIdForName(name);
-            var env: helpers.Env = .{ .gpa = gpa, .config = .{ .shuffle = shuffle, .prefetch_size = 8, .seed = 11 }, .rt = rt, .ds = ds, .expected = expected, .cache_ids = cache_ids };
-            defer {
-                for (env.expected) |*e| e.deinit();
-                gpa.free(env.expected);
-                gpa.free(env.cache_ids);
-            }
+    const name = "plain_many_shards";
+    const url = "fake://bucket/" ++ name;
+    const sizes = try copyFixture(tmp.dir, name);
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    // Room for three shards, far less than the cache.
+    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
+    defer r.release();
+    try testing.expect(3 * sizes.largest < sizes.total);
+    var ordered = try openCache(r, url, 0, false, &rt.pool, 2);
+    defer ordered.close();
+    var shuffled = try openCache(r, url, 0, false, &rt.pool, 0);
+    defer shuffled.close();
+    const shard_count = ordered.manifest.shards.len;
 
-            // get_item on a cold shard cache: one range per record, no shard file.
-            const lk = try Lookup.open(ds);
-            defer lk.close();
-            for ([_]u64{ 299, 0, 150, 151 }) |sid| {
-                const view = try lk.get(&.{cache_ids[0]}, &.{sid}, false);
-                try env.expectSample(view, 0, .{ .cache = 0, .sample_id = sid });
-            }
-            const planned = try lk.get(&.{ cache_ids[0], cache_ids[0], cache_ids[0] }, &.{ 7, 3, 8 }, true);
-            for ([_]u64{ 7, 3, 8 }, 0..) |sid, i| try env.expectSample(planned, i, .{ .cache = 0, .sample_id = sid });
-            try testing.expect(origin.range_reads.load(.monotonic) >= 4);
-            try testing.expectEqual(@as(usize, 0), try countBins(r));
-
-            // A whole epoch: shuffled over the budget reads ranges only; ordered reading
-            // fetches whole shards (within the budget).
-            const before = origin.range_reads.load(.monotonic);
-            const it = try env.openIter();
-            defer it.close();
-            _ = try env.expectEpoch(it, 5, false);
-            const ranged = origin.range_reads.load(.monotonic) - before;
-            if (shuffle) {
-                try testing.expect(ranged > 0);
-                try testing.expectEqual(@as(usize, 0), try countBins(r));
-            } else {
-                try testing.expectEqual(@as(u64, 0), ranged);
-                try testing.expect(try countBins(r) > 0);
-            }
-            // A shard in the local cache is read locally, by lookups too.
-            if (!shuffle) {
-                const lookups = origin.range_reads.load(.monotonic);
-                const last = ds.caches[0].row(299).shard_id;
-                if (r.shards.contains(ds.caches[0].manifest.shards[@intCast(last)].sha256, ds.caches[0].manifest.shards[@intCast(last)].byte_len)) {
-                    _ = try lk.get(&.{cache_ids[0]}, &.{299}, false);
-                    try testing.expectEqual(lookups, origin.range_reads.load(.monotonic));
-                }
-            }
-        }
+    // On a cold shard cache: lookups read ranges; iterators only when shuffled.
+    for (0..shard_count) |id| {
+        try testing.expect(ordered.readsRanges(id, .lookup) and shuffled.readsRanges(id, .lookup));
+        try testing.expect(!ordered.readsRanges(id, .iterator) and shuffled.readsRanges(id, .iterator));
     }
+    // Shuffled look-ahead over the budget fetches nothing whole.
+    for (0..shard_count) |id| try testing.expect(prefetchShard(shuffled.source.?.context, &shuffled, id));
+    // Every record by its own range: the bytes of the shard file there.
+    var record: std.ArrayList(u8) = .empty;
+    defer record.deinit(gpa);
+    var path_buf: [256]u8 = undefined;
+    for (0..@intCast(ordered.sampleCount())) |sid| {
+        const row = ordered.row(sid);
+        try record.resize(gpa, @intCast(row.byte_len));
+        try ordered.readRange(row.shard_id, row.offset, record.items);
+        const path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, ordered.manifest.shards[@intCast(row.shard_id)].name });
+        const file = try tmp.dir.openFile(path, .{});
+        defer file.close();
+        var want: [1 << 16]u8 = undefined;
+        try testing.expectEqual(record.items.len, try file.preadAll(want[0..record.items.len], row.offset));
+        try testing.expectEqualSlices(u8, want[0..record.items.len], record.items);
+    }
+    const origin: *Origin = @ptrCast(@alignCast(ordered.source.?.context));
+    try testing.expect(origin.range_reads.load(.monotonic) > 0);
+    try testing.expectEqual(shard_count, origin.objects.count()); // one open object per shard
+    try testing.expectEqual(@as(usize, 0), try countBins(r));
+    // Past the shard's end: refused before any request.
+    try testing.expectError(error.Io, ordered.readRange(0, ordered.manifest.shards[0].byte_len, record.items[0..1]));
 
-    // The object replaced on the server between two ranges: "changed", never mixed.
+    // A shard in the local shard cache is read locally, by lookups and iterators alike.
+    posix.close(try shuffled.openShard(0)); // (no read-ahead: only shard 0 is fetched)
+    try testing.expect(!ordered.readsRanges(0, .lookup) and !shuffled.readsRanges(0, .iterator));
+    try testing.expect(shuffled.readsRanges(1, .iterator));
+    // A cache that fits the budget: shuffled iterators fetch whole shards.
     {
-        const name = "plain_many_shards";
-        const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 1 << 20, .backoff_ns = 1000 });
-        defer r.release();
-        const rt = try runtime.Runtime.open(gpa, 2);
-        defer rt.release();
-        const ds = try Dataset.open(gpa, rt, &.{"fake://bucket/" ++ name}, .{ .seed = 1, .prefetch_size = 8, .shuffle = true, .validate_cache = false, .io_backend = .threads, .remote = r });
-        defer ds.release();
-        const c = &ds.caches[0];
-        const id = manifest.cacheIdForName(name);
-        // Two records of one shard that is not cached.
-        var first: u64 = 0;
-        while (c.row(first).byte_len == 0 or c.row(first + 1).shard_id != c.row(first).shard_id or
-            r.shards.contains(c.manifest.shards[@intCast(c.row(first).shard_id)].sha256, c.manifest.shards[@intCast(c.row(first).shard_id)].byte_len)) first += 1;
-        const lk = try Lookup.open(ds);
-        defer lk.close();
-        _ = try lk.get(&.{id}, &.{first}, false);
-        var path_buf: [256]u8 = undefined;
-        const shard_path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, c.manifest.shards[@intCast(c.row(first).shard_id)].name });
-        const old = try tmp.dir.readFileAlloc(gpa, shard_path, 1 << 20);
-        defer gpa.free(old);
-        // Same size, other bytes, a new object (new inode: a new ETag).
-        const zeros = try gpa.alloc(u8, old.len);
-        defer gpa.free(zeros);
-        @memset(zeros, 0);
-        try tmp.dir.writeFile(.{ .sub_path = "replacement", .data = zeros });
-        try tmp.dir.rename("replacement", shard_path);
-        try testing.expectError(error.InvalidCache, lk.get(&.{id}, &.{first + 1}, false));
-        const message = status.lastMessage();
-        try testing.expect(std.mem.indexOf(u8, message, "changed on the server while it was read") != null);
-        try testing.expect(std.mem.indexOf(u8, message, shard_path) != null);
-        // Put back (another new object): this dataset keeps its pinned version, so it still
-        // refuses; a new dataset reads the bytes.
-        try tmp.dir.writeFile(.{ .sub_path = "replacement", .data = old });
-        try tmp.dir.rename("replacement", shard_path);
-        try testing.expectError(error.InvalidCache, lk.get(&.{id}, &.{first + 1}, false));
-        // Truncated before it was opened: the size check.
-        const other = c.row(first).shard_id + 1;
-        const other_path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, c.manifest.shards[@intCast(other)].name });
-        const whole = try tmp.dir.readFileAlloc(gpa, other_path, 1 << 20);
-        defer gpa.free(whole);
-        try tmp.dir.writeFile(.{ .sub_path = other_path, .data = whole[0 .. whole.len - 1] });
-        var sid: u64 = 0;
-        while (c.row(sid).shard_id != other or c.row(sid).byte_len == 0) sid += 1;
-        try testing.expectError(error.InvalidCache, lk.get(&.{id}, &.{sid}, false));
-        try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "bytes but the manifest says") != null);
-        try tmp.dir.writeFile(.{ .sub_path = other_path, .data = whole });
-        try testing.expectEqual(@as(usize, 0), try countBins(r));
+        const roomy = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 2 * sizes.total, .backoff_ns = 1000 });
+        defer roomy.release();
+        var fits = try openCache(roomy, url, 0, false, &rt.pool, 0);
+        defer fits.close();
+        try testing.expect(!fits.readsRanges(1, .iterator) and fits.readsRanges(1, .lookup));
     }
+
+    // The object replaced on the server between two ranges of this reader: "changed",
+    // never bytes of the other version; putting the old bytes back (a new object again)
+    // does not help this reader, whose version is gone.
+    var fresh = try openCache(r, url, 0, false, &rt.pool, 0);
+    defer fresh.close();
+    // Two records of one shard (not shard 0, which is cached).
+    var first: u64 = 0;
+    while (fresh.row(first).shard_id == 0 or fresh.row(first + 1).shard_id != fresh.row(first).shard_id) first += 1;
+    const second = first + 1;
+    const changed = fresh.row(first).shard_id;
+    try record.resize(gpa, @intCast(fresh.row(first).byte_len));
+    try fresh.readRange(changed, fresh.row(first).offset, record.items);
+    const shard_path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, fresh.manifest.shards[@intCast(changed)].name });
+    const old = try tmp.dir.readFileAlloc(gpa, shard_path, 1 << 20);
+    defer gpa.free(old);
+    const zeros = try gpa.alloc(u8, old.len);
+    defer gpa.free(zeros);
+    @memset(zeros, 0);
+    for ([_][]const u8{ zeros, old }) |bytes| {
+        try tmp.dir.writeFile(.{ .sub_path = "replacement", .data = bytes });
+        try tmp.dir.rename("replacement", shard_path); // a new object: a new inode (ETag)
+        try record.resize(gpa, @intCast(fresh.row(second).byte_len));
+        try testing.expectError(error.InvalidCache, fresh.readRange(changed, fresh.row(second).offset, record.items));
+        const message = status.lastMessage();
+        try testing.expect(std.mem.indexOf(u8, message, "fake://bucket/" ++ name ++ "/shards/") != null);
+        try testing.expect(std.mem.indexOf(u8, message, "changed on the server while it was read") != null);
+    }
+    // Truncated before this reader opened it: the size check, before any range.
+    const truncated: u64 = if (changed == 1) 2 else 1;
+    const shard2 = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, fresh.manifest.shards[@intCast(truncated)].name });
+    const whole = try tmp.dir.readFileAlloc(gpa, shard2, 1 << 20);
+    defer gpa.free(whole);
+    try tmp.dir.writeFile(.{ .sub_path = shard2, .data = whole[0 .. whole.len - 1] });
+    const reads = store.reads.load(.monotonic);
+    try testing.expectError(error.InvalidCache, fresh.readRange(truncated, 0, record.items[0..1]));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "bytes but the manifest says") != null);
+    try testing.expectEqual(reads, store.reads.load(.monotonic));
+    try testing.expectEqual(@as(usize, 1), try countBins(r)); // shard 0, fetched whole above
 }
 
 fn countBins(r: *Remote) !usize {
