@@ -407,6 +407,21 @@ def test_get_item_reads_byte_ranges_on_a_cold_shard_cache(
     assert r.data == local_ds.get_item(ids[0], 119).data
 
 
+def test_validate_cache_reads_whole_verified_shards(
+    runtime, s3_bucket, shard_cache, monkeypatch
+) -> None:
+    """validate_cache: no byte ranges (no checksum covers them): get_item and shuffled
+    reading over the budget fetch whole shards, verified against the manifest."""
+    monkeypatch.setenv("DATASET_RT_SHARD_CACHE_BYTES", "6000")
+    runtime.write_cache([Numbers("v", 200, 97)], f"{s3_bucket}/val", writer_config=WRITER)
+    config = drt.ReaderConfig(seed=1, shuffle=True, validate_cache=True)
+    ds = runtime.cached_dataset([f"{s3_bucket}/val/v"], reader_config=config)
+    assert ds.get_item(ds._handle.cache_info(0).cache_id, 5).metadata["i"] == 5
+    assert shard_files(shard_cache)
+    samples = list(ds)
+    assert all(s.data == bytes([s.metadata["i"] % 251]) * 97 for s in samples)
+
+
 @pytest.mark.parametrize("mode", ["shuffled", "permutation"])
 def test_shuffled_reads_over_the_budget_read_byte_ranges(
     runtime, s3_bucket, shard_cache, tmp_path, io_backend, mode, monkeypatch

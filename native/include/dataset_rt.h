@@ -348,7 +348,8 @@ void drt_remote_close(drt_remote *remote);
  * DRT_E_IO "access denied to <url>: ..." (credentials), "cannot read <url>: still failing
  * after N attempts ..." (unreachable), "cannot write the local cache ..." (disk full).
  * Shard fetch errors surface where the shard is first read (iteration, get_item).
- * validate_cache checks metadata.arrow as locally; shards are always verified. */
+ * validate_cache checks metadata.arrow as locally; shards fetched whole are always
+ * verified, and with validate_cache every shard is fetched whole (no byte ranges). */
 int32_t drt_dataset_open_remote(drt_runtime *runtime, const drt_str *paths, uint64_t path_count,
                                 const drt_dataset_options *options, drt_remote *remote,
                                 drt_dataset **out);

@@ -528,6 +528,9 @@ const Origin = struct {
     shuffled: bool = false,
     /// The bytes of all the cache's shards (set when the cache is open).
     cache_bytes: u64 = 0,
+    /// `validate_cache`: every shard is read from a whole copy verified against the
+    /// manifest's SHA-256, never by ranges (which no checksum covers).
+    validate: bool = false,
     /// Objects opened for range reads, by shard id: kept open (their version pinned, see
     /// `Ops.open`) until the cache closes, so every range of a shard comes from the one
     /// version this process first opened. Guarded by `objects_mutex`.
@@ -619,15 +622,16 @@ const Origin = struct {
     /// reading of a cache larger than the shard-cache budget, where a shard fetched whole
     /// would be evicted long before the plan came back to most of its records.
     fn iteratorRanges(o: *const Origin) bool {
-        return o.shuffled and o.cache_bytes > o.remote.shards.budget;
+        return !o.validate and o.shuffled and o.cache_bytes > o.remote.shards.budget;
     }
 
     /// The read policy: whether `reader` reads shard `shard_id` of `c` by byte ranges
-    /// (`readRange`) instead of through a whole verified copy (`Cache.openShard`). A shard
-    /// that is in the local shard cache is always read locally; otherwise a lookup
-    /// (`get_item`) reads ranges, and an iterator reads ranges when `iteratorRanges`.
+    /// (`readRange`) instead of through a whole verified copy (`Cache.openShard`). Never
+    /// with `validate_cache`; a shard that is in the local shard cache is always read
+    /// locally; otherwise a lookup (`get_item`) reads ranges, and an iterator reads
+    /// ranges when `iteratorRanges`.
     fn readsRanges(o: *Origin, c: *const cache.Cache, shard_id: u64, reader: cache.Reader) bool {
-        if (reader == .iterator and !o.iteratorRanges()) return false;
+        if (o.validate or (reader == .iterator and !o.iteratorRanges())) return false;
         const shard = &c.manifest.shards[@intCast(shard_id)];
         return !o.remote.shards.contains(shard.sha256, shard.byte_len);
     }
@@ -776,7 +780,7 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, poo
     errdefer r.gpa.destroy(origin);
     const owned_url = try r.gpa.dupe(u8, trimmed);
     errdefer r.gpa.free(owned_url);
-    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max), .shuffled = readahead == 0 };
+    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max), .shuffled = readahead == 0, .validate = validate };
     for (&origin.slots) |*slot| slot.* = .{ .origin = origin };
     const c = try cache.Cache.openRemote(r.gpa, local, position, validate, .{
         .url = trimmed,
@@ -1081,6 +1085,12 @@ test "range reads: the policy, the bytes of every record, the pinned version and
         var fits = try openCache(roomy, url, 0, false, &rt.pool, 0);
         defer fits.close();
         try testing.expect(!fits.readsRanges(1, .iterator) and fits.readsRanges(1, .lookup));
+    }
+    // validate_cache: whole verified shards only, for lookups too.
+    {
+        var checked = try openCache(r, url, 0, true, &rt.pool, 0);
+        defer checked.close();
+        try testing.expect(!checked.readsRanges(1, .iterator) and !checked.readsRanges(1, .lookup));
     }
 
     // The object replaced on the server between two ranges of this reader: "changed",
