@@ -114,6 +114,8 @@ class RemoteCode(enum.IntEnum):
     DENIED = lib.DRT_REMOTE_DENIED
     RETRY = lib.DRT_REMOTE_RETRY
     FAILED = lib.DRT_REMOTE_FAILED
+    #: (ABI 1.8) the object was replaced since its handle was opened (HTTP 412).
+    CHANGED = lib.DRT_REMOTE_CHANGED
 
 
 class IoBackend(enum.IntEnum):
@@ -581,11 +583,14 @@ class RemoteTransport(Protocol):
     :class:`RemoteError` to report a failure; any other exception is ``FAILED``."""
 
     def open(self, url: str) -> tuple[int, Any]:
-        """``(size, handle)`` of the object at ``url``."""
+        """``(size, handle)`` of the object at ``url``. The handle should pin the version
+        seen now (its ETag): reads of it then raise ``RemoteError(CHANGED, ...)`` once the
+        object was replaced."""
         ...
 
     def read(self, handle: Any, offset: int, length: int) -> Any:
-        """Exactly ``length`` bytes at ``offset`` (any buffer)."""
+        """Exactly ``length`` bytes at ``offset`` (any buffer), of the version ``open``
+        pinned."""
         ...
 
     # Optional: ``read_into(handle, offset, out: memoryview) -> int`` writes the bytes at

@@ -108,7 +108,12 @@ def _check_not_forked() -> None:
 class ObstoreTransport:
     """The ``RemoteTransport`` over obstore: one store per ``scheme://bucket`` (configured
     from the environment), HEAD for open, ranged GET for read. obstore's own retries are
-    turned off: the core retries with backoff and names the URL."""
+    turned off: the core retries with backoff and names the URL.
+
+    A handle pins the object's version seen by ``open``: every ranged GET of it carries
+    ``If-Match: <the ETag from the HEAD>``, so a read of an object replaced since fails
+    with ``RemoteCode.CHANGED`` (HTTP 412) instead of returning bytes of another version
+    (a store that reports no ETag is read unconditionally)."""
 
     def __init__(self) -> None:
         self._stores: dict[str, Any] = {}
@@ -142,13 +147,22 @@ class ObstoreTransport:
             meta = obstore.head(store, key)
         except BaseException as exc:
             raise classify(exc) from exc
-        return int(meta["size"]), (store, key)
+        return int(meta["size"]), (store, key, meta.get("e_tag"))
+
+    @staticmethod
+    def _options(handle: Any, offset: int, end: int) -> dict[str, Any]:
+        """GET options for ``[offset, end)`` of the version ``handle`` pinned."""
+        options: dict[str, Any] = {"range": (offset, end)}
+        if handle[2]:
+            options["if_match"] = handle[2]
+        return options
 
     def read(self, handle: Any, offset: int, length: int) -> Any:
         obstore = _require_obstore()
-        store, key = handle
+        store, key, _ = handle
         try:
-            return obstore.get_range(store, key, start=offset, length=length)
+            result = obstore.get(store, key, options=self._options(handle, offset, offset + length))
+            return result.bytes()
         except BaseException as exc:
             raise classify(exc) from exc
 
@@ -158,11 +172,11 @@ class ObstoreTransport:
         client holds one piece at a time. Returns the number of bytes written (less than
         ``len(out)`` if the body was short; the core retries)."""
         obstore = _require_obstore()
-        store, key = handle
+        store, key, _ = handle
         end = offset + len(out)
         written = 0
         try:
-            result = obstore.get(store, key, options={"range": (offset, end)})
+            result = obstore.get(store, key, options=self._options(handle, offset, end))
             for piece in result.stream(min_chunk_size=STREAM_CHUNK):
                 view = memoryview(piece)
                 n = len(view)
@@ -184,12 +198,15 @@ class ObstoreTransport:
 
 
 def classify(exc: BaseException) -> _native.RemoteError:
-    """The core's view of an obstore error: not found, denied, transient or failed."""
+    """The core's view of an obstore error: not found, denied, changed (a conditional
+    read's precondition failed), transient or failed."""
     from obstore import exceptions as ox
 
     text = str(exc).split("\n\nDebug source:")[0].strip() or type(exc).__name__
     if isinstance(exc, (FileNotFoundError, ox.NotFoundError)):
         code = _native.RemoteCode.NOT_FOUND
+    elif isinstance(exc, ox.PreconditionError):
+        code = _native.RemoteCode.CHANGED
     elif isinstance(exc, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
         code = _native.RemoteCode.DENIED
     elif isinstance(exc, (ConnectionError, TimeoutError)) or _TRANSIENT.search(text):

@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 7
+    DRT_ABI_VERSION_MINOR = 8
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -295,7 +295,9 @@ void drt_dataset_close(drt_dataset *dataset);
  * before they appear), and each shard, when first read, into the shard cache
  * <cache_dir>/shards/<sha256>.bin (size and SHA-256 verified; temporary file + rename;
  * least recently used shards evicted beyond budget_bytes; several processes may share
- * cache_dir). Callbacks may be called from any thread, concurrently. A callback that does
+ * cache_dir). (ABI 1.8) Lookups of a shard that is not in the shard cache, and shuffled
+ * iterators over a cache larger than budget_bytes, read records by byte ranges instead
+ * (size, pinned version and record framing checked; see docs/c-api.md). Callbacks may be called from any thread, concurrently. A callback that does
  * not return DRT_REMOTE_OK may write a NUL-terminated explanation into message
  * (message_cap bytes); DRT_REMOTE_RETRY is retried `retries` times with exponential
  * backoff (100 ms, doubling, at most 2 s), the others fail at once. */
@@ -304,12 +306,18 @@ enum {
     DRT_REMOTE_NOT_FOUND = 1, /* no object at that URL (HTTP 404) */
     DRT_REMOTE_DENIED = 2,    /* credentials missing or refused (HTTP 401/403) */
     DRT_REMOTE_RETRY = 3,     /* transient: connection refused or reset, timeout, 5xx, short body */
-    DRT_REMOTE_FAILED = 4     /* anything else; not retried */
+    DRT_REMOTE_FAILED = 4,    /* anything else; not retried */
+    DRT_REMOTE_CHANGED = 5    /* (ABI 1.8) a read of a handle whose object was replaced since
+                                 open (HTTP 412 on a read conditional on the ETag seen at
+                                 open); not retried */
 };
 
 typedef struct drt_remote_ops {
     void *context;
-    /* Opens the object at url: its size in *size, a handle for read and close. */
+    /* Opens the object at url: its size in *size, a handle for read and close. The
+     * handle should pin the version seen now (its ETag or version id): reads of it are
+     * conditional on that version and return DRT_REMOTE_CHANGED once it was replaced
+     * (ABI 1.8; a transport that does not pin still works, with only size checks). */
     int32_t (*open)(void *context, const char *url, uint64_t *size, void **handle,
                     char *message, uint64_t message_cap);
     /* Reads exactly len bytes at offset of the object into buf. */
@@ -335,11 +343,13 @@ void drt_remote_close(drt_remote *remote);
 /* drt_dataset_open, where every path that is a URL (scheme://...) is a cache on object
  * storage reached through remote (NULL: every path is local). Besides drt_dataset_open's
  * errors: DRT_E_INVALID_CACHE "no cache at <url>: ..." (no manifest.json there),
- * "checksum mismatch for <url>: ...", "<url> is N bytes but the manifest says M: ...";
+ * "checksum mismatch for <url>: ...", "<url> is N bytes but the manifest says M: ...",
+ * "<url> changed on the server while it was read: ..." (DRT_REMOTE_CHANGED);
  * DRT_E_IO "access denied to <url>: ..." (credentials), "cannot read <url>: still failing
  * after N attempts ..." (unreachable), "cannot write the local cache ..." (disk full).
  * Shard fetch errors surface where the shard is first read (iteration, get_item).
- * validate_cache checks metadata.arrow as locally; shards are always verified. */
+ * validate_cache checks metadata.arrow as locally; shards fetched whole are always
+ * verified, and with validate_cache every shard is fetched whole (no byte ranges). */
 int32_t drt_dataset_open_remote(drt_runtime *runtime, const drt_str *paths, uint64_t path_count,
                                 const drt_dataset_options *options, drt_remote *remote,
                                 drt_dataset **out);

@@ -121,7 +121,7 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 7;
+pub const abi_version_minor = 8;
 
 /// drt_manifest_entry.
 pub const ManifestEntry = extern struct {

@@ -12,6 +12,13 @@
 //!   (`shardcache.zig`), downloading it first when it is absent: the size the server
 //!   reports and the SHA-256 of the bytes must match the manifest, or nothing is kept.
 //!   The I/O backends (io_uring, threads) then read the local file as any other.
+//! - Or byte ranges (`Origin.readRange`): the read policy (`Origin.readsRanges`) sends
+//!   lookups of a shard that is not in the shard cache, and shuffled iterators over a
+//!   cache larger than the budget, to ranged reads of the shard's object straight into
+//!   the reader's memory. No SHA-256 can check a range: the object's size is checked
+//!   when it is opened, the handle pins the version seen then (the transport makes every
+//!   read conditional on its ETag: `Code.changed` once it was replaced) and stays open
+//!   until the cache closes, and the reader checks each record's framing.
 //! - Transient failures (`Code.retry`: connection refused or reset, timeouts, 5xx, a short
 //!   body) are retried with exponential backoff; a reset mid-file continues from the
 //!   chunk that failed. Then the error names the URL. A 404 and a 403 have their own
@@ -41,14 +48,20 @@ pub const Code = enum(i32) {
     retry = 3,
     /// Anything else; not retried.
     failed = 4,
+    /// (ABI 1.8) The object is no longer the version its handle opened (HTTP 412 on a
+    /// read made conditional on the ETag seen at open): never retried, never mixed.
+    changed = 5,
 };
 
 /// The callback table (`drt_remote_ops`). `message` is a buffer of `message_cap` bytes for
 /// a NUL-terminated explanation when a callback does not return `ok`.
 pub const Ops = extern struct {
     context: ?*anyopaque,
+    /// Opens the object at `url`: its size, and a handle that pins the version seen now
+    /// (its ETag or version id) when the store has one.
     open: ?*const fn (context: ?*anyopaque, url: [*:0]const u8, size: *u64, handle: *?*anyopaque, message: [*]u8, message_cap: u64) callconv(.c) i32,
-    /// Reads exactly `len` bytes at `offset` into `buf`.
+    /// Reads exactly `len` bytes at `offset` into `buf`, of the version `open` pinned
+    /// (`Code.changed` when the object was replaced since).
     read: ?*const fn (context: ?*anyopaque, handle: ?*anyopaque, offset: u64, buf: [*]u8, len: u64, message: [*]u8, message_cap: u64) callconv(.c) i32,
     close: ?*const fn (context: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void,
 };
@@ -166,6 +179,7 @@ pub const Remote = struct {
             .not_found => return status.fail(error.InvalidCache, "no object at {s}: {s}", .{ url, text }),
             .denied => return status.fail(error.Io, "access denied to {s}: the object store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE, or GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_* for other stores): {s}", .{ url, text }),
             .failed => return status.fail(error.Io, "object store error for {s}: {s}", .{ url, text }),
+            .changed => return status.fail(error.InvalidCache, "{s} changed on the server while it was read: the object is no longer the version opened (its ETag changed): {s}", .{ url, text }),
         }
     }
 
@@ -509,6 +523,22 @@ const Origin = struct {
     pins: [pins_max]Pin = undefined,
     pin_count: usize = 0,
     held_bytes: u64 = 0,
+    /// Shuffled reading (no ordered read-ahead): with `cache_bytes` over the budget, the
+    /// iterators read shards that are not cached by byte ranges (see `readsRanges`).
+    shuffled: bool = false,
+    /// The bytes of all the cache's shards (set when the cache is open).
+    cache_bytes: u64 = 0,
+    /// `validate_cache`: every shard is read from a whole copy verified against the
+    /// manifest's SHA-256, never by ranges (which no checksum covers).
+    validate: bool = false,
+    /// Objects opened for range reads, by shard id: kept open (their version pinned, see
+    /// `Ops.open`) until the cache closes, so every range of a shard comes from the one
+    /// version this process first opened. Guarded by `objects_mutex`.
+    objects: std.AutoHashMapUnmanaged(u64, Remote.Object) = .empty,
+    objects_mutex: std.Thread.Mutex = .{},
+    /// Range reads made and bytes they read (tests and statistics).
+    range_reads: std.atomic.Value(u64) = .init(0),
+    range_bytes: std.atomic.Value(u64) = .init(0),
 
     const slots_max = 4;
     const pins_max = 8;
@@ -588,11 +618,77 @@ const Origin = struct {
         o.pin_count -= 1;
     }
 
+    /// Whether iterators read the shards that are not cached by byte ranges: shuffled
+    /// reading of a cache larger than the shard-cache budget, where a shard fetched whole
+    /// would be evicted long before the plan came back to most of its records.
+    fn iteratorRanges(o: *const Origin) bool {
+        return !o.validate and o.shuffled and o.cache_bytes > o.remote.shards.budget;
+    }
+
+    /// The read policy: whether `reader` reads shard `shard_id` of `c` by byte ranges
+    /// (`readRange`) instead of through a whole verified copy (`Cache.openShard`). Never
+    /// with `validate_cache`; a shard that is in the local shard cache is always read
+    /// locally; otherwise a lookup (`get_item`) reads ranges, and an iterator reads
+    /// ranges when `iteratorRanges`.
+    fn readsRanges(o: *Origin, c: *const cache.Cache, shard_id: u64, reader: cache.Reader) bool {
+        if (o.validate or (reader == .iterator and !o.iteratorRanges())) return false;
+        const shard = &c.manifest.shards[@intCast(shard_id)];
+        return !o.remote.shards.contains(shard.sha256, shard.byte_len);
+    }
+
+    /// Reads `buf.len` bytes at `offset` of shard `shard_id` of `c` with one ranged read
+    /// of its object (retried as downloads are), from the version pinned when this origin
+    /// first opened that object. The object's size must be the manifest's; the caller
+    /// checked the range against it. What this cannot verify: the manifest's SHA-256 is of
+    /// the whole shard, so a range is checked only by the pinned version, the size and
+    /// the record framing the reader checks when it splits the record.
+    fn readRange(o: *Origin, c: *const cache.Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void {
+        const shard = &c.manifest.shards[@intCast(shard_id)];
+        const url = c.shard_paths[@intCast(shard_id)];
+        if (offset > shard.byte_len or buf.len > shard.byte_len - offset) {
+            return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{url});
+        }
+        if (buf.len == 0) return;
+        const obj = try o.object(shard_id, url, shard.byte_len);
+        try o.remote.readObject(obj, url, offset, buf);
+        _ = o.range_reads.fetchAdd(1, .monotonic);
+        _ = o.range_bytes.fetchAdd(buf.len, .monotonic);
+    }
+
+    /// The object of shard `shard_id` opened for range reads (opening it on first use).
+    fn object(o: *Origin, shard_id: u64, url: [:0]const u8, size: u64) status.Error!Remote.Object {
+        {
+            o.objects_mutex.lock();
+            defer o.objects_mutex.unlock();
+            if (o.objects.get(shard_id)) |obj| return obj;
+        }
+        // Opened outside the lock (a HEAD); a concurrent open of the same shard keeps
+        // the first one.
+        const obj = try o.remote.openObject(url);
+        if (obj.size != size) {
+            o.remote.closeObject(obj);
+            return status.fail(error.InvalidCache, "{s} is {d} bytes but the manifest says {d}: the object was changed or truncated on the server", .{ url, obj.size, size });
+        }
+        o.objects_mutex.lock();
+        defer o.objects_mutex.unlock();
+        const entry = o.objects.getOrPut(o.remote.gpa, shard_id) catch |err| {
+            o.remote.closeObject(obj);
+            return err;
+        };
+        if (entry.found_existing) {
+            o.remote.closeObject(obj);
+            return entry.value_ptr.*;
+        }
+        entry.value_ptr.* = obj;
+        return obj;
+    }
+
     /// Shard `shard_id` of `c` will be read soon: pin it, or start fetching it. False when
     /// it cannot be taken now (every slot busy, or the half budget held by shards in
-    /// flight): the caller asks again later.
+    /// flight): the caller asks again later. Nothing is fetched whole when iterators read
+    /// ranges (`iteratorRanges`).
     fn request(o: *Origin, c: *const cache.Cache, shard_id: u64) bool {
-        if (o.pool == null) return true;
+        if (o.pool == null or o.iteratorRanges()) return true;
         const shard = &c.manifest.shards[@intCast(shard_id)];
         const limit = o.remote.shards.budget / 2;
         o.mutex.lock();
@@ -656,6 +752,15 @@ const Origin = struct {
             defer o.mutex.unlock();
             while (o.pin_count > 0) o.unpinOldest();
         }
+        {
+            // No reader is left (the cache closes after its iterators and lookups).
+            o.objects_mutex.lock();
+            defer o.objects_mutex.unlock();
+            var it = o.objects.valueIterator();
+            while (it.next()) |obj| o.remote.closeObject(obj.*);
+            o.objects.deinit(o.remote.gpa);
+            o.objects = .empty;
+        }
         o.unref();
     }
 };
@@ -664,7 +769,9 @@ const Origin = struct {
 /// metadata) as cache `position` of a dataset; its shards come through `r`, which must
 /// outlive the cache. In ordered reading (`readahead` > 0), opening a shard also asks
 /// for the `readahead` (at most 4) shards after it; in every mode the iterators' look-ahead
-/// asks for the shards of the positions they will read next (see `Origin`).
+/// asks for the shards of the positions they will read next (see `Origin`). `readahead`
+/// 0 means shuffled reading (the dataset passes 0 exactly then): with the cache larger
+/// than the budget, iterators then read byte ranges (`Origin.iteratorRanges`).
 pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
     const local = try r.fetchCache(url, pool);
     defer r.gpa.free(local);
@@ -673,14 +780,32 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, poo
     errdefer r.gpa.destroy(origin);
     const owned_url = try r.gpa.dupe(u8, trimmed);
     errdefer r.gpa.free(owned_url);
-    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max) };
+    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max), .shuffled = readahead == 0, .validate = validate };
     for (&origin.slots) |*slot| slot.* = .{ .origin = origin };
     const c = try cache.Cache.openRemote(r.gpa, local, position, validate, .{
         .url = trimmed,
-        .source = .{ .context = origin, .open = openCacheShard, .release = releaseOrigin, .prefetch = prefetchShard },
+        .source = .{
+            .context = origin,
+            .open = openCacheShard,
+            .release = releaseOrigin,
+            .prefetch = prefetchShard,
+            .ranges = rangesShard,
+            .read_range = readRangeShard,
+        },
     });
+    for (c.manifest.shards) |shard| origin.cache_bytes +|= shard.byte_len;
     _ = r.retain(); // the origin's, released by its last reference
     return c;
+}
+
+fn rangesShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64, reader: cache.Reader) bool {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.readsRanges(c, shard_id, reader);
+}
+
+fn readRangeShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.readRange(c, shard_id, offset, buf);
 }
 
 fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) status.Error!posix.fd_t {
@@ -717,13 +842,17 @@ fn failWrite(err: anyerror, dir_path: []const u8, name: []const u8) status.Error
 
 const testing = std.testing;
 
-/// A transport over a local directory standing in for a bucket: `file://<dir>/...`
-/// URLs; `fail_reads` transient failures before reads succeed.
+/// A transport over a local directory standing in for a bucket: `fake://<dir>/...`
+/// URLs; `fail_reads` transient failures before reads succeed. A handle pins the file it
+/// opened (its inode, as a store pins an ETag): a read after the file was replaced
+/// returns `Code.changed`.
 const FakeStore = struct {
     dir: std.fs.Dir,
     fail_reads: u32 = 0,
     reads: std.atomic.Value(u32) = .init(0),
     opens: u32 = 0,
+
+    const Handle = struct { fd: posix.fd_t, ino: u64, name: []u8 };
 
     fn ops(fs: *FakeStore) Ops {
         return .{ .context = fs, .open = open, .read = read, .close = close };
@@ -740,8 +869,11 @@ const FakeStore = struct {
         const name = rel(url);
         if (std.mem.startsWith(u8, name, "denied/")) return say(message, cap, "403 Forbidden", .denied);
         const f = fs.dir.openFile(name, .{}) catch return say(message, cap, "404 Not Found", .not_found);
-        size.* = (f.stat() catch unreachable).size;
-        handle.* = @ptrFromInt(@as(usize, @intCast(f.handle)) + 1);
+        const st = f.stat() catch unreachable;
+        const h = testing.allocator.create(Handle) catch unreachable;
+        h.* = .{ .fd = f.handle, .ino = st.inode, .name = testing.allocator.dupe(u8, name) catch unreachable };
+        size.* = st.size;
+        handle.* = h;
         return 0;
     }
 
@@ -752,15 +884,20 @@ const FakeStore = struct {
             fs.fail_reads -= 1;
             return say(message, cap, "connection reset by peer", .retry);
         }
-        const fd: posix.fd_t = @intCast(@intFromPtr(handle.?) - 1);
-        const n = posix.pread(fd, buf[0..@intCast(len)], offset) catch return say(message, cap, "read error", .failed);
+        const h: *Handle = @ptrCast(@alignCast(handle.?));
+        const now = fs.dir.statFile(h.name) catch return say(message, cap, "404 Not Found", .not_found);
+        if (now.inode != h.ino) return say(message, cap, "412 Precondition Failed", .changed);
+        const n = posix.pread(h.fd, buf[0..@intCast(len)], offset) catch return say(message, cap, "read error", .failed);
         if (n != len) return say(message, cap, "short body", .retry);
         return 0;
     }
 
     fn close(ctx: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void {
         _ = ctx;
-        posix.close(@intCast(@intFromPtr(handle.?) - 1));
+        const h: *Handle = @ptrCast(@alignCast(handle.?));
+        posix.close(h.fd);
+        testing.allocator.free(h.name);
+        testing.allocator.destroy(h);
     }
 
     fn say(message: [*]u8, cap: u64, text: []const u8, code: Code) i32 {
@@ -857,4 +994,150 @@ test "shards download once, verified, retried, and the errors name the URL" {
         if (std.mem.endsWith(u8, e.name, ".bin")) bins += 1;
     }
     try testing.expectEqual(@as(u32, 2), bins);
+}
+
+/// Copies the reference cache `name` (tests/fixtures) into `<dir>/bucket/<name>`;
+/// returns its shards' total and largest byte counts.
+fn copyFixture(dir: std.fs.Dir, name: []const u8) !struct { total: u64, largest: u64 } {
+    const fixtures: []const u8 = @import("build_options").fixtures_dir;
+    var src = try (try std.fs.cwd().openDir(fixtures, .{})).openDir(name, .{ .iterate = true });
+    defer src.close();
+    var dst_buf: [256]u8 = undefined;
+    try dir.makePath(try std.fmt.bufPrint(&dst_buf, "bucket/{s}/shards", .{name}));
+    var dst = try dir.openDir(try std.fmt.bufPrint(&dst_buf, "bucket/{s}", .{name}), .{});
+    defer dst.close();
+    var walker = try src.walk(testing.allocator);
+    defer walker.deinit();
+    var total: u64 = 0;
+    var largest: u64 = 0;
+    while (try walker.next()) |e| {
+        if (e.kind != .file) continue;
+        try src.copyFile(e.path, dst, e.path, .{});
+        if (std.mem.startsWith(u8, e.path, "shards/")) {
+            const size = (try src.statFile(e.path)).size;
+            total += size;
+            largest = @max(largest, size);
+        }
+    }
+    return .{ .total = total, .largest = largest };
+}
+
+test "range reads: the policy, the bytes of every record, the pinned version and the size" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.makePath("local");
+    const root = try tmp.dir.realpathAlloc(gpa, "local");
+    defer gpa.free(root);
+    var store: FakeStore = .{ .dir = tmp.dir };
+    const name = "plain_many_shards";
+    const url = "fake://bucket/" ++ name;
+    const sizes = try copyFixture(tmp.dir, name);
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    // Room for three shards, far less than the cache.
+    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
+    defer r.release();
+    try testing.expect(3 * sizes.largest < sizes.total);
+    var ordered = try openCache(r, url, 0, false, &rt.pool, 2);
+    defer ordered.close();
+    var shuffled = try openCache(r, url, 0, false, &rt.pool, 0);
+    defer shuffled.close();
+    const shard_count = ordered.manifest.shards.len;
+
+    // On a cold shard cache: lookups read ranges; iterators only when shuffled.
+    for (0..shard_count) |id| {
+        try testing.expect(ordered.readsRanges(id, .lookup) and shuffled.readsRanges(id, .lookup));
+        try testing.expect(!ordered.readsRanges(id, .iterator) and shuffled.readsRanges(id, .iterator));
+    }
+    // Shuffled look-ahead over the budget fetches nothing whole.
+    for (0..shard_count) |id| try testing.expect(prefetchShard(shuffled.source.?.context, &shuffled, id));
+    // Every record by its own range: the bytes of the shard file there.
+    var record: std.ArrayList(u8) = .empty;
+    defer record.deinit(gpa);
+    var path_buf: [256]u8 = undefined;
+    for (0..@intCast(ordered.sampleCount())) |sid| {
+        const row = ordered.row(sid);
+        try record.resize(gpa, @intCast(row.byte_len));
+        try ordered.readRange(row.shard_id, row.offset, record.items);
+        const path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, ordered.manifest.shards[@intCast(row.shard_id)].name });
+        const file = try tmp.dir.openFile(path, .{});
+        defer file.close();
+        var want: [1 << 16]u8 = undefined;
+        try testing.expectEqual(record.items.len, try file.preadAll(want[0..record.items.len], row.offset));
+        try testing.expectEqualSlices(u8, want[0..record.items.len], record.items);
+    }
+    const origin: *Origin = @ptrCast(@alignCast(ordered.source.?.context));
+    try testing.expect(origin.range_reads.load(.monotonic) > 0);
+    try testing.expectEqual(shard_count, origin.objects.count()); // one open object per shard
+    try testing.expectEqual(@as(usize, 0), try countBins(r));
+    // Past the shard's end: refused before any request.
+    try testing.expectError(error.Io, ordered.readRange(0, ordered.manifest.shards[0].byte_len, record.items[0..1]));
+
+    // A shard in the local shard cache is read locally, by lookups and iterators alike.
+    posix.close(try shuffled.openShard(0)); // (no read-ahead: only shard 0 is fetched)
+    try testing.expect(!ordered.readsRanges(0, .lookup) and !shuffled.readsRanges(0, .iterator));
+    try testing.expect(shuffled.readsRanges(1, .iterator));
+    // A cache that fits the budget: shuffled iterators fetch whole shards.
+    {
+        const roomy = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 2 * sizes.total, .backoff_ns = 1000 });
+        defer roomy.release();
+        var fits = try openCache(roomy, url, 0, false, &rt.pool, 0);
+        defer fits.close();
+        try testing.expect(!fits.readsRanges(1, .iterator) and fits.readsRanges(1, .lookup));
+    }
+    // validate_cache: whole verified shards only, for lookups too.
+    {
+        var checked = try openCache(r, url, 0, true, &rt.pool, 0);
+        defer checked.close();
+        try testing.expect(!checked.readsRanges(1, .iterator) and !checked.readsRanges(1, .lookup));
+    }
+
+    // The object replaced on the server between two ranges of this reader: "changed",
+    // never bytes of the other version; putting the old bytes back (a new object again)
+    // does not help this reader, whose version is gone.
+    var fresh = try openCache(r, url, 0, false, &rt.pool, 0);
+    defer fresh.close();
+    // Two records of one shard (not shard 0, which is cached).
+    var first: u64 = 0;
+    while (fresh.row(first).shard_id == 0 or fresh.row(first + 1).shard_id != fresh.row(first).shard_id) first += 1;
+    const second = first + 1;
+    const changed = fresh.row(first).shard_id;
+    try record.resize(gpa, @intCast(fresh.row(first).byte_len));
+    try fresh.readRange(changed, fresh.row(first).offset, record.items);
+    const shard_path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, fresh.manifest.shards[@intCast(changed)].name });
+    const old = try tmp.dir.readFileAlloc(gpa, shard_path, 1 << 20);
+    defer gpa.free(old);
+    const zeros = try gpa.alloc(u8, old.len);
+    defer gpa.free(zeros);
+    @memset(zeros, 0);
+    for ([_][]const u8{ zeros, old }) |bytes| {
+        try tmp.dir.writeFile(.{ .sub_path = "replacement", .data = bytes });
+        try tmp.dir.rename("replacement", shard_path); // a new object: a new inode (ETag)
+        try record.resize(gpa, @intCast(fresh.row(second).byte_len));
+        try testing.expectError(error.InvalidCache, fresh.readRange(changed, fresh.row(second).offset, record.items));
+        const message = status.lastMessage();
+        try testing.expect(std.mem.indexOf(u8, message, "fake://bucket/" ++ name ++ "/shards/") != null);
+        try testing.expect(std.mem.indexOf(u8, message, "changed on the server while it was read") != null);
+    }
+    // Truncated before this reader opened it: the size check, before any range.
+    const truncated: u64 = if (changed == 1) 2 else 1;
+    const shard2 = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, fresh.manifest.shards[@intCast(truncated)].name });
+    const whole = try tmp.dir.readFileAlloc(gpa, shard2, 1 << 20);
+    defer gpa.free(whole);
+    try tmp.dir.writeFile(.{ .sub_path = shard2, .data = whole[0 .. whole.len - 1] });
+    const reads = store.reads.load(.monotonic);
+    try testing.expectError(error.InvalidCache, fresh.readRange(truncated, 0, record.items[0..1]));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "bytes but the manifest says") != null);
+    try testing.expectEqual(reads, store.reads.load(.monotonic));
+    try testing.expectEqual(@as(usize, 1), try countBins(r)); // shard 0, fetched whole above
+}
+
+fn countBins(r: *Remote) !usize {
+    var n: usize = 0;
+    var it = r.shards.dir.iterate();
+    while (try it.next()) |e| {
+        if (std.mem.endsWith(u8, e.name, ".bin")) n += 1;
+    }
+    return n;
 }

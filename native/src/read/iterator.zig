@@ -520,6 +520,7 @@ pub const Iter = struct {
         const c = &ds.caches[loc.cache];
         const row = c.row(loc.sample_id);
         if (row.byte_len == 0 or row.byte_len >= it.map_max) return null;
+        if (c.readsRanges(row.shard_id, .iterator)) return null; // see prepareRead
         const entry = &c.manifest.shards[@intCast(row.shard_id)];
         const key: files_mod.Key = .{ .cache = loc.cache, .shard_id = row.shard_id };
         // Records from the head slot's first on may still be referenced (the slots not
@@ -549,6 +550,7 @@ pub const Iter = struct {
         const c = &ds.caches[loc.cache];
         const row = c.row(loc.sample_id);
         if (row.byte_len == 0 or row.byte_len >= it.map_max) return null;
+        if (c.readsRanges(row.shard_id, .iterator)) return null; // see prepareRead
         const entry = &c.manifest.shards[@intCast(row.shard_id)];
         if (entry.compression != .none) return null;
         if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) return null;
@@ -649,6 +651,16 @@ pub const Iter = struct {
         const shard_len = ds.caches[span.cache].manifest.shards[@intCast(span.shard_id)].byte_len;
         if (span.offset > shard_len or span.len > shard_len - span.offset) {
             return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{slot.path(ds)});
+        }
+        const c = &ds.caches[span.cache];
+        if (span.len > 0 and c.readsRanges(span.shard_id, .iterator)) {
+            // A remote shard read by byte ranges (io/remote.zig's policy): the span's
+            // bytes come from object storage right here, with no shard file.
+            slot.buf = (try it.ring.alloc(ds.gpa, @intCast(span.len), @intCast(it.budget))) orelse unreachable;
+            try c.readRange(span.shard_id, span.offset, slot.buf);
+            ds.countRead(it.io.kind(), span.len);
+            try slot.decode(ds);
+            return false;
         }
         const handle = try it.files.acquire(.{ .cache = span.cache, .shard_id = span.shard_id }, Dataset.ShardOpener{ .ds = ds });
         slot.file = handle;

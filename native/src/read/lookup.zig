@@ -161,6 +161,7 @@ pub const Lookup = struct {
     fn mappedAt(lk: *Lookup, cache: u32, shard_id: u64, len: u64, offset: u64) ?[]const u8 {
         if (len >= mapped_read_max) return null;
         const ds = lk.ds;
+        if (ds.caches[cache].readsRanges(shard_id, .lookup)) return null; // see readAt
         const shard_len = ds.caches[cache].manifest.shards[@intCast(shard_id)].byte_len;
         lk.map_stamp += 1;
         const bytes = lk.maps.get(ds.gpa, .{ .cache = cache, .shard_id = shard_id }, shard_len, offset, len, &lk.files, Dataset.ShardOpener{ .ds = ds }, .{
@@ -178,6 +179,12 @@ pub const Lookup = struct {
         const ds = lk.ds;
         if (lk.mappedAt(cache, shard_id, buf.len, offset)) |bytes| {
             @memcpy(buf, bytes);
+            return;
+        }
+        if (ds.caches[cache].readsRanges(shard_id, .lookup)) {
+            // A remote shard not in the local shard cache: a byte-range read.
+            try ds.caches[cache].readRange(shard_id, offset, buf);
+            ds.countRead(null, buf.len);
             return;
         }
         const path = ds.caches[cache].shard_paths[@intCast(shard_id)];

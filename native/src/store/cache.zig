@@ -52,9 +52,14 @@ pub const Metadata = struct {
     }
 };
 
+/// Who reads a record: an iterator (plan order) or a lookup (`get_item`); a remote
+/// cache's read policy (`ShardSource.ranges`) tells them apart.
+pub const Reader = enum { iterator, lookup };
+
 /// Where the shards of a cache fetched from object storage come from (the I/O layer's
 /// remote transport, `io/remote.zig`): `open` returns a read-only descriptor of a verified
-/// local copy of shard `shard_id`.
+/// local copy of shard `shard_id`; or, when `ranges` says so, the reader reads the bytes
+/// of its records with `read_range` (byte-range reads, no local copy).
 pub const ShardSource = struct {
     context: *anyopaque,
     open: *const fn (context: *anyopaque, c: *const Cache, shard_id: u64) status.Error!posix.fd_t,
@@ -64,6 +69,12 @@ pub const ShardSource = struct {
     /// fetching it in the background. False: not now (fetches or memory at their bound),
     /// ask again later.
     prefetch: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64) bool = null,
+    /// Whether `reader` reads shard `shard_id` now by byte ranges (`read_range`) rather
+    /// than through `open`. Cheap when the answer is no for a whole cache.
+    ranges: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, reader: Reader) bool = null,
+    /// Reads `buf.len` bytes at `offset` of shard `shard_id` (a range inside the
+    /// manifest's length) from object storage into `buf`.
+    read_range: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void = null,
 };
 
 /// A cache on object storage: its URL, and where its shards come from.
@@ -232,6 +243,23 @@ pub const Cache = struct {
             error.FileNotFound => c.replacedError(),
             else => status.failIo(err, c.shard_paths[@intCast(shard_id)]),
         };
+    }
+
+    /// Whether `reader` reads the records of shard `shard_id` with `readRange` (a remote
+    /// cache's shard that is not in the local shard cache, by the policy of
+    /// `io/remote.zig`) instead of through `openShard`. Always false for a local cache.
+    pub fn readsRanges(c: *const Cache, shard_id: u64, reader: Reader) bool {
+        const src = c.source orelse return false;
+        const ranges = src.ranges orelse return false;
+        return ranges(src.context, c, shard_id, reader);
+    }
+
+    /// Reads `buf.len` bytes at `offset` of shard `shard_id` by a byte-range read from
+    /// object storage (see `readsRanges`). The caller checked the range against the
+    /// manifest's shard length, and checks the record framing when it splits the bytes.
+    pub fn readRange(c: *const Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void {
+        const src = c.source.?;
+        return src.read_range.?(src.context, c, shard_id, offset, buf);
     }
 
     pub fn close(c: *Cache) void {
