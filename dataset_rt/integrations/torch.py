@@ -462,13 +462,6 @@ _POOL_BATCH_MIN_BYTES = 1 << 20
 # processes costs ~0.2 ms here, more than building a batch of small records).
 _BUNDLE_BYTES = 4 << 20
 _BUNDLE_MAX = 16
-# prefetch_factor "auto" on the tensor path: items each worker has been asked for and
-# not yet handed over. Each handover waits for helper threads of torch's queues (in the
-# worker, and the training process's for the next request) to be scheduled, which can
-# take a millisecond or more when the workers and the training process keep the cores
-# busy; with 2 items a worker often finishes both and waits. 4 keeps it building (the
-# per-sample path keeps torch's and dataset-rt 0.4.8's 2).
-_TENSOR_PREFETCH = 4
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
@@ -1544,8 +1537,6 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
     transform = kwargs["sample_transform_fn"]
     _check_picklable(transform, workers.processes)
     tensors = _check_batch_format(kwargs)
-    if tensors and workers.processes and options.prefetch == "auto":
-        workers = dataclasses.replace(workers, prefetch=_TENSOR_PREFETCH)
     batch_transform = kwargs["batch_transform_fn"]
     _check_picklable(batch_transform, workers.processes, "batch_transform_fn")
     if workers.processes and not workers.persistent and options.resolved_partition != "global":

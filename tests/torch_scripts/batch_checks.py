@@ -434,22 +434,6 @@ def check_validation() -> None:
     )
 
 
-def check_prefetch_auto() -> None:
-    """prefetch_factor "auto" asks each worker for 4 items ahead on the tensor path
-    (handovers wait for torch's queue threads to be scheduled), 2 on the per-sample path
-    (torch's and dataset-rt 0.4.8's); an explicit value is kept."""
-    kwargs = {"batch_size": 4, "num_workers": 2, "multiprocessing_context": "fork"}
-    got = {
-        "tensors auto": loader(MIXED, **kwargs, batch_format="tensors").prefetch_factor,
-        "tensors 3": loader(
-            MIXED, **kwargs, batch_format="tensors", prefetch_factor=3
-        ).prefetch_factor,
-        "samples auto": loader(MIXED, **kwargs).prefetch_factor,
-    }
-    wanted = {"tensors auto": 4, "tensors 3": 3, "samples auto": 2}
-    check("prefetch_factor auto", got == wanted, got)
-
-
 def check_width() -> None:
     """The one payload length of a batch (its ``[batch, length]`` shape), or -1: lengths
     compared with cached even lengths, including ones with the right total only."""
@@ -483,7 +467,6 @@ def main() -> None:
         check_pin_memory,
         check_fields_share_buffer,
         check_validation,
-        check_prefetch_auto,
         check_reused_memory,
         check_payloads_in_place,
         check_rings_forgotten,
