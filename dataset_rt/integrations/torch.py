@@ -544,7 +544,7 @@ def _worker_ring(nbytes: int, prefetch: int) -> _Ring:
     global _RING
     batches = (prefetch + 4) * _bundle_len(nbytes)
     if _RING is None or _RING.pid != os.getpid() or batches * _span(nbytes) > _RING.capacity:
-        # (A quarter more: a gathered batch reserves a little more than the last one.)
+        # (A quarter more: a batch reserves a little more than the latest one took.)
         _RING = _Ring(max(_RING_MIN_BYTES, batches * _span(nbytes + nbytes // 4)))
     return _RING
 
@@ -777,13 +777,14 @@ class _Space:
         return batch
 
 
-def _reserve(nbytes: int, sink: str) -> _Space:
+def _reserve(nbytes: int, sink: str, expected: int = 0) -> _Space:
     """``nbytes`` for a batch: ``sink`` ``"ring"`` (this worker's ring), ``"pool"`` (this
     process's pool, from ``_POOL_BATCH_MIN_BYTES``), ``"shared"`` (torch shared memory),
     falling back to fresh memory (shared unless ``"pool"``) when the ring or pool is
-    full."""
+    full. ``expected``: the bytes the batch is expected to keep (the rest is trimmed),
+    which size a ring (``nbytes`` when 0)."""
     if sink == "ring":
-        ring = _worker_ring(nbytes, _PREFETCH)
+        ring = _worker_ring(expected or nbytes, _PREFETCH)
         start = ring.reserve(nbytes)
         if start is not None:
             space = _Space(ring.region(start, nbytes))
@@ -804,30 +805,8 @@ def _reserve(nbytes: int, sink: str) -> _Space:
     return _Space(buffer.numpy(), buffer)
 
 
-# Offsets of batches whose payloads all have one length, by (count, width), as bytes:
-# comparing bytes costs far less than numpy's element-wise checks on a batch of small
-# records (a handful of ufunc calls), and a loader meets few (count, width) pairs.
-_EVEN_OFFSETS: dict[tuple[int, int], bytes] = {}
-_EVEN_OFFSETS_MAX = 64
-
-
-def _width(offsets: np.ndarray) -> int:
-    """The payload length when every payload has the same one, else -1."""
-    count = len(offsets) - 1
-    if not count:
-        return -1
-    width = int(offsets[1])
-    if int(offsets[-1]) != width * count:
-        return -1
-    even = _EVEN_OFFSETS.get((count, width))
-    if even is None:
-        if len(_EVEN_OFFSETS) >= _EVEN_OFFSETS_MAX:
-            _EVEN_OFFSETS.clear()
-        steps = np.arange(count + 1, dtype=np.uint64) * np.uint64(width)
-        even = _EVEN_OFFSETS[(count, width)] = steps.tobytes()
-    return width if offsets.tobytes() == even else -1
-
-
+# Layouts kept per cache (by count and schema, or count and width): a loader meets few.
+_CACHED_LAYOUTS = 64
 # Batch layouts by (count, schema): most batches of a pass have the same.
 _HEADERS: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[int, dict[str, Any]]] = {}
 
@@ -846,7 +825,7 @@ def _header(count: int, schema: list[tuple[str, Any]]) -> tuple[int, dict[str, t
         if dtype is not None:
             numeric[name] = (dtype.kind, position)
             position += _padded(dtype.itemsize * count)
-    if len(_HEADERS) >= _EVEN_OFFSETS_MAX:
+    if len(_HEADERS) >= _CACHED_LAYOUTS:
         _HEADERS.clear()
     _HEADERS[key] = (position, numeric)
     return position, numeric
@@ -861,54 +840,46 @@ _KIND_DTYPES = {
 }
 
 
-def _native_schema(columns: list[tuple[str, int]]) -> list[tuple[str, Any]]:
-    """The schema (see ``_header``) of a reader's metadata ``columns`` (name, kind)."""
-    return [(name, _KIND_DTYPES[int(kind)]) for name, kind in columns]
-
-
-def _finish(
-    space: _Space,
-    offsets: np.ndarray,
-    cache_id: np.ndarray,
-    sample_id: np.ndarray,
-    columns: Mapping[str, Any],
-    head: int,
-    numeric: dict[str, tuple[str, int]],
-) -> TensorBatch:
-    """Write the header of a batch whose payloads are in place from ``head``."""
-    raw = space.raw
-    count = len(cache_id)
-    words = raw[: 8 * (3 * count + 1)].view(np.uint64)
-    words[: count + 1] = offsets
-    words[count + 1 : 2 * count + 1] = cache_id
-    words[2 * count + 1 :] = sample_id
-    strings: dict[str, list[str]] = {}
-    for name, values in columns.items():
-        if isinstance(values, list):
-            strings[name] = values
-        else:
-            at = numeric[name][1]
-            raw[at : at + values.nbytes] = values.view(np.uint8)
-    nbytes = int(offsets[-1])
-    layout = (count, _width(offsets), head, nbytes, tuple(columns), numeric)
-    return space.batch(layout, strings)
+# Reserved for a batch whose payloads the native reader writes straight into it: the
+# bytes the latest batch's bytes a sample foresee times this, plus this (trimmed to what
+# it takes).
+_SLACK = 1.125
+_MARGIN = 64 << 10
+# Contiguous native batches (payloads back to back), metadata from metadata.arrow as
+# every batch path takes it.
+_CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS) | int(_native.BatchFlag.STORED_METADATA)
+_NOWHERE = np.empty(0, dtype=np.uint8)  # no destination: payloads stay in the reader
 
 
 class _Packer:
-    """Builds ``TensorBatch`` es from contiguous native batches of one reader, with as few
-    Python steps per batch as it takes: the reader's constants (columns, schema, where
-    each section of a batch of ``count`` samples goes, the offsets of batches whose
-    payloads all have one length) are worked out once, and each batch is one buffer
-    filled by a handful of C-level copies straight from the native batch (offsets summed
-    into it, identities, numeric metadata, then the payloads; no intermediate arrays)."""
+    """Builds the ``TensorBatch`` es of one native range iterator, one native call and a
+    handful of C-level copies a batch: ``drt_iter_next_batch_into`` writes the payloads
+    straight into the batch's buffer (from the shard mappings for small records whose
+    pages are cached, else from the reader's read buffers: one copy), after the header's
+    room; then the header is filled from the native batch (offsets, identities, numeric
+    metadata; no intermediate arrays). The room is foreseen from the latest batch's
+    payload bytes a sample (``per_sample``; ``_SLACK``, ``_MARGIN``) and trimmed to what
+    the batch takes; without an estimate (the first batch of a reader's first pass) or
+    when the payloads do not fit, they stay in the reader's buffer and are copied from
+    there (one more copy). The reader's constants (columns, schema, where each section
+    of a batch of ``count`` samples goes, the lengths of batches whose payloads all have
+    one length) are worked out once."""
 
-    __slots__ = ("_columns", "_even", "_heads", "_names", "_sink", "schema")
+    __slots__ = ("_columns", "_even", "_heads", "_iterator", "_names", "_sink", "per_sample")
 
-    def __init__(self, columns: list[tuple[str, int]], sink: str) -> None:
+    def __init__(
+        self,
+        iterator: _native.Iterator,
+        columns: list[tuple[str, int]],
+        sink: str,
+        per_sample: float = -1.0,
+    ) -> None:
+        self._iterator = iterator
         self._columns = [(i, name, int(kind)) for i, (name, kind) in enumerate(columns)]
         self._names = tuple(name for name, _ in columns)
-        self.schema = _native_schema(columns)
         self._sink = sink
+        # Payload bytes a sample in the latest batch (-1: none yet).
+        self.per_sample = per_sample
         # count -> (head, numeric, [(index, kind, at, dtype) of numeric columns],
         #           [(index, name) of string columns])
         self._heads: dict[int, tuple[Any, ...]] = {}
@@ -916,7 +887,8 @@ class _Packer:
         self._even: dict[tuple[int, int], tuple[bytes, np.ndarray]] = {}
 
     def _head(self, count: int) -> tuple[Any, ...]:
-        head, numeric = _header(count, self.schema)
+        schema = [(name, _KIND_DTYPES[kind]) for _, name, kind in self._columns]
+        head, numeric = _header(count, schema)
         numbers = []
         strings = []
         for index, name, kind in self._columns:
@@ -925,35 +897,64 @@ class _Packer:
                 strings.append((index, name))
             else:
                 numbers.append((index, kind, numeric[name][1], dtype))
-        if len(self._heads) >= _EVEN_OFFSETS_MAX:
+        if len(self._heads) >= _CACHED_LAYOUTS:
             self._heads.clear()
         known = self._heads[count] = (head, numeric, numbers, strings)
         return known
 
+    def width(self, lengths: np.ndarray) -> int:
+        """The payload length when every one of ``lengths`` (uint64, at least one) is the
+        same, else -1 (compared as bytes with cached even lengths: far cheaper than
+        numpy's element-wise checks on a batch of small records)."""
+        count, width = len(lengths), int(lengths[0])
+        even = self._even.get((count, width)) or self._even_lengths(count, width)
+        return width if lengths.tobytes() == even[0] else -1
+
     def _even_lengths(self, count: int, width: int) -> tuple[bytes, np.ndarray]:
-        if len(self._even) >= _EVEN_OFFSETS_MAX:
+        if len(self._even) >= _CACHED_LAYOUTS:
             self._even.clear()
         lengths = np.full(count, width, dtype=np.uint64).tobytes()
         offsets = np.arange(count + 1, dtype=np.uint64) * np.uint64(width)
         known = self._even[(count, width)] = (lengths, offsets)
         return known
 
-    def pack(self, batch: Any, count: int) -> TensorBatch:
-        """One ``TensorBatch`` of the ``count`` (> 0) samples of native ``batch``."""
-        head, numeric, numbers, strings = self._heads.get(count) or self._head(count)
+    def next(self, wanted: int) -> TensorBatch | None:
+        """The ``TensorBatch`` of the next ``wanted`` (> 0) samples, None at the end of
+        the range. A read error after some of them raises here (not a short batch)."""
+        head, numeric, numbers, strings = self._heads.get(wanted) or self._head(wanted)
+        iterator, sink = self._iterator, self._sink
+        space = None
+        destination = _NOWHERE
+        if self.per_sample >= 0:
+            expected = head + int(self.per_sample * wanted)
+            space = _reserve(int(expected * _SLACK) + _MARGIN, sink, expected)
+            destination = space.raw[head:]
+        batch, placed = iterator.next_batch_into(wanted, _CONTIGUOUS, destination)
+        count = batch.count
+        if count < wanted:
+            if space is not None:
+                space.trim(0)
+            if not count:
+                return None
+            # Short before a read error, which the next call raises: raise it now, where
+            # the per-sample path would, not after a short batch.
+            iterator.next_batch_into(wanted, _CONTIGUOUS, _NOWHERE)
+            raise RuntimeError("a native batch ended early without an error")
         lengths, cache_id, sample_id = batch.lengths_and_ids()
-        width = int(lengths[0])
-        even = self._even.get((count, width)) or self._even_lengths(count, width)
-        if lengths.tobytes() == even[0]:
-            nbytes = width * count
+        width = self.width(lengths)
+        nbytes = width * count if width >= 0 else int(lengths.sum())
+        if placed:
+            space.trim(head + nbytes)  # type: ignore[union-attr]
         else:
-            width = -1
-            nbytes = int(lengths.sum())
-        space = _reserve(head + nbytes, self._sink)
+            if space is not None:
+                space.trim(0)
+            space = _reserve(head + nbytes, sink)
+            batch.copy_payloads(space.raw[head : head + nbytes])
+        self.per_sample = nbytes / count
         raw = space.raw
         words = raw[: 8 * (3 * count + 1)].view(np.uint64)
         if width >= 0:
-            words[: count + 1] = even[1]
+            words[: count + 1] = self._even[(count, width)][1]
         else:
             words[0] = 0
             np.add.accumulate(lengths, out=words[1 : count + 1])
@@ -964,89 +965,13 @@ class _Packer:
         values: dict[str, list[str]] = {}
         for index, name in strings:
             values[name] = batch.column_values(index, _native.Kind.STRING)
-        batch.copy_payloads(raw[head : head + nbytes])
         return space.batch((count, width, head, nbytes, self._names, numeric), values)
-
-
-# Records of at least this many bytes on average are read without the native contiguous
-# copy and gathered straight into the batch's buffer (one copy instead of two); smaller
-# ones take one native call per batch instead of several.
-_GATHER_BYTES = 16 << 10
-# Reserved for a gathered batch: the latest batch's bytes a sample times this, plus this.
-_GATHER_SLACK = 1.125
-_GATHER_MARGIN = 64 << 10
-
-
-def _gather(
-    reader: Any, wanted: int, sink: str, schema: list[tuple[str, Any]], per_sample: float
-) -> TensorBatch | None:
-    """One ``TensorBatch`` of ``wanted`` samples from native batches read without a
-    contiguous copy, their payloads gathered into its buffer (reserved for
-    ``per_sample`` bytes a sample and a margin, trimmed after). None at the end of the
-    range; a batch cut short by a read error raises it."""
-    head, numeric = _header(wanted, schema)
-    space = _reserve(head + int(per_sample * wanted * _GATHER_SLACK) + _GATHER_MARGIN, sink)
-    raw = space.raw
-    at = head
-    lengths, cache_ids, sample_ids = [], [], []
-    columns: dict[str, list[Any]] = {name: [] for name, _ in schema}
-    spilled: list[np.ndarray] = []  # payloads that did not fit the reservation
-    got = 0
-    while got < wanted:
-        piece = reader.next_into(wanted - got, raw[at:] if not spilled else raw[:0])
-        if piece is None:
-            break
-        n = len(piece.cache_id)
-        if spilled or piece.data.ctypes.data != raw[at:].ctypes.data:
-            spilled.append(piece.data)
-        else:
-            at += len(piece.data)
-        lengths.append(np.diff(piece.offsets))
-        cache_ids.append(piece.cache_id.copy())
-        sample_ids.append(piece.sample_id.copy())
-        for name, values in piece.columns.items():
-            columns[name].append(values)
-        got += n
-    if got == 0:
-        return None
-    if got < wanted:
-        # Short before a read error, which the next call raises: raise it now.
-        reader.next_into(1, raw[:0])
-        raise RuntimeError("a native range ended early without an error")
-    offsets = np.zeros(got + 1, dtype=np.uint64)
-    np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    merged = {
-        name: [v for part in parts for v in part] if dtype is None else np.concatenate(parts)
-        for (name, dtype), parts in ((s, columns[s[0]]) for s in schema)
-    }
-    total = head + int(offsets[-1])
-    if spilled:  # rare: payloads larger than foreseen; one more copy
-        fresh = _reserve(total, sink if sink != "ring" else "shared")
-        fresh.raw[head:at] = raw[head:at]
-        for part in spilled:
-            fresh.raw[at : at + len(part)] = part
-            at += len(part)
-        space = fresh
-    else:
-        space.trim(total)
-    return _finish(
-        space,
-        offsets,
-        np.concatenate(cache_ids),
-        np.concatenate(sample_ids),
-        merged,
-        head,
-        numeric,
-    )
 
 
 _PREFETCH = 2  # torch's prefetch_factor in this worker (set when its iteration starts)
 # Per reader (a CachedDataset of this process): payload bytes a sample of its latest
-# tensor batch, so its next pass gathers from the first batch on.
+# tensor batch, so its next pass writes payloads in place from the first batch on.
 _RECORD_SIZES: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-# Small records: one contiguous native batch per TensorBatch (payloads in one buffer,
-# metadata from metadata.arrow as every batch path takes it).
-_CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS) | int(_native.BatchFlag.STORED_METADATA)
 
 
 def _tensor_batches(
@@ -1061,47 +986,27 @@ def _tensor_batches(
     """The ``TensorBatch`` es of ``count`` stream positions (as ``_iter_range`` numbers
     them) cut into batches of ``size``, the last one shorter: the batches torch's
     auto-batching makes of the same samples (with ``drop_last`` the plans give every
-    consumer whole batches, so there is no short one to drop). The first of a reader's
-    first pass is one contiguous native batch (it holds every sample asked for, unless
-    the range ends or a read fails); when records are large (``_GATHER_BYTES``), later
-    ones, and every batch of later passes, gather their payloads straight into the
-    batch's buffer (a contiguous batch costs the native iterator an arena of the batch's
-    size, faulted in again by every pass's new iterator). Packed into ``sink`` (see
-    ``_reserve``)."""
+    consumer whole batches, so there is no short one to drop). Each is one contiguous
+    native batch whose payloads are written straight into the batch's buffer (see
+    ``_Packer``), in ``sink`` (see ``_reserve``)."""
     if count <= 0:
         return
     with dataset._range_batches(start, count, block_len, block_stride) as reader:
-        iterator = reader._iterator  # (the native iterator: one call per small batch)
-        packer = _Packer(reader._columns, sink)
-        schema = packer.schema
+        # Payload bytes a sample: this reader's previous pass's (recorded when a pass
+        # ends or is abandoned), so a later pass's first batch is written in place too.
+        packer = _Packer(reader._iterator, reader._columns, sink, _RECORD_SIZES.get(dataset, -1.0))
         remaining = count
-        # Payload bytes a sample in the latest batch: this reader's previous pass's, or
-        # none yet (recorded when the pass ends or is abandoned).
-        per_sample = _RECORD_SIZES.get(dataset, -1.0)
         try:
             while remaining:
                 wanted = min(size, remaining)
-                if per_sample >= _GATHER_BYTES:
-                    batch = _gather(reader, wanted, sink, schema, per_sample)
-                    if batch is None:
-                        return
-                else:
-                    native = iterator.next_batch(wanted, _CONTIGUOUS)
-                    got = native.count
-                    if got < wanted:
-                        if not got:
-                            return
-                        # Short before a read error, which the next call raises: raise it
-                        # now, where the per-sample path would, not after a short batch.
-                        iterator.next_batch(wanted, _CONTIGUOUS)
-                        raise RuntimeError("a native batch ended early without an error")
-                    batch = packer.pack(native, got)
-                per_sample = batch._layout[3] / wanted
+                batch = packer.next(wanted)
+                if batch is None:
+                    return
                 yield batch
                 remaining -= wanted
         finally:
-            if per_sample >= 0:
-                _RECORD_SIZES[dataset] = per_sample
+            if packer.per_sample >= 0:
+                _RECORD_SIZES[dataset] = packer.per_sample
 
 
 # ------------------------------------------------------------------ to_torch_dataloader

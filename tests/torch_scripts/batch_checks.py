@@ -23,6 +23,7 @@ import torch
 from torch.utils.data._utils.pin_memory import pin_memory
 
 import dataset_rt as drt
+from dataset_rt import _native
 from dataset_rt.integrations import torch as drt_torch
 from dataset_rt.integrations.torch import TensorBatch
 
@@ -289,38 +290,46 @@ def check_reused_memory() -> None:
         drt_torch._POOL = None
 
 
-def check_gathered_batches() -> None:
-    """Batches of large records are gathered from several native batches straight into
-    their buffer: forced here for small records (every batch after the first, a reader
-    prefetch of 3, so 1 sample per native batch, and room for half the bytes foreseen,
-    so payloads spill), they are the per-sample path's."""
-    saved = drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK
-    drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK = 0, 0, 0.5
+def check_payloads_in_place() -> None:
+    """The native reader writes a batch's payloads straight into its buffer when the
+    room foreseen from the latest batch holds them, else they are copied out of the
+    reader's buffer (the first batch, larger batches): both give the per-sample path's
+    batches. Checked with the room as foreseen (batches in place) and with half of it
+    (payloads that overflow it midway), a reader prefetch of 3 (a batch spans reads)."""
     runtime = drt.DatasetRuntime(num_workers=1)
     dataset = runtime.cached_dataset(MIXED, reader_config=drt.ReaderConfig(seed=0, prefetch_size=3))
-    calls = []
-    original = drt_torch._gather
+    saved = drt_torch._SLACK, drt_torch._MARGIN
+    original = _native.Iterator.next_batch_into
+    placed: list[bool] = []
 
-    def counting(*args: Any) -> Any:
-        calls.append(1)
-        return original(*args)
+    def counting(self: Any, *args: Any) -> Any:
+        batch, fits = original(self, *args)
+        if batch.count:
+            placed.append(fits)
+        return batch, fits
 
-    drt_torch._gather = counting
+    _native.Iterator.next_batch_into = counting  # type: ignore[method-assign]
     try:
-        for mode, setup in itertools.product(MODES, SETUPS[:2]):
-            kwargs = {**mode, **setup, "batch_size": 4, "samples_per_epoch": 23}
-            kwargs.update(verbose=False, native_num_workers=1)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                samples = dataset.to_torch_dataloader(**kwargs)
-                tensors = dataset.to_torch_dataloader(**kwargs, batch_format="tensors")
-            expected = passes(samples, 2, from_samples)
-            got = passes(tensors, 2, from_tensors)
-            check(f"gathered batches {mode} {setup}", got == expected, (got[:1], expected[:1]))
-        check("gathered batches: gathered in-process", len(calls) > 10, len(calls))
+        for slack, margin, name in ((saved[0], saved[1], "foreseen"), (0.5, 0, "overflowing")):
+            drt_torch._SLACK, drt_torch._MARGIN = slack, margin
+            placed.clear()
+            for mode, setup in itertools.product(MODES, SETUPS[:2]):
+                kwargs = {**mode, **setup, "batch_size": 4, "samples_per_epoch": 23}
+                kwargs.update(verbose=False, native_num_workers=1)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    samples = dataset.to_torch_dataloader(**kwargs)
+                    tensors = dataset.to_torch_dataloader(**kwargs, batch_format="tensors")
+                expected = passes(samples, 2, from_samples)
+                got = passes(tensors, 2, from_tensors)
+                check(f"{name} room {mode} {setup}", got == expected, (got[:1], expected[:1]))
+            # (Counted in this process: the 0-worker loaders.)
+            inside, outside = placed.count(True), placed.count(False)
+            wanted = inside > 5 * outside if name == "foreseen" else outside > 5 * inside
+            check(f"{name} room: payloads in place {inside}, copied {outside}", wanted)
     finally:
-        drt_torch._gather = original
-        drt_torch._GATHER_BYTES, drt_torch._GATHER_MARGIN, drt_torch._GATHER_SLACK = saved
+        _native.Iterator.next_batch_into = original  # type: ignore[method-assign]
+        drt_torch._SLACK, drt_torch._MARGIN = saved
 
 
 def check_rings_forgotten() -> None:
@@ -426,23 +435,24 @@ def check_validation() -> None:
 
 
 def check_width() -> None:
-    """The one payload length of a batch (its ``[batch, length]`` shape), or -1: offsets
-    compared with cached even offsets, including ones with the right total only."""
+    """The one payload length of a batch (its ``[batch, length]`` shape), or -1: lengths
+    compared with cached even lengths, including ones with the right total only."""
     import numpy as np
 
+    packer = drt_torch._Packer(None, [], "pool")  # type: ignore[arg-type]
     cases = {
-        (0, 3, 6, 9): 3,
-        (0, 0, 0): 0,
-        (0,): -1,
-        (0, 2, 2, 6): -1,  # total 3 x 2, lengths 2, 0, 4
-        (0, 5): 5,
-        (0, 3, 6, 10): -1,
-        (0, 4, 8, 12): 4,
+        (3, 3, 3): 3,
+        (0, 0): 0,
+        (2, 0, 4): -1,  # total 3 x 2
+        (5,): 5,
+        (3, 3, 4): -1,
+        (4, 4, 4): 4,
+        (4, 4, 3, 5): -1,
     }
     for _ in range(2):  # computed, then cached
-        for offsets, width in cases.items():
-            got = drt_torch._width(np.array(offsets, dtype=np.uint64))
-            check(f"width of {offsets}", got == width, got)
+        for lengths, width in cases.items():
+            got = packer.width(np.array(lengths, dtype=np.uint64))
+            check(f"width of {lengths}", got == width, got)
 
 
 def main() -> None:
@@ -458,7 +468,7 @@ def main() -> None:
         check_fields_share_buffer,
         check_validation,
         check_reused_memory,
-        check_gathered_batches,
+        check_payloads_in_place,
         check_rings_forgotten,
         check_killed_worker_leaves_nothing,
     ):
