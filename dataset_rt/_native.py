@@ -192,6 +192,8 @@ class BatchFlag(enum.IntFlag):
     CONTIGUOUS = lib.DRT_BATCH_CONTIGUOUS
     #: (ABI 1.6) metadata columns from each cache's metadata.arrow, no JSON parsed.
     STORED_METADATA = lib.DRT_BATCH_STORED_METADATA
+    #: (ABI 1.8) iterators: a contiguous batch stops at about the byte budget.
+    BOUNDED = lib.DRT_BATCH_BOUNDED
 
 
 class MigrateOutcome(enum.IntEnum):

@@ -35,7 +35,9 @@ CONTIGUOUS_RECORD_BYTES = 16 << 10
 # until consumed (2 MiB batches measured slower than 64-256 KiB ones). Held until the
 # next call, besides the prefetch budget.
 CONTIGUOUS_BATCH_BYTES = 256 << 10
-_CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS)
+# Bounded: a batch sized by the previous records' lengths never holds much more than the
+# byte budget when larger records follow.
+_CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS | _native.BatchFlag.BOUNDED)
 
 _new_sample = tuple.__new__
 

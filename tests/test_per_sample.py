@@ -122,3 +122,34 @@ def test_state_counts_samples_taken_within_a_batch(
     again = _open(runtime, path, io_backend, shuffle=False)
     again.load_state_dict(dataset.state_dict())
     assert [s.sample_id for s in again][:5] == [123, 124, 125, 126, 127]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_batch_of_small_records_does_not_size_one_of_large_ones(
+    runtime: Any, io_backend: str, tmp_path: Path, shuffle: bool
+) -> None:
+    """After tiny records the next contiguous batch asks for thousands of samples; when
+    large records follow, the byte budget (DRT_BATCH_BOUNDED) stops it, not the count."""
+    small = [(bytes([i % 251]) * 64, {"i": i}) for i in range(400)]
+    large = [(bytes([i % 251]) * (256 << 10), {"i": 400 + i}) for i in range(64)]
+    path = _write(runtime, tmp_path, "small_then_large", small + large)
+    budget = 1 << 20
+    dataset = _open(runtime, path, io_backend, shuffle, prefetch_size=64, prefetch_bytes=budget)
+    batch_bytes: list[int] = []
+    samples = dataset._samples
+
+    def recording(batch: Any) -> Any:
+        lengths, _, _ = batch.lengths_and_ids()
+        batch_bytes.append(int(lengths.sum()))
+        return samples(batch)
+
+    dataset._samples = recording
+    got = [(s.data, s.metadata) for s in dataset]
+    records = small + large
+    if shuffle:
+        assert all(records[m["i"]] == (d, m) for d, m in got)
+    else:
+        assert got == records
+    # At most one record (a read of one 256 KiB record) beyond the budget; unbounded, a
+    # batch after the small records would hold all 16 MiB of the large ones.
+    assert max(batch_bytes) <= budget + (256 << 10), batch_bytes

@@ -490,7 +490,13 @@ enum {
      * Equal to the JSON's values for every cache a writer produced; a row holding an
      * Arrow null takes the JSON's value. With validate_cache the JSON is still parsed and
      * compared with the row (the errors of a call without this flag). */
-    DRT_BATCH_STORED_METADATA = 2
+    DRT_BATCH_STORED_METADATA = 2,
+    /* (ABI 1.8) iterators: a contiguous batch stops taking samples once its payloads
+     * reach the dataset's byte budget (prefetch_bytes; at least one sample, and at most
+     * one read or one 256 KiB step of small mapped records beyond it), so a batch asked
+     * for by count never holds more than about the budget, whatever the record sizes.
+     * Lookups take exactly the identities asked for and ignore it. */
+    DRT_BATCH_BOUNDED = 4
 };
 
 /* Opens an iterator that reserves the next epoch_len positions of the dataset's stream

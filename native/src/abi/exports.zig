@@ -457,10 +457,13 @@ const IterHandle = BatchHandle(Iter);
 const LookupHandle = BatchHandle(Lookup);
 
 /// Checks `flags` and returns whether the batch is contiguous; sets where the reader's
-/// batch takes its metadata from (DRT_BATCH_STORED_METADATA).
+/// batch takes its metadata from (DRT_BATCH_STORED_METADATA) and whether an iterator's
+/// contiguous batch is bounded by the byte budget (DRT_BATCH_BOUNDED; lookups take
+/// exactly the identities asked for and ignore it).
 fn batchFlags(batch_buffers: *batch.Buffers, flags: u32) status.Error!bool {
-    if (flags & ~(abi.batch_contiguous | abi.batch_stored_metadata) != 0) return status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags});
+    if (flags & ~(abi.batch_contiguous | abi.batch_stored_metadata | abi.batch_bounded) != 0) return status.fail(error.InvalidArgument, "unknown batch flags 0x{x}", .{flags});
     batch_buffers.stored_metadata = flags & abi.batch_stored_metadata != 0;
+    batch_buffers.bounded = flags & abi.batch_bounded != 0;
     return flags & abi.batch_contiguous != 0;
 }
 

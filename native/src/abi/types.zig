@@ -139,6 +139,7 @@ pub const publish_replace: u32 = 1;
 /// drt_iter_next_batch / drt_lookup_get flags.
 pub const batch_contiguous: u32 = 1;
 pub const batch_stored_metadata: u32 = 2;
+pub const batch_bounded: u32 = 4;
 
 pub const io_auto = 0;
 pub const io_uring = 1;
@@ -192,6 +193,7 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, io_uring), c.DRT_IO_URING);
     try std.testing.expectEqual(@as(i64, batch_contiguous), c.DRT_BATCH_CONTIGUOUS);
     try std.testing.expectEqual(@as(i64, batch_stored_metadata), c.DRT_BATCH_STORED_METADATA);
+    try std.testing.expectEqual(@as(i64, batch_bounded), c.DRT_BATCH_BOUNDED);
     try std.testing.expectEqual(@as(i64, migrate_unchanged), c.DRT_MIGRATE_UNCHANGED);
     try std.testing.expectEqual(@as(i64, migrate_updated), c.DRT_MIGRATE_UPDATED);
     try std.testing.expectEqual(@as(i64, migrate_durability_unknown), c.DRT_MIGRATE_DURABILITY_UNKNOWN);

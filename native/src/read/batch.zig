@@ -82,6 +82,10 @@ pub const Buffers = struct {
     /// Take metadata columns from `metadata.arrow` instead of the embedded JSON (see
     /// //!). Set by the caller before a batch call; kept across `reset`.
     stored_metadata: bool = false,
+    /// An iterator's contiguous batch stops taking samples once its payloads reach the
+    /// reader's byte budget (`DRT_BATCH_BOUNDED`). Set by the caller before a batch call;
+    /// kept across `reset`.
+    bounded: bool = false,
     /// The `metadata.arrow` record batch of the last stored row: rows
     /// `[stored_first, stored_end)` of cache `stored_cache` (consecutive samples of a
     /// batch nearly always share it, so the batch search runs once per record batch).
@@ -280,7 +284,7 @@ pub const Buffers = struct {
     }
 
     /// Bytes of contiguous payloads so far.
-    fn payloadBytes(b: *const Buffers) usize {
+    pub fn payloadBytes(b: *const Buffers) usize {
         return if (b.in_dest) b.dest_used else b.arena.items.len;
     }
 

@@ -762,8 +762,12 @@ pub const Iter = struct {
             // nothing is planned ahead, records served from mappings go straight into the
             // batch, as many as it takes (no slot, no window round).
             it.batch.into(dest);
+            // DRT_BATCH_BOUNDED: the payloads stop at about the byte budget.
+            const bytes_max: ?u64 = if (it.batch.bounded) it.budget else null;
             while (it.batch.count() < max_count and it.delivered < it.schedule.count and it.deferred == null) {
-                if (it.used == 0 and try it.takeMapped(max_count - it.batch.count()) > 0) {
+                const room: ?u64 = if (bytes_max) |m| m -| it.batch.payloadBytes() else null;
+                if (room == 0) break;
+                if (it.used == 0 and try it.takeMapped(max_count - it.batch.count(), room) > 0) {
                     it.started = true;
                     continue;
                 }
@@ -774,7 +778,7 @@ pub const Iter = struct {
                 try it.fill();
                 it.started = true;
                 const first = it.batch.count();
-                if (try it.deliver(max_count - first, null) == 0) break;
+                if (try it.deliver(max_count - first, room) == 0) break;
                 try it.batch.pack(ds.gpa, first);
                 it.releaseDelivered();
             }
@@ -786,9 +790,10 @@ pub const Iter = struct {
     /// Contiguous batches, with nothing planned ahead: appends up to `wanted` next
     /// samples whose records `mappedRecord` serves (uncompressed), copying each payload
     /// from the mapping straight into the batch's contiguous payloads. Stops at the first
-    /// record that is not served so (the slots read it). A failure after samples of this
-    /// batch is deferred like `deliver`'s. Returns the samples taken.
-    fn takeMapped(it: *Iter, wanted: u64) status.Error!u64 {
+    /// record that is not served so (the slots read it), or after the step in which the
+    /// records' bytes reach `bytes_max`. A failure after samples of this batch is
+    /// deferred like `deliver`'s. Returns the samples taken.
+    fn takeMapped(it: *Iter, wanted: u64, bytes_max: ?u64) status.Error!u64 {
         std.debug.assert(it.used == 0 and it.planned == it.delivered and it.head_taken == 0);
         const ds = it.ds;
         const end = @min(it.schedule.count, it.delivered + wanted);
@@ -802,6 +807,7 @@ pub const Iter = struct {
         // In steps (as `planMapped`): locate a step's records, prefetch their index rows,
         // then their bytes, then copy them out, so the misses of a step overlap.
         run: while (it.delivered < end) {
+            if (bytes_max) |m| if (bytes >= m) break;
             const n: usize = @intCast(@min(mapped_step, end - it.delivered));
             for (0..n) |j| {
                 locs[j] = ds.locate(it.table, it.schedule.position(it.delivered + j));
@@ -834,7 +840,8 @@ pub const Iter = struct {
                 }
                 const added = if (shard.split(images[j])) |rec|
                     it.batch.addCopy(ds, locs[j], rec.json, rec.stored_payload)
-                else |err| err;
+                else |err|
+                    err;
                 added catch |err| {
                     if (err == error.OutOfMemory or it.batch.count() == 0) return err;
                     it.deferFailure(err);
@@ -864,6 +871,7 @@ pub const Iter = struct {
         const ds = it.ds;
         const c = &ds.caches[locs[0].cache];
         const first = c.row(locs[0].sample_id);
+        if (c.readsRanges(first.shard_id, .iterator)) return 0; // see prepareRead
         const entry = &c.manifest.shards[@intCast(first.shard_id)];
         if (entry.compression != .none) return 0;
         var end = first.offset;
@@ -1298,6 +1306,58 @@ test "iterator (io_uring): every byte budget reads the same stream within its bo
 
 test "iterator (threads): every byte budget reads the same stream within its bound" {
     try expectBudgets(.threads);
+}
+
+/// DRT_BATCH_BOUNDED: contiguous batches asked for by count stop at about the byte
+/// budget (one read, or one step of mapped records, beyond it) and still read the same
+/// stream; without the flag a batch takes every sample asked for.
+fn expectBoundedBatches(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    for ([_]u64{ 300, 5000 }) |budget| {
+        for ([_]bool{ false, true }) |shuffle| {
+            for ([_]bool{ false, true }) |mapped| {
+                errdefer std.debug.print("budget {d} shuffle {} mapped {}\n", .{ budget, shuffle, mapped });
+                var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 64, .shuffle = shuffle });
+                defer env.close();
+                env.ds.setPrefetchBytes(budget);
+                var largest: u64 = 0;
+                for (env.ds.caches) |*c| {
+                    for (0..c.sampleCount()) |sid| largest = @max(largest, c.row(sid).byte_len);
+                }
+                {
+                    const it = try env.openIter();
+                    defer it.close();
+                    if (!mapped) it.map_max = 0;
+                    it.batch.bounded = true;
+                    try testing.expectEqual(env.total(), try env.expectEpoch(it, 1 << 20, true));
+                }
+                const it = try env.openIter();
+                defer it.close();
+                if (!mapped) it.map_max = 0;
+                it.batch.bounded = true;
+                var seen: u64 = 0;
+                var batches: u64 = 0;
+                while (true) {
+                    const view = try it.nextBatch(1 << 20, true);
+                    if (view.count == 0) break;
+                    seen += view.count;
+                    batches += 1;
+                    try testing.expect(it.batch.payloadBytes() <= budget + mapped_step * largest);
+                }
+                try testing.expectEqual(env.total(), seen);
+                // The fixtures hold more than one budget's bytes: several batches.
+                try testing.expect(batches > 1);
+            }
+        }
+    }
+}
+
+test "iterator (io_uring): bounded contiguous batches stop at the byte budget" {
+    try expectBoundedBatches(.io_uring);
+}
+
+test "iterator (threads): bounded contiguous batches stop at the byte budget" {
+    try expectBoundedBatches(.threads);
 }
 
 test "iterator (io_uring): explicit ranges, with validate_cache" {
