@@ -1075,6 +1075,15 @@ class Lookup(_Handle):
         check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
         return Batch(self._batch)
 
+    def get_row(self, cache_id: int, sample_id: int, destination: Any) -> int:
+        """``drt_lookup_get_row`` (ABI 1.6): one sample packed into the writable buffer
+        ``destination`` (at least 8 bytes); returns its packed size, which is all that
+        was written when it exceeds ``len(destination)``. ``get_item`` calls the C
+        function from the closure :func:`row_getter` makes, not through this method."""
+        target = ffi.from_buffer("uint8_t[]", destination, require_writable=True)
+        check(lib.drt_lookup_get_row(self._ptr, cache_id, sample_id, target, len(target)))
+        return int(struct.unpack_from("<Q", destination)[0])
+
 
 #: A row reader's initial buffer (a sample of up to about this size needs one call).
 _ROW_BUFFER_BYTES = 64 << 10

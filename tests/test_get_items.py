@@ -292,3 +292,21 @@ def test_get_item_from_several_threads(runtime, io_backend: str) -> None:
     for thread in threads:
         thread.join()
     assert failures == []
+
+
+def test_lookup_get_row_binding_packs_the_sample(runtime, io_backend: str) -> None:
+    """``_native.Lookup.get_row``: the packed size, then the payload after the slots; only
+    the size when the buffer is too small."""
+    dataset = open_dataset(runtime, io_backend)
+    cache_id, sample_id = identities(dataset)[3]
+    want = dataset.get_item(cache_id, sample_id)
+    lookup = dataset._lookup
+    small = bytearray(8)
+    size = lookup.get_row(cache_id, sample_id, small)
+    row = bytearray(size)
+    assert lookup.get_row(cache_id, sample_id, row) == size
+    payload_len = struct.unpack_from("<Q", row, 8)[0]
+    start = 16 + 8 * len(want.metadata)
+    assert bytes(row[start : start + payload_len]) == want.data
+    with pytest.raises(IndexError, match=r"^cache_id 12345 is out of range$"):
+        lookup.get_row(12345, 0, row)
