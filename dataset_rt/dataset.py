@@ -138,7 +138,6 @@ class CachedDataset:
         self._field_names = [name for name, _ in self._columns]
         self._kinds = [int(kind) for _, kind in self._columns]
         self._make_dicts = _dict_builder(self._field_names)
-        self._get_row = _native.row_getter(self._field_names, self._kinds)
         self._state_lock = threading.RLock()
         self._active: Any = None
         self._active_arrow: Any = None  # a pyarrow active table not yet seen by Polars
@@ -417,19 +416,38 @@ class CachedDataset:
 
         Random access: works for rows outside the active table and moves no cursor.
         """
-        if type(cache_id) is not int or type(sample_id) is not int:
-            raise TypeError("cache_id and sample_id must be integers")
-        if not 0 <= cache_id < _U64_END:
-            raise IndexError(f"cache_id {cache_id} is out of range")
-        if not 0 <= sample_id < _U64_END:
-            raise IndexError(f"sample_id {sample_id} is out of range")
+        return self._get_item(cache_id, sample_id)
+
+    def _first_get_item(self, cache_id: int, sample_id: int) -> CachedSample:
+        """``get_item`` before the first read: refuses bad arguments as every later call
+        does (before any native call), then opens the lookup handle if ``get_items`` has
+        not, binds the row getter to it (``_native.row_getter``: the argument checks, the
+        lock, one C call, the unpacking) and reads through it from now on."""
+        if (
+            type(cache_id) is not int
+            or type(sample_id) is not int
+            or not (0 <= cache_id < _U64_END and 0 <= sample_id < _U64_END)
+        ):
+            raise _refusal(cache_id, sample_id)
         with self._lookup_lock:
             lookup = self._lookup
             if lookup is None:
                 # One lookup handle (with its call buffers) per dataset, reused by every call.
                 lookup = self._lookup = _native.Lookup.open(self._handle)
-            data, row = self._get_row(lookup, cache_id, sample_id)
-        return _new_sample(CachedSample, (data, row, cache_id, sample_id))
+            if self._get_item == self._first_get_item:
+                self._get_item = _native.row_getter(
+                    lookup,
+                    self._lookup_lock,
+                    self._field_names,
+                    self._kinds,
+                    CachedSample,
+                    _refusal,
+                )
+        return self._get_item(cache_id, sample_id)
+
+    # get_item's reader until the first call sets the instance's own (a closure holding
+    # no reference to the dataset, so no reference cycle).
+    _get_item: Callable[[int, int], CachedSample] = _first_get_item
 
     def get_items(self, cache_ids: Any, sample_ids: Any, *, copy: bool = True) -> SampleBatch:
         """The stored samples ``(cache_ids[i], sample_ids[i])``, in this order, as one

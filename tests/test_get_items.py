@@ -238,3 +238,75 @@ def test_get_item_of_samples_larger_than_its_buffer(runtime, io_backend: str, tm
         assert (sample.cache_id, sample.sample_id) == (cache_id, sid)
     batch = dataset.get_items([cache_id] * len(order), order)
     expect_same_as_get_item(dataset, batch, [cache_id] * len(order), order)
+
+
+def test_get_item_refuses_arguments_alike_before_and_after_its_first_read(
+    runtime, io_backend: str
+) -> None:
+    """get_item's argument errors (type, then 64-bit range, then the library's) are the
+    same on a fresh dataset and once its row getter is bound, with no chained context."""
+    good_c, good_s = identities(open_dataset(runtime, io_backend))[0]
+    cases = [
+        ((good_c, -1), IndexError, "sample_id -1 is out of range"),
+        ((-1, good_s), IndexError, "cache_id -1 is out of range"),
+        ((2**64, 0), IndexError, f"cache_id {2**64} is out of range"),
+        ((good_c, 2**64), IndexError, f"sample_id {2**64} is out of range"),
+        ((-1, 2**64), IndexError, "cache_id -1 is out of range"),
+        ((good_c, True), TypeError, "cache_id and sample_id must be integers"),
+        ((1.0, -1), TypeError, "cache_id and sample_id must be integers"),
+        ((good_c, 10**6), IndexError, f"sample_id {10**6} is out of range for cache_id {good_c}"),
+        ((12345, 0), IndexError, "cache_id 12345 is out of range"),
+    ]
+    for args, kind, message in cases:
+        for first in (True, False):
+            dataset = open_dataset(runtime, io_backend)
+            if not first:
+                dataset.get_item(good_c, good_s)
+            with pytest.raises(kind) as info:
+                dataset.get_item(*args)
+            assert str(info.value) == message, (args, first)
+            assert info.value.__context__ is None and info.value.__cause__ is None
+            assert dataset.get_item(good_c, good_s).sample_id == good_s
+
+
+def test_get_item_from_several_threads(runtime, io_backend: str) -> None:
+    """Concurrent get_item calls share one lookup and row buffer: each gets its sample."""
+    import threading
+
+    dataset = open_dataset(runtime, io_backend)
+    every = identities(dataset)
+    want = {key: dataset.get_item(*key) for key in every}
+    fresh = open_dataset(runtime, io_backend)  # its first calls race, too
+    failures: list[object] = []
+
+    def read(seed: int) -> None:
+        order = random.Random(seed).choices(every, k=400)
+        for key in order:
+            got = fresh.get_item(*key)
+            if got != want[key]:
+                failures.append((key, got))
+
+    threads = [threading.Thread(target=read, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+
+
+def test_lookup_get_row_binding_packs_the_sample(runtime, io_backend: str) -> None:
+    """``_native.Lookup.get_row``: the packed size, then the payload after the slots; only
+    the size when the buffer is too small."""
+    dataset = open_dataset(runtime, io_backend)
+    cache_id, sample_id = identities(dataset)[3]
+    want = dataset.get_item(cache_id, sample_id)
+    lookup = dataset._lookup
+    small = bytearray(8)
+    size = lookup.get_row(cache_id, sample_id, small)
+    row = bytearray(size)
+    assert lookup.get_row(cache_id, sample_id, row) == size
+    payload_len = struct.unpack_from("<Q", row, 8)[0]
+    start = 16 + 8 * len(want.metadata)
+    assert bytes(row[start : start + payload_len]) == want.data
+    with pytest.raises(IndexError, match=r"^cache_id 12345 is out of range$"):
+        lookup.get_row(12345, 0, row)

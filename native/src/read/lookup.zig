@@ -38,6 +38,8 @@ const record = @import("record.zig");
 const Dataset = dataset_mod.Dataset;
 const Loc = dataset_mod.Loc;
 const index = @import("../format/index.zig");
+const schema = @import("../format/schema.zig");
+const metadata_json = @import("../format/metadata_json.zig");
 
 /// A planned call with at most this many identities sorts 128-bit keys holding the
 /// identity and its position (32 bits); larger calls are split into such parts.
@@ -80,14 +82,42 @@ pub const Lookup = struct {
     map_stamp: u64 = 0,
     call_stamp: u64 = 0,
     batch: batch_mod.Buffers,
+    /// `getRow`'s field values (one per schema field) and the unescaped string bytes
+    /// they may point into.
+    values: []schema.Value,
+    scratch: std.ArrayList(u8) = .empty,
+    /// `getRow`'s parse diagnostics, read only after a parse failed (which sets it): kept
+    /// here so a call does not initialize its 256-byte message buffer.
+    diag: metadata_json.Diagnostic = .{},
+    /// The cache of the last identity located (`locate`): calls mostly ask one cache
+    /// again, and its index is then known without a hash lookup.
+    last_cache_id: u64 = 0,
+    last_cache: ?u32 = null,
 
     pub fn open(ds: *Dataset) status.Error!*Lookup {
         try ds.runtime.checkPid();
-        var batch = try batch_mod.Buffers.init(ds.gpa, ds.fields.len);
-        errdefer batch.deinit(ds.gpa);
-        const lk = try ds.gpa.create(Lookup);
-        lk.* = .{ .ds = ds.retain(), .batch = batch };
+        const gpa = ds.gpa;
+        var batch = try batch_mod.Buffers.init(gpa, ds.fields.len);
+        errdefer batch.deinit(gpa);
+        const values = try gpa.alloc(schema.Value, ds.fields.len);
+        errdefer gpa.free(values);
+        const lk = try gpa.create(Lookup);
+        lk.* = .{ .ds = ds.retain(), .batch = batch, .values = values };
         return lk;
+    }
+
+    /// `Dataset.locFor` (same values, same errors), without its hash lookup when the
+    /// cache is the previous identity's.
+    fn locate(lk: *Lookup, cache_id: u64, sample_id: u64) status.Error!Loc {
+        if (lk.last_cache) |ci| {
+            if (cache_id == lk.last_cache_id and sample_id < lk.ds.caches[ci].sampleCount()) {
+                return .{ .cache = ci, .sample_id = sample_id };
+            }
+        }
+        const loc = try lk.ds.locFor(cache_id, sample_id);
+        lk.last_cache_id = cache_id;
+        lk.last_cache = loc.cache;
+        return loc;
     }
 
     /// The samples with these identities, in this order; the first bad identity or
@@ -109,33 +139,88 @@ pub const Lookup = struct {
     /// payload length, one 8-byte slot per field, the payload, the string bytes. Returns
     /// the size; only it is written when it exceeds `dst.len`. Values and errors are
     /// `get`'s. Pre: `dst.len >= 8`.
+    ///
+    /// A record in a mapped window of an uncompressed shard (without validate_cache) is
+    /// packed straight from the mapping, its JSON parsed into `values`: no copy into the
+    /// lookup's buffers, no batch. Any other goes through `get`.
     pub fn getRow(lk: *Lookup, cache_id: u64, sample_id: u64, dst: []u8) status.Error!u64 {
         std.debug.assert(dst.len >= 8);
+        try lk.ds.runtime.checkPid();
+        // Bytes handed out by the previous call are no longer referenced.
+        lk.call_stamp = lk.map_stamp + 1;
+        if (try lk.getRowMapped(cache_id, sample_id)) |rec| return packRow(lk.ds.fields, lk.values, rec.stored_payload, dst);
         const view = try lk.get(&.{cache_id}, &.{sample_id}, false);
         std.debug.assert(view.count == 1);
-        const fields = lk.ds.fields;
-        const payload_len = view.payload_lens.?[0];
-        var size: u64 = 16 + 8 * @as(u64, fields.len) + payload_len;
-        for (view.columns) |col| if (col.kind == .string) {
-            size += col.offsets.?[1];
+        for (view.columns, lk.values) |col, *v| {
+            v.* = switch (col.kind) {
+                .bool => .{ .bool = @as([*]const u8, @ptrCast(col.values.?))[0] != 0 },
+                .int => .{ .int = @as([*]const i64, @ptrCast(@alignCast(col.values.?)))[0] },
+                .float => .{ .float = @as([*]const f64, @ptrCast(@alignCast(col.values.?)))[0] },
+                .string => .{ .string = @as([*]const u8, @ptrCast(col.values.?))[0..@intCast(col.offsets.?[1])] },
+            };
+        }
+        const payload_len: usize = @intCast(view.payload_lens.?[0]);
+        return packRow(lk.ds.fields, lk.values, view.payloads.?[0][0..payload_len], dst);
+    }
+
+    /// `getRow`'s direct path: the record split in place in its shard's mapping and its
+    /// metadata in `values` (JSON nulls resolved from metadata.arrow, as `Buffers.add`
+    /// does), or null when the record is not for this path (nothing counted as read
+    /// then). Errors are `get`'s, met in the same order (identity, place, record, JSON,
+    /// metadata.arrow).
+    fn getRowMapped(lk: *Lookup, cache_id: u64, sample_id: u64) status.Error!?shard.Record {
+        const ds = lk.ds;
+        if (ds.options.validate_cache) return null;
+        const loc = try lk.locate(cache_id, sample_id);
+        const row = try checkRow(ds, loc);
+        const c = &ds.caches[loc.cache];
+        if (c.manifest.shards[@intCast(row.shard_id)].compression != .none) return null;
+        const bytes = lk.mappedAt(loc.cache, row.shard_id, row.byte_len, row.offset) orelse return null;
+        const rec = try shard.split(bytes);
+        lk.scratch.clearRetainingCapacity();
+        const diag = &lk.diag;
+        metadata_json.parseRecord(rec.json, ds.fields, lk.values, &lk.scratch, ds.gpa, diag) catch |err| switch (err) {
+            error.OutOfMemory => return error.OutOfMemory,
+            // The messages of batch.zig's addParsed.
+            error.Invalid => return switch (diag.kind) {
+                .json => status.fail(error.Json, "JSON error: {s}", .{diag.message()}),
+                .invalid_cache => status.failText(error.InvalidCache, diag.message()),
+            },
+        };
+        for (lk.values, 0..) |*v, fi| {
+            if (v.* != .null) continue;
+            // How the reference stores NaN and infinite floats: the value is in
+            // metadata.arrow (see batch.zig's addParsed).
+            const md = try c.metadataFile();
+            const place = md.locate(sample_id);
+            v.* = .{ .float = md.batches[place.batch].columns[fi].getFloat(place.index) };
+        }
+        return rec;
+    }
+
+    /// Packs a sample as drt_lookup_get_row lays it out (see `getRow`); returns its
+    /// size, having written only the size when it does not fit in `dst`.
+    fn packRow(fields: []const schema.Field, values: []const schema.Value, payload: []const u8, dst: []u8) u64 {
+        var size: u64 = 16 + 8 * @as(u64, fields.len) + payload.len;
+        for (fields, values) |f, v| if (f.kind == .string) {
+            size += v.string.len;
         };
         std.mem.writeInt(u64, dst[0..8], size, .little);
         if (size > dst.len) return size;
-        std.mem.writeInt(u64, dst[8..16], payload_len, .little);
+        std.mem.writeInt(u64, dst[8..16], payload.len, .little);
         var pos: usize = 16 + 8 * fields.len;
-        @memcpy(dst[pos..][0..@intCast(payload_len)], view.payloads.?[0][0..@intCast(payload_len)]);
-        pos += @intCast(payload_len);
-        for (view.columns, 0..) |col, fi| {
+        @memcpy(dst[pos..][0..payload.len], payload);
+        pos += payload.len;
+        for (fields, values, 0..) |f, v, fi| {
             const slot = dst[16 + 8 * fi ..][0..8];
-            switch (col.kind) {
-                .bool => std.mem.writeInt(u64, slot, @as([*]const u8, @ptrCast(col.values.?))[0], .little),
-                .int => std.mem.writeInt(i64, slot, @as([*]const i64, @ptrCast(@alignCast(col.values.?)))[0], .little),
-                .float => std.mem.writeInt(u64, slot, @bitCast(@as([*]const f64, @ptrCast(@alignCast(col.values.?)))[0]), .little),
+            switch (f.kind) {
+                .bool => std.mem.writeInt(u64, slot, @intFromBool(v.bool), .little),
+                .int => std.mem.writeInt(i64, slot, v.int, .little),
+                .float => std.mem.writeInt(u64, slot, @bitCast(v.float), .little),
                 .string => {
-                    const len: usize = @intCast(col.offsets.?[1]);
-                    std.mem.writeInt(u64, slot, len, .little);
-                    @memcpy(dst[pos..][0..len], @as([*]const u8, @ptrCast(col.values.?))[0..len]);
-                    pos += len;
+                    std.mem.writeInt(u64, slot, v.string.len, .little);
+                    @memcpy(dst[pos..][0..v.string.len], v.string);
+                    pos += v.string.len;
                 },
             }
         }
@@ -210,7 +295,7 @@ pub const Lookup = struct {
         lk.locs.clearRetainingCapacity();
         // Pass 1: read each record; keep JSON and (decompressed) payload bytes in `raw`.
         for (cache_ids, sample_ids) |cid, sid| {
-            const loc = try ds.locFor(cid, sid);
+            const loc = try lk.locate(cid, sid);
             try lk.locs.append(gpa, loc);
             const row = try checkRow(ds, loc);
             try record.growUninit(&lk.record, gpa, @intCast(row.byte_len));
@@ -280,7 +365,7 @@ pub const Lookup = struct {
         lk.locs.clearRetainingCapacity();
         try lk.locs.ensureTotalCapacity(gpa, n);
         for (cache_ids, sample_ids, 0..) |cid, sid, i| {
-            const loc = try ds.locFor(cid, sid);
+            const loc = try lk.locate(cid, sid);
             lk.locs.appendAssumeCapacity(loc);
             lk.keys.appendAssumeCapacity(@as(u128, loc.cache) << 96 | @as(u128, sid) << 32 | @as(u128, @intCast(i)));
         }
@@ -435,6 +520,8 @@ pub const Lookup = struct {
         lk.reads.deinit(gpa);
         lk.maps.deinit(gpa);
         lk.batch.deinit(gpa);
+        gpa.free(lk.values);
+        lk.scratch.deinit(gpa);
         gpa.destroy(lk);
         ds.release();
     }
@@ -661,5 +748,36 @@ test "lookup: getRow packs get's sample (payload, every field) and reports the s
     }
     // get's errors.
     try testing.expectError(error.Index, lk.getRow(123, 0, &buf));
+    try testing.expectEqualStrings("cache_id 123 is out of range", status.lastMessage());
+}
+
+test "lookup: getRow's mapped path packs the bytes of the batch path, one read per call" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
+    defer env.close();
+    const lk = try Lookup.open(env.ds);
+    defer lk.close();
+    const direct = try gpa.alloc(u8, 1 << 20);
+    defer gpa.free(direct);
+    const batched = try gpa.alloc(u8, 1 << 20);
+    defer gpa.free(batched);
+    for (env.ds.caches, 0..) |*c, ci| {
+        var sid: u64 = 0;
+        while (sid < c.sampleCount()) : (sid += 7) {
+            const before = env.ds.ioStats().lookup_reads;
+            const size = try lk.getRow(env.cache_ids[ci], sid, direct);
+            try testing.expect(size <= direct.len);
+            try testing.expectEqual(before + 1, env.ds.ioStats().lookup_reads);
+            // validate_cache sends every record through `get` (and checks it against
+            // metadata.arrow on the way).
+            env.ds.options.validate_cache = true;
+            defer env.ds.options.validate_cache = false;
+            try testing.expectEqual(size, try lk.getRow(env.cache_ids[ci], sid, batched));
+            try testing.expectEqualSlices(u8, batched[0..@intCast(size)], direct[0..@intCast(size)]);
+        }
+    }
+    // The cache of the last identity never answers for another one.
+    try testing.expectError(error.Index, lk.getRow(env.cache_ids[0], env.ds.caches[0].sampleCount(), direct));
+    try testing.expectError(error.Index, lk.getRow(123, 0, direct));
     try testing.expectEqualStrings("cache_id 123 is out of range", status.lastMessage());
 }
