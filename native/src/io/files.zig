@@ -327,7 +327,6 @@ test "descriptors are cached, pinned entries are never closed under a read" {
     fs.release(d);
 }
 
-
 test "windows are mapped on use, within the byte budget, and unmapped only when old and unpinned" {
     const gpa = std.testing.allocator;
     var tmp = std.testing.tmpDir(.{});

@@ -21,7 +21,6 @@ const publish = @import("../store/publish.zig");
 const seal = @import("seal.zig");
 
 /// renameat2 flags: fail with EEXIST instead of replacing the destination; swap the two.
-
 pub const Options = struct {
     max_shard_bytes: u64,
     prefetch_size: u64,
@@ -929,7 +928,7 @@ test "writer: large payloads written from the caller's buffers give the same byt
         const len = (i * 37) % 11 * (20 << 10);
         var name_buf: [16]u8 = undefined;
         const name = try std.fmt.bufPrint(&name_buf, "s{d}", .{i});
-        try input.add(gpa, payload[i..][0 .. len -| i], &.{ .{ .int = @intCast(i) }, .{ .string = name } });
+        try input.add(gpa, payload[i..][0..len -| i], &.{ .{ .int = @intCast(i) }, .{ .string = name } });
     }
     const cases = [_]struct { name: []const u8, direct: u64, step: usize }{
         .{ .name = "chunks", .direct = std.math.maxInt(u64), .step = 23 },
