@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import dataset_rt as drt
 
@@ -59,3 +60,18 @@ class Exiting(Numbers):
             if i == self.count // 2:
                 os._exit(3)
             yield sample
+
+
+class Mixed:
+    """Payloads of 0 to ``longest`` bytes; int, float, bool and str metadata."""
+
+    def __init__(self, name: str, count: int, longest: int = 8) -> None:
+        self.name = name
+        self.count = count
+        self.longest = longest
+
+    def __iter__(self) -> Iterator[drt.CacheInput]:
+        for i in range(self.count):
+            payload = bytes((i * 7 + k) % 256 for k in range(i % (self.longest + 1)))
+            metadata = {"n": i - 5, "x": i / 4, "odd": bool(i % 2), "label": f"{self.name}-{i}"}
+            yield drt.CacheInput(payload, metadata)

@@ -17,25 +17,12 @@ from pathlib import Path
 import pytest
 from refenv import ExtraEnv, ReferenceSetupError, ReferenceUnavailable, ensure_extra, skip_or_fail
 from remote_server import S3Server
+from sources import Mixed
 
 import dataset_rt as drt
 
 TORCH = "torch==2.13.0"
 SCRIPT = Path(__file__).parent / "torch_scripts" / "url_batches.py"
-
-
-class Mixed:
-    """Payloads of 0 to 40 bytes; int, float, bool and str metadata."""
-
-    def __init__(self, name: str, count: int) -> None:
-        self.name = name
-        self.count = count
-
-    def __iter__(self):
-        for i in range(self.count):
-            payload = bytes((i * 7 + k) % 256 for k in range(i % 41))
-            metadata = {"n": i - 5, "x": i / 4, "odd": bool(i % 2), "label": f"{self.name}-{i}"}
-            yield drt.CacheInput(payload, metadata)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +41,7 @@ def test_torch_loaders_over_urls_yield_the_local_batches(
     runtime = drt.DatasetRuntime(num_workers=2)
     # Many small shards, so workers and fetch-ahead share and pin several of them.
     writer = drt.WriterConfig(show_progress=False, max_shard_bytes=600)
-    sources = [Mixed("a", 120), Mixed("b", 70)]
+    sources = [Mixed("a", 120, longest=40), Mixed("b", 70, longest=40)]
     local = runtime.write_cache(sources, tmp_path / "local", writer_config=writer)
     remote = runtime.write_cache(sources, s3_bucket + "/caches", writer_config=writer)
     assert all(isinstance(r, drt.CacheWriteSuccess) for r in local + remote), local + remote

@@ -39,7 +39,7 @@ from refenv import (
     ensure_reference,
     skip_or_fail,
 )
-from sources import Numbers
+from sources import Mixed, Numbers
 
 import dataset_rt as drt
 
@@ -67,20 +67,6 @@ def caches(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         [Numbers("a", 11), Numbers("b", 6)], base, reader_config=drt.ReaderConfig(seed=0)
     )
     return [str(p) for p in result.dataset.cache_paths]
-
-
-class Mixed:
-    """Payloads of 0 to 8 bytes; int, float, bool and str metadata."""
-
-    def __init__(self, name: str, count: int) -> None:
-        self.name = name
-        self.count = count
-
-    def __iter__(self):
-        for i in range(self.count):
-            payload = bytes((i * 7 + k) % 256 for k in range(i % 9))
-            metadata = {"n": i - 5, "x": i / 4, "odd": bool(i % 2), "label": f"{self.name}-{i}"}
-            yield drt.CacheInput(payload, metadata)
 
 
 class Tokens:
