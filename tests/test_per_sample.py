@@ -101,7 +101,9 @@ def test_samples_are_made_as_they_are_consumed(
     it = iter(dataset)
     taken = [next(it) for _ in range(5)]  # the first batch is one sample, then a large one
     gc.collect()
-    alive = [o for o in gc.get_objects() if type(o) is drt.CachedSample]
+    # This cache's samples only: other tests in the process may keep theirs alive.
+    cache_id = taken[0].cache_id
+    alive = [o for o in gc.get_objects() if type(o) is drt.CachedSample and o.cache_id == cache_id]
     assert len(alive) == len(taken)
     taken += list(it)
     assert [s.sample_id for s in taken] == list(range(500))

@@ -881,6 +881,9 @@ pub const Iter = struct {
             const row = c.row(locs[n].sample_id);
             if (row.shard_id != first.shard_id or row.offset != end) break;
             if (row.byte_len == 0 or row.byte_len >= it.map_max) break;
+            // Within the shard (a corrupt index row may point anywhere): a record that
+            // is not is left to `mappedRecord`, which refuses it, and the slots report it.
+            if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) break;
             end += row.byte_len;
         }
         if (n < 2) return 0;
