@@ -26,9 +26,9 @@ IO_BACKEND_ENV = "DATASET_RT_IO_BACKEND"
 # prefetch_size window unless it is contiguous (see CachedDataset._generate).
 BATCH_SAMPLES_MAX = 4096
 # Per-sample iteration asks for contiguous batches while the records of the previous
-# batch are all shorter than this (the threshold of integrations/torch.py's
-# _GATHER_BYTES): for them the per-batch Python work outweighs the native copy into one
-# buffer; larger records stay in the read buffers until their one copy into bytes.
+# batch are all shorter than this: for them the per-batch Python work outweighs the
+# native copy into one buffer; larger records stay in the read buffers until their one
+# copy into bytes.
 CONTIGUOUS_RECORD_BYTES = 16 << 10
 # The payload bytes a contiguous batch aims at: enough samples to spread the per-batch
 # work thin, few enough that the batch's arena and bytes objects stay in the CPU caches
