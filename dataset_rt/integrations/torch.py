@@ -245,12 +245,13 @@ def to_torch_iterable_dataset(dataset: Any) -> DatasetRTIterableDataset:
 
 # ------------------------------------------------------------------ tensor batches
 
-# Metadata columns held in a batch's buffer: numpy kind -> (torch dtype, bytes per value).
-_NUMERIC = {"i": (torch.int64, 8), "f": (torch.float64, 8), "b": (torch.bool, 1)}
-_NUMPY = {
-    "i": (np.dtype(np.int64), 8),
-    "f": (np.dtype(np.float64), 8),
-    "b": (np.dtype(np.bool_), 1),
+# Kinds of values in a batch's buffer (metadata columns by numpy kind; "u" the payload
+# bytes): kind -> (torch dtype, numpy dtype, bytes per value).
+_DTYPES = {
+    "i": (torch.int64, np.dtype(np.int64), 8),
+    "f": (torch.float64, np.dtype(np.float64), 8),
+    "b": (torch.bool, np.dtype(np.bool_), 1),
+    "u": (torch.uint8, np.dtype(np.uint8), 1),
 }
 
 
@@ -319,48 +320,38 @@ class TensorBatch:
 
     def __getattr__(self, name: str) -> Any:
         # The fields are views of ``buffer`` made on first use (a view costs about as
-        # much as a batch of small records takes to copy).
+        # much as a batch of small records takes to copy): of the numpy array ``raw``
+        # while the batch is in host memory the loader filled (``torch.from_numpy`` of a
+        # numpy view costs a fraction of a tensor slice and view), else of ``buffer``.
         count, width, head, nbytes, order, numeric = self._layout
-        ids = 8 * (count + 1)
         raw = self._raw
-        value: Any
         if raw is not None:
             if name == "buffer":
                 value = torch.from_numpy(raw)
-            elif name == "data":
-                part = raw[head : head + nbytes]
-                value = torch.from_numpy(part.reshape(count, width) if width >= 0 else part)
-            elif name == "offsets":
-                value = torch.from_numpy(raw[:ids].view(np.int64))
-            elif name == "cache_id":
-                value = torch.from_numpy(raw[ids : ids + 8 * count].view(np.int64))
-            elif name == "sample_id":
-                value = torch.from_numpy(raw[ids + 8 * count : ids + 16 * count].view(np.int64))
-            elif name == "metadata":
-                strings = self._strings
-                value = {}
-                for column in order:
-                    if column in strings:
-                        value[column] = strings[column]
-                    else:
-                        kind, position = numeric[column]
-                        dtype, size = _NUMPY[kind]
-                        part = raw[position : position + size * count].view(dtype)
-                        value[column] = torch.from_numpy(part)
-            else:
-                raise AttributeError(f"'TensorBatch' object has no attribute {name!r}")
-            setattr(self, name, value)
-            return value
-        buffer = self.buffer
+                self.buffer = value
+                return value
+
+            def view(start: int, stop: int, kind: str) -> torch.Tensor:
+                return torch.from_numpy(raw[start:stop].view(_DTYPES[kind][1]))
+
+        else:
+            buffer = self.buffer
+
+            def view(start: int, stop: int, kind: str) -> torch.Tensor:
+                return buffer[start:stop].view(_DTYPES[kind][0])
+
+        ids = 8 * (count + 1)
+        value: Any
         if name == "data":
-            data = buffer[head : head + nbytes]
-            value = data.view(count, width) if width >= 0 else data
+            value = view(head, head + nbytes, "u")
+            if width >= 0:
+                value = value.view(count, width)
         elif name == "offsets":
-            value = buffer[:ids].view(torch.int64)
+            value = view(0, ids, "i")
         elif name == "cache_id":
-            value = buffer[ids : ids + 8 * count].view(torch.int64)
+            value = view(ids, ids + 8 * count, "i")
         elif name == "sample_id":
-            value = buffer[ids + 8 * count : ids + 16 * count].view(torch.int64)
+            value = view(ids + 8 * count, ids + 16 * count, "i")
         elif name == "metadata":
             strings = self._strings
             value = {}
@@ -369,8 +360,7 @@ class TensorBatch:
                     value[column] = strings[column]
                 else:
                     kind, position = numeric[column]
-                    dtype, size = _NUMERIC[kind]
-                    value[column] = buffer[position : position + size * count].view(dtype)
+                    value[column] = view(position, position + _DTYPES[kind][2] * count, kind)
         else:
             raise AttributeError(f"'TensorBatch' object has no attribute {name!r}")
         setattr(self, name, value)
