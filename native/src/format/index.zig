@@ -11,7 +11,30 @@ pub const Row = struct {
     shard_id: u64,
     offset: u64,
     byte_len: u64,
+
+    /// Whether the record lies within a shard of `shard_len` bytes (a corrupt row may
+    /// point anywhere; no overflow whatever its fields).
+    pub fn within(r: Row, shard_len: u64) bool {
+        return r.offset <= shard_len and r.byte_len <= shard_len - r.offset;
+    }
 };
+
+test "Row.within: bounds without overflow" {
+    const Case = struct { offset: u64, len: u64, want: bool };
+    const max = std.math.maxInt(u64);
+    for ([_]Case{
+        .{ .offset = 0, .len = 10, .want = true },
+        .{ .offset = 4, .len = 6, .want = true },
+        .{ .offset = 4, .len = 7, .want = false },
+        .{ .offset = 10, .len = 0, .want = true },
+        .{ .offset = 11, .len = 0, .want = false },
+        .{ .offset = max, .len = 1, .want = false },
+        .{ .offset = 1, .len = max, .want = false },
+    }) |case| {
+        const r: Row = .{ .shard_id = 0, .offset = case.offset, .byte_len = case.len };
+        try std.testing.expectEqual(case.want, r.within(10));
+    }
+}
 
 /// Row `i` of an index image (bytes.len is a multiple of row_bytes; i < row count).
 pub fn get(bytes: []const u8, i: u64) Row {

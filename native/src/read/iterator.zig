@@ -51,6 +51,7 @@ const status = @import("../base/status.zig");
 const shard = @import("../format/shard.zig");
 const manifest = @import("../format/manifest.zig");
 const index = @import("../format/index.zig");
+const Cache = @import("../store/cache.zig").Cache;
 const io = @import("../io/backend.zig");
 const files_mod = @import("../io/files.zig");
 const dataset_mod = @import("dataset.zig");
@@ -506,6 +507,13 @@ pub const Iter = struct {
         try it.io.submit();
     }
 
+    /// A record the mapping paths (`mappedRecord`, `readRecord`, `mappedAdjacent`) may
+    /// take: not empty, under `map_max`, and in a shard read locally (not by byte ranges,
+    /// see `prepareRead`).
+    fn smallLocal(it: *const Iter, c: *const Cache, row: index.Row) bool {
+        return row.byte_len > 0 and row.byte_len < it.map_max and !c.readsRanges(row.shard_id, .iterator);
+    }
+
     /// The bytes of a small record whose pages were in the page cache when its shard was
     /// mapped, in the shard's mapping; null when it is read through the backend: a large
     /// record (the backend's reads copy it on the other cores and keep the resident set
@@ -519,8 +527,7 @@ pub const Iter = struct {
         const ds = it.ds;
         const c = &ds.caches[loc.cache];
         const row = c.row(loc.sample_id);
-        if (row.byte_len == 0 or row.byte_len >= it.map_max) return null;
-        if (c.readsRanges(row.shard_id, .iterator)) return null; // see prepareRead
+        if (!it.smallLocal(c, row)) return null;
         const entry = &c.manifest.shards[@intCast(row.shard_id)];
         const key: files_mod.Key = .{ .cache = loc.cache, .shard_id = row.shard_id };
         // Records from the head slot's first on may still be referenced (the slots not
@@ -549,11 +556,10 @@ pub const Iter = struct {
         const ds = it.ds;
         const c = &ds.caches[loc.cache];
         const row = c.row(loc.sample_id);
-        if (row.byte_len == 0 or row.byte_len >= it.map_max) return null;
-        if (c.readsRanges(row.shard_id, .iterator)) return null; // see prepareRead
+        if (!it.smallLocal(c, row)) return null;
         const entry = &c.manifest.shards[@intCast(row.shard_id)];
         if (entry.compression != .none) return null;
-        if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) return null;
+        if (!row.within(entry.byte_len)) return null;
         const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch return null;
         defer it.files.release(handle);
         const at = slot.raw.items.len;
@@ -871,7 +877,6 @@ pub const Iter = struct {
         const ds = it.ds;
         const c = &ds.caches[locs[0].cache];
         const first = c.row(locs[0].sample_id);
-        if (c.readsRanges(first.shard_id, .iterator)) return 0; // see prepareRead
         const entry = &c.manifest.shards[@intCast(first.shard_id)];
         if (entry.compression != .none) return 0;
         var end = first.offset;
@@ -880,10 +885,10 @@ pub const Iter = struct {
             if (locs[n].cache != locs[0].cache) break;
             const row = c.row(locs[n].sample_id);
             if (row.shard_id != first.shard_id or row.offset != end) break;
-            if (row.byte_len == 0 or row.byte_len >= it.map_max) break;
+            if (!it.smallLocal(c, row)) break;
             // Within the shard (a corrupt index row may point anywhere): a record that
             // is not is left to `mappedRecord`, which refuses it, and the slots report it.
-            if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) break;
+            if (!row.within(entry.byte_len)) break;
             end += row.byte_len;
         }
         if (n < 2) return 0;
@@ -953,7 +958,7 @@ pub const Iter = struct {
             const row = c.row(loc.sample_id);
             const entry = &c.manifest.shards[@intCast(row.shard_id)];
             if (entry.compression != .none or row.byte_len < it.direct_min) break;
-            if (row.offset > entry.byte_len or row.byte_len > entry.byte_len - row.offset) break;
+            if (!row.within(entry.byte_len)) break;
             const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch break;
             // Only from the page cache: a header read that waited for the disk would
             // serialize cold reads on this thread (the slots keep many in flight).
