@@ -400,6 +400,58 @@ pub const Buffers = struct {
         return n;
     }
 
+    /// `add` in bulk for samples in any order whose payloads stay where they are
+    /// (`payloads[k]` is sample `locs[k]`'s, with a real address even when empty; stored
+    /// metadata only, without `validate_cache`): the leading samples whose
+    /// `metadata.arrow` rows lie in the first one's record batch and hold no null, their
+    /// rows gathered column by column (one kind dispatch per column, not per value) and
+    /// every array reserved once. Returns the samples added: 0 when the first sample's
+    /// row holds a null or batches parse the embedded JSON (the caller adds it with
+    /// `add`, which gives the same values and errors). Nothing is added when it fails.
+    pub fn addStoredRun(b: *Buffers, ds: *Dataset, locs: []const Loc, payloads: []const []const u8) status.Error!usize {
+        std.debug.assert(locs.len == payloads.len);
+        if (!b.stored_metadata or ds.options.validate_cache or locs.len == 0) return 0;
+        const gpa = ds.gpa;
+        const columns, _ = try b.storedRow(ds, locs[0]);
+        const cache = locs[0].cache;
+        const first_row = b.stored_first;
+        var n: usize = 0;
+        scan: while (n < locs.len) : (n += 1) {
+            const loc = locs[n];
+            if (loc.cache != cache or loc.sample_id < first_row or loc.sample_id >= b.stored_end) break;
+            const row = loc.sample_id - first_row;
+            for (columns) |col| if (col.null_count > 0 and col.isNull(row)) break :scan;
+            b.prefetch(ds, loc);
+        }
+        if (n == 0) return 0;
+        // Room first, so that nothing below fails halfway.
+        try b.reserve(gpa, ds.fields, n);
+        for (columns, b.columns, ds.fields) |col, *out, f| if (f.kind == .string) {
+            var bytes: u64 = 0;
+            for (locs[0..n]) |loc| bytes += stringEnd(col, loc.sample_id - first_row + 1) - stringEnd(col, loc.sample_id - first_row);
+            try out.bytes.ensureUnusedCapacity(gpa, @intCast(bytes));
+        };
+        for (columns, b.columns, ds.fields) |col, *out, f| {
+            switch (f.kind) {
+                .bool => for (locs[0..n]) |loc| out.bytes.appendAssumeCapacity(@intFromBool(col.getBool(loc.sample_id - first_row))),
+                .int => for (locs[0..n]) |loc| out.ints.appendAssumeCapacity(col.getInt(loc.sample_id - first_row)),
+                .float => for (locs[0..n]) |loc| out.floats.appendAssumeCapacity(col.getFloat(loc.sample_id - first_row)),
+                .string => for (locs[0..n]) |loc| {
+                    out.bytes.appendSliceAssumeCapacity(col.getString(loc.sample_id - first_row));
+                    out.offsets.appendAssumeCapacity(out.bytes.items.len);
+                },
+            }
+        }
+        const cache_id = ds.caches[cache].cache_id;
+        for (locs[0..n], payloads[0..n]) |loc, p| {
+            b.payloads.appendAssumeCapacity(p.ptr);
+            b.payload_lens.appendAssumeCapacity(p.len);
+            b.cache_ids.appendAssumeCapacity(cache_id);
+            b.sample_ids.appendAssumeCapacity(loc.sample_id);
+        }
+        return n;
+    }
+
     /// `n` more bytes of the caller's `dest` for a contiguous payload, or null (nothing
     /// claimed) when the payloads are not in `dest` or it has no room for them: unlike
     /// `claim`, never moves the payloads (reads may be writing into `dest`).
@@ -783,6 +835,67 @@ test "batch: addCopyRun gives what addCopy gives, in runs cut at record batches"
     run.stored_metadata = false;
     try run.reset(gpa, ds.fields);
     try testing.expectEqual(@as(usize, 0), try run.addCopyRun(ds, 0, 0, payloads[0..3]));
+}
+
+test "batch: addStoredRun gives what add gives, for samples in any order across caches" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
+    defer env.close();
+    const ds = env.ds;
+    var one = try Buffers.init(gpa, ds.fields.len);
+    defer one.deinit(gpa);
+    var run = try Buffers.init(gpa, ds.fields.len);
+    defer run.deinit(gpa);
+    one.stored_metadata = true;
+    run.stored_metadata = true;
+    try one.reset(gpa, ds.fields);
+    try run.reset(gpa, ds.fields);
+    // Random rows, a cache change every few samples, repeats, empty payloads.
+    var locs: std.ArrayList(Loc) = .empty;
+    defer locs.deinit(gpa);
+    var payloads: std.ArrayList([]const u8) = .empty;
+    defer payloads.deinit(gpa);
+    const texts = [_][]const u8{ "a", "bcd", "efgh", "ijklmnop" };
+    const json: []const u8 = "not json";
+    for (0..300) |k| {
+        const cache: u32 = @intCast((k / 5) % ds.caches.len);
+        const n = ds.caches[cache].sampleCount();
+        try locs.append(gpa, .{ .cache = cache, .sample_id = (k * 7919 + k / 3) % n });
+        // An empty payload's address is its JSON's, as `add` gives it.
+        try payloads.append(gpa, if (k % 7 == 0) json[0..0] else texts[k % texts.len]);
+    }
+    for (locs.items, payloads.items) |loc, p| try one.add(ds, loc, json, p);
+    var added: usize = 0;
+    var calls: usize = 0;
+    while (added < locs.items.len) : (calls += 1) {
+        const k = try run.addStoredRun(ds, locs.items[added..], payloads.items[added..]);
+        try testing.expect(k > 0); // writer-made caches hold no nulls
+        added += k;
+    }
+    try testing.expect(calls > 1 and calls < locs.items.len); // runs, cut at caches
+    const a = one.view(ds.fields, false);
+    const b = run.view(ds.fields, false);
+    try testing.expectEqual(a.count, b.count);
+    const count: usize = @intCast(a.count);
+    try testing.expectEqualSlices([*]const u8, a.payloads.?[0..count], b.payloads.?[0..count]);
+    try testing.expectEqualSlices(u64, a.payload_lens.?[0..count], b.payload_lens.?[0..count]);
+    try testing.expectEqualSlices(u64, a.cache_ids.?[0..count], b.cache_ids.?[0..count]);
+    try testing.expectEqualSlices(u64, a.sample_ids.?[0..count], b.sample_ids.?[0..count]);
+    for (a.columns, b.columns, ds.fields) |x, y, f| switch (f.kind) {
+        .bool => try testing.expectEqualSlices(u8, boolsOf(x, count), boolsOf(y, count)),
+        .int => try testing.expectEqualSlices(i64, intsOf(x, count), intsOf(y, count)),
+        .float => try testing.expectEqualSlices(u64, @ptrCast(floatsOf(x, count)), @ptrCast(floatsOf(y, count))),
+        .string => {
+            try testing.expectEqualSlices(u64, x.offsets.?[0 .. count + 1], y.offsets.?[0 .. count + 1]);
+            for (0..count) |i| try testing.expectEqualStrings(stringOf(x, i), stringOf(y, i));
+        },
+    };
+    for (locs.items, 0..) |loc, i| try helpers.expectColumns(ds.fields, b, i, env.expected[loc.cache].samples()[@intCast(loc.sample_id)].metadata);
+    // Parsed metadata (validate_cache, or not stored): nothing in bulk.
+    run.stored_metadata = false;
+    try run.reset(gpa, ds.fields);
+    try testing.expectEqual(@as(usize, 0), try run.addStoredRun(ds, locs.items[0..3], payloads.items[0..3]));
+    try testing.expectEqual(@as(u64, 0), run.count());
 }
 
 test "batch: truncate keeps the first samples of a contiguous batch" {

@@ -325,17 +325,45 @@ pub const Lookup = struct {
         const raw = lk.raw.items;
         try lk.batch.reset(gpa, ds.fields);
         const locs = lk.locs.items;
-        for (locs, lk.jsons.items, lk.spans.items, 0..) |loc, j, p, i| {
-            if (i + prefetch_distance < n) lk.batch.prefetch(ds, locs[i + prefetch_distance]);
-            const json = if (absolute) at(j[0])[0..@intCast(j[1])] else raw[@intCast(j[0])..][0..@intCast(j[1])];
-            const len: usize = @intCast(p[1] & ~in_reads);
-            const payload = if (p[1] & in_reads != 0) at(p[0])[0..len] else raw[@intCast(p[0])..][0..len];
-            try lk.batch.add(ds, loc, json, payload);
+        const jsons = lk.jsons.items;
+        const spans = lk.spans.items;
+        var i: usize = 0;
+        while (i < n) {
+            if (lk.batch.stored_metadata) {
+                // Stored metadata: in runs (`Buffers.addStoredRun`), a step of samples at
+                // a time; a sample it leaves (a null in its row) goes through `add`.
+                var payloads: [run_step][]const u8 = undefined;
+                const step = @min(run_step, n - i);
+                for (payloads[0..step], i..) |*payload, k| payload.* = payloadOf(raw, jsons[k], spans[k], absolute);
+                const added = try lk.batch.addStoredRun(ds, locs[i..][0..step], payloads[0..step]);
+                if (added > 0) {
+                    i += added;
+                    continue;
+                }
+            } else if (i + prefetch_distance < n) lk.batch.prefetch(ds, locs[i + prefetch_distance]);
+            try lk.batch.add(ds, locs[i], jsonOf(raw, jsons[i], absolute), payloadOf(raw, jsons[i], spans[i], absolute));
+            i += 1;
         }
         std.debug.assert(lk.raw.items.ptr == raw.ptr and lk.raw.items.len == raw.len);
         if (contiguous) try lk.batch.pack(gpa, 0);
         return lk.batch.view(ds.fields, contiguous);
     }
+
+    /// A sample's JSON in `finishBatch`: (start, len) in `raw`, or an address with `absolute`.
+    fn jsonOf(raw: []const u8, j: [2]u64, absolute: bool) []const u8 {
+        return if (absolute) at(j[0])[0..@intCast(j[1])] else raw[@intCast(j[0])..][0..@intCast(j[1])];
+    }
+
+    /// A sample's payload in `finishBatch` (see there); an empty one gets its JSON's
+    /// address, as `Buffers.add` gives it.
+    fn payloadOf(raw: []const u8, j: [2]u64, p: [2]u64, absolute: bool) []const u8 {
+        const len: usize = @intCast(p[1] & ~in_reads);
+        if (len == 0) return jsonOf(raw, j, absolute)[0..0];
+        return if (p[1] & in_reads != 0) at(p[0])[0..len] else raw[@intCast(p[0])..][0..len];
+    }
+
+    /// Samples `finishBatch` hands `Buffers.addStoredRun` at a time.
+    const run_step = 64;
 
     /// How many identities ahead a call in random order starts loading a record's bytes
     /// and its metadata.arrow values (enough to overlap several memory latencies).
