@@ -815,10 +815,10 @@ pub const Iter = struct {
         run: while (it.delivered < end) {
             if (bytes_max) |m| if (bytes >= m) break;
             const n: usize = @intCast(@min(mapped_step, end - it.delivered));
-            for (0..n) |j| {
-                locs[j] = ds.locate(it.table, it.schedule.position(it.delivered + j));
-                const c = &ds.caches[locs[j].cache];
-                @prefetch(c.index_map.ptr + locs[j].sample_id * index.row_bytes, .{});
+            it.locateStep(it.delivered, locs[0..n]);
+            for (locs[0..n]) |loc| {
+                const c = &ds.caches[loc.cache];
+                @prefetch(c.index_map.ptr + loc.sample_id * index.row_bytes, .{});
             }
             var mapped: usize = it.mappedAdjacent(locs[0..n], images[0..n]);
             while (mapped < n) : (mapped += 1) {
@@ -864,6 +864,36 @@ pub const Iter = struct {
         _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
         it.mapped_records += taken;
         return taken;
+    }
+
+    /// `ds.locate` of the plan indexes `first..first + locs.len`. An ordered window over
+    /// the physical samples (no shuffle, no table of identities) steps from one sample
+    /// to the next (the next sample id of the same cache, while the stream position, its
+    /// row and its cache do not wrap or end) instead of a division and a cache search per
+    /// sample; any other window, and every wrap, locates the sample anew.
+    fn locateStep(it: *const Iter, first: u64, locs: []Loc) void {
+        const ds = it.ds;
+        const table = it.table;
+        if (locs.len == 0) return;
+        if (ds.options.shuffle or table.cache.len != 0) {
+            for (locs, first..) |*loc, k| loc.* = ds.locate(table, it.schedule.position(k));
+            return;
+        }
+        var p = it.schedule.position(first);
+        var row = p % table.len;
+        locs[0] = ds.locate(table, p);
+        for (1..locs.len) |j| {
+            const prev = locs[j - 1];
+            const next_p = it.schedule.position(first + j);
+            if (next_p == p +% 1 and row + 1 < table.len and prev.sample_id + 1 < ds.caches[prev.cache].sampleCount()) {
+                locs[j] = .{ .cache = prev.cache, .sample_id = prev.sample_id + 1 };
+                row += 1;
+            } else {
+                locs[j] = ds.locate(table, next_p);
+                row = next_p % table.len;
+            }
+            p = next_p;
+        }
     }
 
     /// For `takeMapped` (nothing planned ahead): the leading records at `locs` that lie
@@ -1563,4 +1593,31 @@ test "iterator (io_uring): a long failure message reads as the lookup's" {
 
 test "iterator (threads): a long failure message reads as the lookup's" {
     try expectLongFailureMessage(.threads);
+}
+
+test "iterator: locateStep locates as ds.locate does, across caches, wraps and blocks" {
+    var env = try helpers.Env.openFixtures(testing.allocator, &helpers.same_schema, .{});
+    defer env.close();
+    const total = env.ds.total();
+    // Whole passes, a window wrapping past the last sample, and blocks of a range.
+    const schedules = [_]Schedule{
+        .{ .start = 0, .count = 2 * total + 3 },
+        .{ .start = total - 7, .count = 40 },
+        .{ .start = 700, .count = 60, .block_len = 2, .block_stride = 6 },
+        .{ .start = 3, .count = 50, .block_len = 5, .block_stride = 5 },
+    };
+    for (schedules) |schedule| {
+        const it = try Iter.openRange(env.ds, schedule);
+        defer it.close();
+        var locs: [mapped_step]Loc = undefined;
+        // Steps of every length, from every offset.
+        for (1..mapped_step + 1) |len| {
+            var k: u64 = 0;
+            while (k < schedule.count) : (k += len) {
+                const n: usize = @intCast(@min(len, schedule.count - k));
+                it.locateStep(k, locs[0..n]);
+                for (locs[0..n], k..) |loc, i| try testing.expectEqual(env.ds.locate(it.table, schedule.position(i)), loc);
+            }
+        }
+    }
 }
