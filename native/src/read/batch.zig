@@ -79,6 +79,10 @@ pub const Buffers = struct {
     views: []ColumnView = &.{},
     values: []schema.Value = &.{},
     scratch: std.ArrayList(u8) = .empty,
+    /// `addParsed`'s parse diagnostics, read only after a parse failed (which sets it):
+    /// kept here so a sample does not initialize its 256-byte message buffer (safe
+    /// builds fill `undefined` memory).
+    diag: metadata_json.Diagnostic = .{},
     /// Take metadata columns from `metadata.arrow` instead of the embedded JSON (see
     /// //!). Set by the caller before a batch call; kept across `reset`.
     stored_metadata: bool = false,
@@ -215,8 +219,8 @@ pub const Buffers = struct {
     fn addParsed(b: *Buffers, ds: *Dataset, loc: Loc, json: []const u8) status.Error!void {
         const gpa = ds.gpa;
         b.scratch.clearRetainingCapacity();
-        var diag: metadata_json.Diagnostic = .{};
-        metadata_json.parseRecord(json, ds.fields, b.values, &b.scratch, gpa, &diag) catch |err| switch (err) {
+        const diag = &b.diag;
+        metadata_json.parseRecord(json, ds.fields, b.values, &b.scratch, gpa, diag) catch |err| switch (err) {
             error.OutOfMemory => return error.OutOfMemory,
             error.Invalid => return switch (diag.kind) {
                 .json => status.fail(error.Json, "JSON error: {s}", .{diag.message()}),
