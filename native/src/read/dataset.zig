@@ -285,8 +285,13 @@ pub const Dataset = struct {
 
     /// Counts one read by an iterator backend (`kind`) or by a lookup (null).
     pub fn countRead(ds: *Dataset, kind: ?io.Kind, bytes: u64) void {
+        ds.countReads(kind, 1, bytes);
+    }
+
+    /// `countRead` for `reads` reads of `bytes` in all (one pair of atomic adds).
+    pub fn countReads(ds: *Dataset, kind: ?io.Kind, reads: u64, bytes: u64) void {
         const counter = if (kind) |k| @intFromEnum(k) else ds.reads.len - 1;
-        _ = ds.reads[counter].fetchAdd(1, .monotonic);
+        _ = ds.reads[counter].fetchAdd(reads, .monotonic);
         _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
     }
 

@@ -244,18 +244,23 @@ pub const Lookup = struct {
     /// as one lookup read), or null: then read them with `readAt`. The caller checked the
     /// range against the manifest's shard length.
     fn mappedAt(lk: *Lookup, cache: u32, shard_id: u64, len: u64, offset: u64) ?[]const u8 {
+        const bytes = lk.mapped(cache, shard_id, len, offset) orelse return null;
+        lk.ds.countRead(null, len);
+        return bytes;
+    }
+
+    /// `mappedAt` without counting the read (the caller counts it).
+    fn mapped(lk: *Lookup, cache: u32, shard_id: u64, len: u64, offset: u64) ?[]const u8 {
         if (len >= mapped_read_max) return null;
         const ds = lk.ds;
         if (ds.caches[cache].readsRanges(shard_id, .lookup)) return null; // see readAt
         const shard_len = ds.caches[cache].manifest.shards[@intCast(shard_id)].byte_len;
         lk.map_stamp += 1;
-        const bytes = lk.maps.get(ds.gpa, .{ .cache = cache, .shard_id = shard_id }, shard_len, offset, len, &lk.files, Dataset.ShardOpener{ .ds = ds }, .{
+        return lk.maps.get(ds.gpa, .{ .cache = cache, .shard_id = shard_id }, shard_len, offset, len, &lk.files, Dataset.ShardOpener{ .ds = ds }, .{
             .now = lk.map_stamp,
             .pinned_from = lk.call_stamp,
             .resident_only = false,
-        }) orelse return null;
-        ds.countRead(null, len);
-        return bytes;
+        });
     }
 
     /// Reads `buf.len` bytes at `offset` of a shard, counted as one lookup read. The
@@ -443,9 +448,15 @@ pub const Lookup = struct {
         // Pass 3: read (the buffer is sized once, so it never moves afterwards); small
         // spans stay in the shard's mapping.
         try record.growUninit(&lk.reads, gpa, @intCast(total));
+        // The mapped reads are counted once for the call (what was read, also on failure).
+        var mapped_reads: u64 = 0;
+        var mapped_bytes: u64 = 0;
+        defer ds.countReads(null, mapped_reads, mapped_bytes);
         for (lk.span_reads.items) |*s| {
-            if (lk.mappedAt(s.cache, s.shard_id, s.len, s.offset)) |bytes| {
+            if (lk.mapped(s.cache, s.shard_id, s.len, s.offset)) |bytes| {
                 s.mapped = bytes.ptr;
+                mapped_reads += 1;
+                mapped_bytes += s.len;
             } else {
                 try lk.readAt(s.cache, s.shard_id, lk.reads.items[@intCast(s.at)..][0..@intCast(s.len)], s.offset);
             }
