@@ -902,7 +902,7 @@ pub const Iter = struct {
     /// of one per record). Sets their `images`; returns how many (0 when fewer than two,
     /// or the range is not served: then each record is looked up alone).
     fn mappedAdjacent(it: *Iter, locs: []const Loc, images: [][]const u8) usize {
-        std.debug.assert(it.used == 0 and it.planned == it.delivered);
+        std.debug.assert(it.used == 0 and it.planned == it.delivered and locs.len <= mapped_step);
         if (locs.len < 2) return 0;
         const ds = it.ds;
         const c = &ds.caches[locs[0].cache];
@@ -910,6 +910,7 @@ pub const Iter = struct {
         const entry = &c.manifest.shards[@intCast(first.shard_id)];
         if (entry.compression != .none) return 0;
         var end = first.offset;
+        var lens: [mapped_step]u64 = undefined;
         var n: usize = 0;
         while (n < locs.len) : (n += 1) {
             if (locs[n].cache != locs[0].cache) break;
@@ -920,6 +921,7 @@ pub const Iter = struct {
             // is not is left to `mappedRecord`, which refuses it, and the slots report it.
             if (!row.within(entry.byte_len)) break;
             end += row.byte_len;
+            lens[n] = row.byte_len;
         }
         if (n < 2) return 0;
         const key: files_mod.Key = .{ .cache = locs[0].cache, .shard_id = first.shard_id };
@@ -930,10 +932,9 @@ pub const Iter = struct {
             .resident_only = true,
         }) orelse return 0;
         var at: usize = 0;
-        for (locs[0..n], images[0..n]) |loc, *image| {
-            const len: usize = @intCast(c.row(loc.sample_id).byte_len);
-            image.* = bytes[at..][0..len];
-            at += len;
+        for (lens[0..n], images[0..n]) |len, *image| {
+            image.* = bytes[at..][0..@intCast(len)];
+            at += @intCast(len);
         }
         return n;
     }
