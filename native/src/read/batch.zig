@@ -169,8 +169,13 @@ pub const Buffers = struct {
     pub fn prefetch(b: *const Buffers, ds: *const Dataset, loc: Loc) void {
         if (!b.stored_metadata or ds.options.validate_cache) return;
         if (loc.cache != b.stored_cache or loc.sample_id < b.stored_first or loc.sample_id >= b.stored_end) return;
-        const row: usize = @intCast(loc.sample_id - b.stored_first);
-        for (b.stored_columns) |col| {
+        prefetchRow(b.stored_columns, loc.sample_id - b.stored_first);
+    }
+
+    /// Starts loading row `row` of `columns` (a hint).
+    inline fn prefetchRow(columns: []const arrow.Column, row64: u64) void {
+        const row: usize = @intCast(row64);
+        for (columns) |col| {
             switch (col.type) {
                 .bool => @prefetch(col.values.ptr + row / 8, .{}),
                 .int64, .float64 => @prefetch(col.values.ptr + row * 8, .{}),
@@ -425,7 +430,7 @@ pub const Buffers = struct {
             if (loc.cache != cache or loc.sample_id < first_row or loc.sample_id >= b.stored_end) break;
             const row = loc.sample_id - first_row;
             for (columns) |col| if (col.null_count > 0 and col.isNull(row)) break :scan;
-            b.prefetch(ds, loc);
+            prefetchRow(columns, row);
         }
         if (n == 0) return 0;
         // Room first, so that nothing below fails halfway.
