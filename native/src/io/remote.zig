@@ -733,6 +733,15 @@ const Origin = struct {
         return true;
     }
 
+    /// Whether every shard of `c` is pinned by this origin: nothing is left to fetch ahead
+    /// and no process can evict any of them until the cache closes (a pin is dropped only
+    /// to make room for another shard of the cache, and none is left to request).
+    fn settled(o: *Origin, c: *const cache.Cache) bool {
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        return o.pin_count == c.manifest.shards.len;
+    }
+
     /// Ordered reading: asks for the shards after `shard_id`.
     fn readAhead(o: *Origin, c: *const cache.Cache, shard_id: u64) void {
         var next = shard_id + 1;
@@ -789,6 +798,7 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, poo
             .open = openCacheShard,
             .release = releaseOrigin,
             .prefetch = prefetchShard,
+            .settled = settledCache,
             .ranges = rangesShard,
             .read_range = readRangeShard,
         },
@@ -818,6 +828,11 @@ fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) sta
 fn prefetchShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) bool {
     const origin: *Origin = @ptrCast(@alignCast(context));
     return origin.request(c, shard_id);
+}
+
+fn settledCache(context: *anyopaque, c: *const cache.Cache) bool {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.settled(c);
 }
 
 fn releaseOrigin(context: *anyopaque) void {
@@ -1140,4 +1155,41 @@ fn countBins(r: *Remote) !usize {
         if (std.mem.endsWith(u8, e.name, ".bin")) n += 1;
     }
     return n;
+}
+
+test "settled: a cache is settled once every shard is pinned, never with more shards than pins" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.makePath("local");
+    const root = try tmp.dir.realpathAlloc(gpa, "local");
+    defer gpa.free(root);
+    var store: FakeStore = .{ .dir = tmp.dir };
+    const one = try copyFixture(tmp.dir, "plain_one_shard");
+    const many = try copyFixture(tmp.dir, "plain_many_shards");
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 4 * (one.total + many.total), .backoff_ns = 1000 });
+    defer r.release();
+
+    var single = try openCache(r, "fake://bucket/plain_one_shard", 0, false, &rt.pool, 0);
+    defer single.close();
+    const src = single.source.?;
+    try testing.expect(!src.settled.?(src.context, &single)); // nothing fetched or pinned
+    try testing.expect(src.prefetch.?(src.context, &single, 0));
+    // The fetch runs on a thread of its own and pins the shard when it lands.
+    var waited: u32 = 0;
+    while (!src.settled.?(src.context, &single)) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
+
+    // More shards than pins: never settled, whatever was asked for.
+    var several = try openCache(r, "fake://bucket/plain_many_shards", 0, false, &rt.pool, 0);
+    defer several.close();
+    try testing.expect(several.manifest.shards.len > Origin.pins_max);
+    for (0..several.manifest.shards.len) |id| {
+        _ = several.source.?.prefetch.?(several.source.?.context, &several, id);
+        try testing.expect(!several.source.?.settled.?(several.source.?.context, &several));
+    }
 }

@@ -11,7 +11,8 @@
 //!   recently handed shard cost one sampler draw and a compare (`recent`).
 //! - When the source cannot take a shard now, the cursor stays there and the next `fill`
 //!   asks again: look-ahead never skips a shard it could still fetch in time.
-//! - Datasets with no fetched shards never draw a position here (`enabled` is false).
+//! - Datasets with no fetched shards never draw a position here (`enabled` is false), nor
+//!   do datasets whose fetched shards are all pinned already (`ShardSource.settled`).
 
 const std = @import("std");
 const dataset_mod = @import("dataset.zig");
@@ -43,7 +44,7 @@ pub const LookAhead = struct {
             la.enabled = any;
             break :blk any;
         };
-        if (!enabled or table.len == 0) return;
+        if (!enabled or table.len == 0 or settled(ds)) return;
         const span = @max(span_min, 4 * ds.options.prefetch_size);
         const end = @min(schedule.count, planned +| span);
         var k = @max(la.cursor, planned);
@@ -61,6 +62,19 @@ pub const LookAhead = struct {
             la.recent[la.recent_at] = key;
         }
         la.cursor = k;
+    }
+
+    /// Whether no cache has a shard left to fetch ahead (all pinned): then the positions
+    /// are not located at all (a random index row per position when shuffled). The
+    /// cursor stays: when a cache unsettles, handing on resumes at the planning point.
+    fn settled(ds: *const Dataset) bool {
+        for (ds.caches) |*c| {
+            const src = c.source orelse continue;
+            if (src.prefetch == null) continue;
+            const is_settled = src.settled orelse return false;
+            if (!is_settled(src.context, c)) return false;
+        }
+        return true;
     }
 
     fn seen(la: *const LookAhead, key: Key) bool {

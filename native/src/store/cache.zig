@@ -69,6 +69,9 @@ pub const ShardSource = struct {
     /// fetching it in the background. False: not now (fetches or memory at their bound),
     /// ask again later.
     prefetch: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64) bool = null,
+    /// True when no shard of `c` needs fetching ahead now (every one is local and pinned):
+    /// the look-ahead skips the cache instead of locating every position it will read.
+    settled: ?*const fn (context: *anyopaque, c: *const Cache) bool = null,
     /// Whether `reader` reads shard `shard_id` now by byte ranges (`read_range`) rather
     /// than through `open`. Cheap when the answer is no for a whole cache.
     ranges: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, reader: Reader) bool = null,
