@@ -2,8 +2,10 @@
 //! knows the positions it will read next, so it hands the shards of the next `span`
 //! positions (sampler → index row → shard) to the cache's shard source (`ShardSource.
 //! prefetch`, `io/remote.zig`), which fetches them in the background and pins them, with
-//! bounded concurrency and bytes. Every sampling mode goes through the same code: ordered,
-//! shuffled, weighted, permutation, and explicit schedules.
+//! bounded concurrency and bytes; a record of a shard read by byte ranges is handed on
+//! by itself (`ShardSource.prefetch_range`): its range is fetched ahead. Every sampling
+//! mode goes through the same code: ordered, shuffled, weighted, permutation, and
+//! explicit schedules.
 //!
 //! Invariants:
 //! - Each window index is handed on at most once per iterator (`cursor` only grows), and
@@ -53,8 +55,14 @@ pub const LookAhead = struct {
             const c = &ds.caches[loc.cache];
             const src = c.source orelse continue;
             const prefetch = src.prefetch orelse continue;
-            const shard_id = c.row(loc.sample_id).shard_id;
+            const row = c.row(loc.sample_id);
+            const shard_id = row.shard_id;
             if (shard_id >= c.manifest.shards.len) continue; // the read reports it
+            if (src.prefetch_range) |ahead| switch (ahead(src.context, c, shard_id, row.offset, row.byte_len)) {
+                .whole => {},
+                .taken => continue,
+                .full => break,
+            };
             const key: Key = .{ .cache = loc.cache, .shard_id = shard_id };
             if (la.seen(key)) continue;
             if (!prefetch(src.context, c, shard_id)) break;
