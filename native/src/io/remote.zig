@@ -18,7 +18,8 @@
 //!   the reader's memory. No SHA-256 can check a range: the object's size is checked
 //!   when it is opened, the handle pins the version seen then (the transport makes every
 //!   read conditional on its ETag: `Code.changed` once it was replaced) and stays open
-//!   until the cache closes, and the reader checks each record's framing.
+//!   until the cache closes, and the reader checks each record's framing. Iterators'
+//!   ranges are fetched ahead in plan order (`Origin.aheadRange`).
 //! - Transient failures (`Code.retry`: connection refused or reset, timeouts, 5xx, a short
 //!   body) are retried with exponential backoff; a reset mid-file continues from the
 //!   chunk that failed. Then the error names the URL. A 404 and a 403 have their own
@@ -493,7 +494,8 @@ const Helper = struct {
 };
 
 /// Where a remote cache's shards come from: the transport, the pool that helps fetch, and
-/// fetch-ahead. Two callers hand it the shards that will be read next:
+/// fetch-ahead (of whole shards here; of records' ranges when iterators read ranges, see
+/// `aheadRange`). Two callers hand it the shards that will be read next:
 /// - the iterators' plan-order look-ahead (`read/lookahead.zig`, every sampling mode):
 ///   the shards of the next positions the sampler will draw, through `prefetchShard`;
 /// - in ordered reading, opening shard k also asks for shards k+1 .. k+readahead.
@@ -532,16 +534,45 @@ const Origin = struct {
     /// manifest's SHA-256, never by ranges (which no checksum covers).
     validate: bool = false,
     /// Objects opened for range reads, by shard id: kept open (their version pinned, see
-    /// `Ops.open`) until the cache closes, so every range of a shard comes from the one
+    /// `Ops.open`) until the cache closes and the last range fetch ahead ends (the last
+    /// reference: `unref`), so every range of a shard comes from the one
     /// version this process first opened. Guarded by `objects_mutex`.
     objects: std.AutoHashMapUnmanaged(u64, Remote.Object) = .empty,
     objects_mutex: std.Thread.Mutex = .{},
     /// Range reads made and bytes they read (tests and statistics).
     range_reads: std.atomic.Value(u64) = .init(0),
     range_bytes: std.atomic.Value(u64) = .init(0),
+    /// Range reads ahead (see `aheadRange`), guarded by `mutex`: the records handed on,
+    /// their bytes, the sequence number of the next one and one past the newest one a
+    /// reader took (an older one still here was passed by: stale), and the threads
+    /// fetching them. `ahead_cond` is signalled when a fetch ends.
+    ahead: [ahead_max]Ahead = @splat(.{}),
+    ahead_bytes: u64 = 0,
+    ahead_seq: u64 = 0,
+    taken_seq: u64 = 0,
+    ahead_workers: usize = 0,
+    ahead_cond: std.Thread.Condition = .{},
 
     const slots_max = 4;
     const pins_max = 8;
+    /// Records fetched ahead by range reads at most, and their bytes.
+    const ahead_max = 256;
+    const ahead_bytes_max = 32 << 20;
+
+    /// A record's byte range fetched ahead into `buf` (owned, as `url`, a copy of the
+    /// shard's URL: the cache may close while it is fetched).
+    const Ahead = struct {
+        state: enum { free, queued, running, landed, failed } = .free,
+        shard_id: u64 = 0,
+        shard_len: u64 = 0,
+        offset: u64 = 0,
+        /// Sequence numbers of its first and last hand-on, and the reads it will serve.
+        seq: u64 = 0,
+        last_seq: u64 = 0,
+        uses: u32 = 1,
+        buf: []u8 = &.{},
+        url: [:0]u8 = undefined,
+    };
 
     const Pin = struct { shard_id: u64, fd: posix.fd_t, bytes: u64 };
 
@@ -577,6 +608,11 @@ const Origin = struct {
     fn unref(o: *Origin) void {
         if (o.refs.fetchSub(1, .acq_rel) != 1) return;
         const r = o.remote;
+        for (&o.ahead) |*a| if (a.state != .free) o.dropAhead(a);
+        // Closed here, not when the cache closes: a range read ahead may still use one.
+        var it = o.objects.valueIterator();
+        while (it.next()) |obj| r.closeObject(obj.*);
+        o.objects.deinit(r.gpa);
         r.gpa.free(o.url);
         r.gpa.destroy(o);
         r.release();
@@ -636,6 +672,117 @@ const Origin = struct {
         return !o.remote.shards.contains(shard.sha256, shard.byte_len);
     }
 
+    /// Iterators' look-ahead (`ShardSource.prefetch_range`): the record at `offset`
+    /// (`len` bytes) of shard `shard_id` will be read soon. When the iterators read that
+    /// shard by ranges, its range is queued and fetched by up to `slotCount()` threads of
+    /// their own (never pool workers; detached, each holding a reference) into a buffer
+    /// of its own, at most `ahead_max` records and `ahead_bytes_max` bytes at once;
+    /// `readRange` then takes the bytes. Records a reader passed by without taking them
+    /// (stale) are dropped to make room. A failed fetch is dropped: the reader's own read
+    /// reports it.
+    fn aheadRange(o: *Origin, c: *const cache.Cache, shard_id: u64, offset: u64, len: u64) cache.RangeAhead {
+        if (o.pool == null or !o.iteratorRanges()) return .whole;
+        const shard = &c.manifest.shards[@intCast(shard_id)];
+        // Left to the reader: empty, out of the shard (it reports it), or too large.
+        if (len == 0 or offset > shard.byte_len or len > shard.byte_len - offset or len > ahead_bytes_max / 4) return .taken;
+        if (o.remote.shards.contains(shard.sha256, shard.byte_len)) return .whole;
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        if (o.closing.load(.acquire)) return .taken;
+        var free: ?*Ahead = null;
+        for (&o.ahead) |*a| {
+            if (a.state != .free and a.shard_id == shard_id and a.offset == offset and a.buf.len == len) {
+                // Drawn again (sampling with replacement): one fetch serves both reads.
+                a.uses += 1;
+                a.last_seq = o.ahead_seq;
+                o.ahead_seq += 1;
+                return .taken;
+            }
+            if ((a.state == .landed or a.state == .failed) and a.last_seq < o.taken_seq) o.dropAhead(a);
+            if (a.state == .free and free == null) free = a;
+        }
+        const a = free orelse return .full;
+        if (o.ahead_bytes + len > ahead_bytes_max) return .full;
+        const gpa = o.remote.gpa;
+        const url = gpa.dupeZ(u8, c.shard_paths[@intCast(shard_id)]) catch return .taken;
+        const buf = gpa.alloc(u8, @intCast(len)) catch {
+            gpa.free(url);
+            return .taken;
+        };
+        a.* = .{ .state = .queued, .shard_id = shard_id, .shard_len = shard.byte_len, .offset = offset, .seq = o.ahead_seq, .last_seq = o.ahead_seq, .buf = buf, .url = url };
+        o.ahead_seq += 1;
+        o.ahead_bytes += len;
+        if (o.ahead_workers < o.slotCount()) {
+            _ = o.refs.fetchAdd(1, .monotonic);
+            if (std.Thread.spawn(.{}, aheadWork, .{o})) |thread| {
+                thread.detach();
+                o.ahead_workers += 1;
+            } else |_| _ = o.refs.fetchSub(1, .monotonic); // the reader reads it itself
+        }
+        return .taken;
+    }
+
+    /// Under `mutex`: frees the entry `a`.
+    fn dropAhead(o: *Origin, a: *Ahead) void {
+        std.debug.assert(a.state != .running);
+        o.remote.gpa.free(a.buf);
+        o.remote.gpa.free(a.url);
+        o.ahead_bytes -= a.buf.len;
+        a.* = .{};
+    }
+
+    /// A range fetch thread: fetches the oldest queued record until none is left or the
+    /// cache closes.
+    fn aheadWork(o: *Origin) void {
+        defer o.unref();
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        while (!o.closing.load(.acquire)) {
+            var next: ?*Ahead = null;
+            for (&o.ahead) |*a| {
+                if (a.state == .queued and (next == null or a.seq < next.?.seq)) next = a;
+            }
+            const a = next orelse break;
+            a.state = .running;
+            o.mutex.unlock();
+            const ok = o.fetchRange(a.shard_id, a.url, a.shard_len, a.offset, a.buf);
+            o.mutex.lock();
+            a.state = if (ok) .landed else .failed;
+            o.ahead_cond.broadcast();
+        }
+        o.ahead_workers -= 1;
+    }
+
+    /// One ranged read of the pinned version (see `readRange`); false on any failure.
+    fn fetchRange(o: *Origin, shard_id: u64, url: [:0]const u8, shard_len: u64, offset: u64, buf: []u8) bool {
+        const obj = o.object(shard_id, url, shard_len) catch return false;
+        o.remote.readObject(obj, url, offset, buf) catch return false;
+        _ = o.range_reads.fetchAdd(1, .monotonic);
+        _ = o.range_bytes.fetchAdd(buf.len, .monotonic);
+        return true;
+    }
+
+    /// The bytes of `buf.len` at `offset` of shard `shard_id` from a range fetched ahead
+    /// (waiting for it while it is fetched); false when there is none (a record queued
+    /// but not started is taken off the queue: the caller reads it itself). A record
+    /// drawn again stays for its next read.
+    fn takeAhead(o: *Origin, shard_id: u64, offset: u64, buf: []u8) bool {
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        const a = for (&o.ahead) |*a| {
+            if (a.state != .free and a.shard_id == shard_id and a.offset <= offset and offset - a.offset <= a.buf.len and buf.len <= a.buf.len - (offset - a.offset)) break a;
+        } else return false;
+        o.taken_seq = @max(o.taken_seq, a.seq + 1);
+        while (a.state == .running) o.ahead_cond.wait(&o.mutex);
+        const landed = a.state == .landed;
+        if (landed) @memcpy(buf, a.buf[@intCast(offset - a.offset)..][0..buf.len]);
+        if (landed and a.uses > 1) {
+            a.uses -= 1;
+            a.seq = a.last_seq; // (with three uses or more, at worst dropped early)
+        } else o.dropAhead(a);
+        return landed;
+    }
+
     /// Reads `buf.len` bytes at `offset` of shard `shard_id` of `c` with one ranged read
     /// of its object (retried as downloads are), from the version pinned when this origin
     /// first opened that object. The object's size must be the manifest's; the caller
@@ -649,6 +796,7 @@ const Origin = struct {
             return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{url});
         }
         if (buf.len == 0) return;
+        if (o.takeAhead(shard_id, offset, buf)) return;
         const obj = try o.object(shard_id, url, shard.byte_len);
         try o.remote.readObject(obj, url, offset, buf);
         _ = o.range_reads.fetchAdd(1, .monotonic);
@@ -733,6 +881,15 @@ const Origin = struct {
         return true;
     }
 
+    /// Whether every shard of `c` is pinned by this origin: nothing is left to fetch ahead
+    /// and no process can evict any of them until the cache closes (a pin is dropped only
+    /// to make room for another shard of the cache, and none is left to request).
+    fn settled(o: *Origin, c: *const cache.Cache) bool {
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        return o.pin_count == c.manifest.shards.len;
+    }
+
     /// Ordered reading: asks for the shards after `shard_id`.
     fn readAhead(o: *Origin, c: *const cache.Cache, shard_id: u64) void {
         var next = shard_id + 1;
@@ -752,16 +909,7 @@ const Origin = struct {
             defer o.mutex.unlock();
             while (o.pin_count > 0) o.unpinOldest();
         }
-        {
-            // No reader is left (the cache closes after its iterators and lookups).
-            o.objects_mutex.lock();
-            defer o.objects_mutex.unlock();
-            var it = o.objects.valueIterator();
-            while (it.next()) |obj| o.remote.closeObject(obj.*);
-            o.objects.deinit(o.remote.gpa);
-            o.objects = .empty;
-        }
-        o.unref();
+        o.unref(); // the last reference closes the objects opened for range reads
     }
 };
 
@@ -789,6 +937,8 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, poo
             .open = openCacheShard,
             .release = releaseOrigin,
             .prefetch = prefetchShard,
+            .settled = settledCache,
+            .prefetch_range = prefetchRange,
             .ranges = rangesShard,
             .read_range = readRangeShard,
         },
@@ -818,6 +968,16 @@ fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) sta
 fn prefetchShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) bool {
     const origin: *Origin = @ptrCast(@alignCast(context));
     return origin.request(c, shard_id);
+}
+
+fn prefetchRange(context: *anyopaque, c: *const cache.Cache, shard_id: u64, offset: u64, len: u64) cache.RangeAhead {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.aheadRange(c, shard_id, offset, len);
+}
+
+fn settledCache(context: *anyopaque, c: *const cache.Cache) bool {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.settled(c);
 }
 
 fn releaseOrigin(context: *anyopaque) void {
@@ -1140,4 +1300,143 @@ fn countBins(r: *Remote) !usize {
         if (std.mem.endsWith(u8, e.name, ".bin")) n += 1;
     }
     return n;
+}
+
+test "settled: a cache is settled once every shard is pinned, never with more shards than pins" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.makePath("local");
+    const root = try tmp.dir.realpathAlloc(gpa, "local");
+    defer gpa.free(root);
+    var store: FakeStore = .{ .dir = tmp.dir };
+    const one = try copyFixture(tmp.dir, "plain_one_shard");
+    const many = try copyFixture(tmp.dir, "plain_many_shards");
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 4 * (one.total + many.total), .backoff_ns = 1000 });
+    defer r.release();
+
+    var single = try openCache(r, "fake://bucket/plain_one_shard", 0, false, &rt.pool, 0);
+    defer single.close();
+    const src = single.source.?;
+    try testing.expect(!src.settled.?(src.context, &single)); // nothing fetched or pinned
+    try testing.expect(src.prefetch.?(src.context, &single, 0));
+    // The fetch runs on a thread of its own and pins the shard when it lands.
+    var waited: u32 = 0;
+    while (!src.settled.?(src.context, &single)) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
+
+    // More shards than pins: never settled, whatever was asked for.
+    var several = try openCache(r, "fake://bucket/plain_many_shards", 0, false, &rt.pool, 0);
+    defer several.close();
+    try testing.expect(several.manifest.shards.len > Origin.pins_max);
+    for (0..several.manifest.shards.len) |id| {
+        _ = several.source.?.prefetch.?(several.source.?.context, &several, id);
+        try testing.expect(!several.source.?.settled.?(several.source.?.context, &several));
+    }
+    // Background fetches end before the test does (the allocator checks what they free).
+    const origin: *Origin = @ptrCast(@alignCast(several.source.?.context));
+    waited = 0;
+    while (origin.refs.load(.acquire) > 1) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
+}
+
+test "range reads ahead: fetched on their own threads, taken by the reader, stale ones dropped" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.makePath("local");
+    const root = try tmp.dir.realpathAlloc(gpa, "local");
+    defer gpa.free(root);
+    var store: FakeStore = .{ .dir = tmp.dir };
+    const name = "plain_many_shards";
+    const sizes = try copyFixture(tmp.dir, name);
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
+    defer r.release();
+    var ordered = try openCache(r, "fake://bucket/" ++ name, 0, false, &rt.pool, 2);
+    defer ordered.close();
+    var shuffled = try openCache(r, "fake://bucket/" ++ name, 0, false, &rt.pool, 0);
+    const src = shuffled.source.?;
+    const origin: *Origin = @ptrCast(@alignCast(src.context));
+    const ahead = src.prefetch_range.?;
+
+    // Whole shards where iterators read them whole; a record out of its shard is left
+    // to the reader, which reports it.
+    const row0 = ordered.row(0);
+    try testing.expectEqual(cache.RangeAhead.whole, ordered.source.?.prefetch_range.?(ordered.source.?.context, &ordered, row0.shard_id, row0.offset, row0.byte_len));
+    try testing.expectEqual(cache.RangeAhead.taken, ahead(src.context, &shuffled, 0, shuffled.manifest.shards[0].byte_len, 1));
+
+    // Records 0..n handed on, fetched without any reader, then read from there.
+    const n: u64 = @min(shuffled.sampleCount(), 12);
+    for (0..n) |sid| {
+        const row = shuffled.row(sid);
+        try testing.expectEqual(cache.RangeAhead.taken, ahead(src.context, &shuffled, row.shard_id, row.offset, row.byte_len));
+    }
+    var waited: u32 = 0;
+    while (origin.range_reads.load(.monotonic) < n) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
+    const reads = store.reads.load(.monotonic);
+    var record: std.ArrayList(u8) = .empty;
+    defer record.deinit(gpa);
+    var want: std.ArrayList(u8) = .empty;
+    defer want.deinit(gpa);
+    var sid: u64 = n;
+    while (sid > 1) {
+        sid -= 1; // newest first: taking record 1 leaves record 0 stale
+        const row = shuffled.row(sid);
+        try record.resize(gpa, @intCast(row.byte_len));
+        try want.resize(gpa, @intCast(row.byte_len));
+        try shuffled.readRange(row.shard_id, row.offset, record.items);
+        try ordered.readRange(row.shard_id, row.offset, want.items); // a read of its own
+        try testing.expectEqualSlices(u8, want.items, record.items);
+    }
+    // One request per record: the ones `ordered` made; none by `shuffled`'s reads.
+    try testing.expectEqual(reads + (n - 1), store.reads.load(.monotonic));
+    // Record 0 was passed by: dropped when the next record is handed on.
+    const last = shuffled.row(n);
+    try testing.expectEqual(cache.RangeAhead.taken, ahead(src.context, &shuffled, last.shard_id, last.offset, last.byte_len));
+    {
+        origin.mutex.lock();
+        defer origin.mutex.unlock();
+        var live: usize = 0;
+        for (&origin.ahead) |*a| {
+            if (a.state != .free) live += 1;
+            try testing.expect(!(a.state != .free and a.shard_id == row0.shard_id and a.offset == row0.offset));
+        }
+        try testing.expectEqual(@as(usize, 1), live);
+    }
+    // Drawn again (sampling with replacement): one request serves both reads.
+    try testing.expectEqual(cache.RangeAhead.taken, ahead(src.context, &shuffled, last.shard_id, last.offset, last.byte_len));
+    waited = 0;
+    while (origin.range_reads.load(.monotonic) < n + 1) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
+    try want.resize(gpa, @intCast(last.byte_len));
+    try ordered.readRange(last.shard_id, last.offset, want.items);
+    const before = store.reads.load(.monotonic);
+    for (0..2) |_| {
+        try record.resize(gpa, @intCast(last.byte_len));
+        @memset(record.items, 0);
+        try shuffled.readRange(last.shard_id, last.offset, record.items);
+        try testing.expectEqualSlices(u8, want.items, record.items);
+    }
+    try testing.expectEqual(before, store.reads.load(.monotonic));
+    // The fetch threads end when nothing is queued, dropping their references; then the
+    // close frees every buffer (the allocator checks it).
+    waited = 0;
+    while (origin.refs.load(.acquire) > 1) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
+    shuffled.close();
 }

@@ -2,8 +2,10 @@
 //! knows the positions it will read next, so it hands the shards of the next `span`
 //! positions (sampler → index row → shard) to the cache's shard source (`ShardSource.
 //! prefetch`, `io/remote.zig`), which fetches them in the background and pins them, with
-//! bounded concurrency and bytes. Every sampling mode goes through the same code: ordered,
-//! shuffled, weighted, permutation, and explicit schedules.
+//! bounded concurrency and bytes; a record of a shard read by byte ranges is handed on
+//! by itself (`ShardSource.prefetch_range`): its range is fetched ahead. Every sampling
+//! mode goes through the same code: ordered, shuffled, weighted, permutation, and
+//! explicit schedules.
 //!
 //! Invariants:
 //! - Each window index is handed on at most once per iterator (`cursor` only grows), and
@@ -11,7 +13,8 @@
 //!   recently handed shard cost one sampler draw and a compare (`recent`).
 //! - When the source cannot take a shard now, the cursor stays there and the next `fill`
 //!   asks again: look-ahead never skips a shard it could still fetch in time.
-//! - Datasets with no fetched shards never draw a position here (`enabled` is false).
+//! - Datasets with no fetched shards never draw a position here (`enabled` is false), nor
+//!   do datasets whose fetched shards are all pinned already (`ShardSource.settled`).
 
 const std = @import("std");
 const dataset_mod = @import("dataset.zig");
@@ -43,7 +46,7 @@ pub const LookAhead = struct {
             la.enabled = any;
             break :blk any;
         };
-        if (!enabled or table.len == 0) return;
+        if (!enabled or table.len == 0 or settled(ds)) return;
         const span = @max(span_min, 4 * ds.options.prefetch_size);
         const end = @min(schedule.count, planned +| span);
         var k = @max(la.cursor, planned);
@@ -52,8 +55,14 @@ pub const LookAhead = struct {
             const c = &ds.caches[loc.cache];
             const src = c.source orelse continue;
             const prefetch = src.prefetch orelse continue;
-            const shard_id = c.row(loc.sample_id).shard_id;
+            const row = c.row(loc.sample_id);
+            const shard_id = row.shard_id;
             if (shard_id >= c.manifest.shards.len) continue; // the read reports it
+            if (src.prefetch_range) |ahead| switch (ahead(src.context, c, shard_id, row.offset, row.byte_len)) {
+                .whole => {},
+                .taken => continue,
+                .full => break,
+            };
             const key: Key = .{ .cache = loc.cache, .shard_id = shard_id };
             if (la.seen(key)) continue;
             if (!prefetch(src.context, c, shard_id)) break;
@@ -61,6 +70,19 @@ pub const LookAhead = struct {
             la.recent[la.recent_at] = key;
         }
         la.cursor = k;
+    }
+
+    /// Whether no cache has a shard left to fetch ahead (all pinned): then the positions
+    /// are not located at all (a random index row per position when shuffled). The
+    /// cursor stays: when a cache unsettles, handing on resumes at the planning point.
+    fn settled(ds: *const Dataset) bool {
+        for (ds.caches) |*c| {
+            const src = c.source orelse continue;
+            if (src.prefetch == null) continue;
+            const is_settled = src.settled orelse return false;
+            if (!is_settled(src.context, c)) return false;
+        }
+        return true;
     }
 
     fn seen(la: *const LookAhead, key: Key) bool {

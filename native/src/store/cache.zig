@@ -69,12 +69,28 @@ pub const ShardSource = struct {
     /// fetching it in the background. False: not now (fetches or memory at their bound),
     /// ask again later.
     prefetch: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64) bool = null,
+    /// A record of shard `shard_id` (`len` bytes at `offset`) will be read soon by an
+    /// iterator (plan-order look-ahead): see `RangeAhead`.
+    prefetch_range: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, offset: u64, len: u64) RangeAhead = null,
+    /// True when no shard of `c` needs fetching ahead now (every one is local and pinned):
+    /// the look-ahead skips the cache instead of locating every position it will read.
+    settled: ?*const fn (context: *anyopaque, c: *const Cache) bool = null,
     /// Whether `reader` reads shard `shard_id` now by byte ranges (`read_range`) rather
     /// than through `open`. Cheap when the answer is no for a whole cache.
     ranges: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, reader: Reader) bool = null,
     /// Reads `buf.len` bytes at `offset` of shard `shard_id` (a range inside the
     /// manifest's length) from object storage into `buf`.
     read_range: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void = null,
+};
+
+/// What a shard source does with a record the look-ahead hands on (`prefetch_range`).
+pub const RangeAhead = enum {
+    /// Its shard is read whole: hand on the shard (`prefetch`).
+    whole,
+    /// Its bytes are fetched ahead by a range read, or left to the reader's own read.
+    taken,
+    /// Not now (range reads ahead at their bound): ask again later.
+    full,
 };
 
 /// A cache on object storage: its URL, and where its shards come from.
