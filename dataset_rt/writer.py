@@ -69,6 +69,7 @@ _PLAIN_TYPES: dict[int, type] = {
 _ONLY_CACHE_INPUT = {CacheInput}
 _ONLY_BYTES = {bytes}
 _ONLY_DICT = {dict}
+_ONLY_STR = {str}
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -157,6 +158,36 @@ def _joined_strings(values: list[Any]) -> tuple[bytes, Any] | None:
     if count > 1:
         data = data.replace(b"\0", b"")
     return data, offsets
+
+
+def _constant_strings(values: list[Any]) -> tuple[bytes, Any] | None:
+    """``_joined_strings`` for a column whose values are all one exact ``str`` (a split
+    name, a source label): the value encoded once and repeated, with evenly spaced
+    offsets. Two C-level passes without per-value objects (``list.count``, then the type
+    check that makes the count trustworthy). None when the values differ or the value
+    cannot be encoded (the general path handles, or reports, those)."""
+    import numpy as np
+
+    count = len(values)
+    first = values[0]
+    if type(first) is not str or values.count(first) != count:
+        return None
+    # A str subclass may compare equal to anything: only exact strs count as equal.
+    if set(map(type, values)) != _ONLY_STR:
+        return None
+    try:
+        encoded = first.encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    offsets = np.arange(count + 1, dtype=np.uint64) * np.uint64(len(encoded))
+    return encoded * count, offsets
+
+
+def _uniform_length(lengths: list[int]) -> int | None:
+    """The common value of ``lengths`` (not empty) when all are equal (fixed-size
+    records), else None: one C-level pass, no per-item objects."""
+    first = lengths[0]
+    return first if lengths.count(first) == len(lengths) else None
 
 
 def _is_numpy_bool(value: object) -> bool:
@@ -812,7 +843,7 @@ class _Ingest:
         import numpy as np
 
         if kind == Kind.STRING:
-            fast = _joined_strings(values)
+            fast = (_constant_strings(values) if values else None) or _joined_strings(values)
             if fast is not None:
                 return fast
             # Some value holds a NUL: encode one by one.
@@ -847,16 +878,26 @@ class _Ingest:
         count = len(payloads)
         if payload_lengths is None:
             payload_lengths = list(map(len, payloads))
-        lengths = np.array(payload_lengths, dtype=np.uint64)
-        nbytes = int(lengths.sum())
+        # Fixed-size records (common) skip converting every length to numpy.
+        size = _uniform_length(payload_lengths) if count else None
+        if size is None:
+            lengths = np.array(payload_lengths, dtype=np.uint64)
+            nbytes = int(lengths.sum())
+        else:
+            nbytes = size * count
         if self.direct and nbytes >= LARGE_PAYLOAD_BYTES * count:
             # Large payloads: by pointer, written from their own buffers.
+            if size is not None:
+                lengths = np.full(count, size, dtype=np.uint64)
             if self.timings:
                 self.timings.add("metadata_validate", started)
             self.append_columns(count, payloads, lengths, values, views=True)
             return nbytes
-        offsets = np.zeros(count + 1, dtype=np.uint64)
-        np.cumsum(lengths, out=offsets[1:])
+        if size is None:
+            offsets = np.zeros(count + 1, dtype=np.uint64)
+            np.cumsum(lengths, out=offsets[1:])
+        else:
+            offsets = np.arange(count + 1, dtype=np.uint64) * np.uint64(size)
         blob = b"".join(payloads)
         if self.timings:
             self.timings.add("metadata_validate", started)
