@@ -1071,6 +1071,23 @@ class Iterator(_Handle):
         placed = len(target) > 0 and raw.payload_base == ffi.cast("uint8_t *", target)
         return Batch(raw), bool(placed)
 
+    def give_payload_buffers(self, buffers: Sequence[Any], reset: bool) -> tuple[int, int]:
+        """``drt_iter_give_payload_buffers`` (ABI 1.9): ``buffers`` (objects with the
+        buffer protocol, kept alive and untouched by the caller as the C function says)
+        for the payloads read next, after dropping the unassigned ones with ``reset``.
+        Returns ``(taken, budget)``: the buffers assigned so far, the byte budget. See
+        :class:`PayloadBuffers`."""
+        pointers = ffi.new("uint8_t *[]", [ffi.from_buffer("uint8_t[]", b) for b in buffers])
+        lens = ffi.new("uint64_t[]", [len(b) for b in buffers])
+        flags = int(lib.DRT_PAYLOAD_BUFFERS_RESET) if reset else 0
+        out = ffi.new("uint64_t[2]")
+        check(
+            lib.drt_iter_give_payload_buffers(
+                self._ptr, pointers, lens, len(buffers), flags, out, out + 1
+            )
+        )
+        return int(out[0]), int(out[1])
+
 
 # ``PyBytes_FromStringAndSize(NULL, n)``: a ``bytes`` of ``n`` bytes left uninitialized,
 # for its maker to fill before anyone else sees it (CPython's own contract for it). A
@@ -1098,7 +1115,7 @@ class PayloadBuffers:
     generator's ``finally``, while the generator's frame still holds this object).
     Memory: at most the iterator's byte budget (or one buffer) of them given at a time."""
 
-    __slots__ = ("_budget", "_given", "_iterator", "_length", "_out", "_popped")
+    __slots__ = ("_budget", "_given", "_iterator", "_length", "_popped")
 
     def __init__(self, iterator: Iterator) -> None:
         self._iterator = iterator
@@ -1106,7 +1123,6 @@ class PayloadBuffers:
         self._popped = 0  # buffers delivered (taken from the front)
         self._length = 0  # the length of the unassigned ones
         self._budget = 0
-        self._out = ffi.new("uint64_t[2]")
 
     @property
     def pending(self) -> bool:
@@ -1123,19 +1139,9 @@ class PayloadBuffers:
         return None
 
     def _give(self, objects: list[bytes], reset: bool) -> int:
-        """Calls ``drt_iter_give_payload_buffers``; returns the buffers assigned so far."""
-        pointers = ffi.new("uint8_t *[]", [ffi.from_buffer("uint8_t[]", o) for o in objects])
-        lens = ffi.new("uint64_t[]", [len(o) for o in objects])
-        flags = int(lib.DRT_PAYLOAD_BUFFERS_RESET) if reset else 0
-        out = self._out
-        ptr = self._iterator._ptr
-        check(
-            lib.drt_iter_give_payload_buffers(
-                ptr, pointers, lens, len(objects), flags, out, out + 1
-            )
-        )
-        self._budget = int(out[1])
-        return int(out[0])
+        """Gives ``objects``; returns the buffers assigned so far."""
+        taken, self._budget = self._iterator.give_payload_buffers(objects, reset)
+        return taken
 
     def top_up(self, length: int, count: int) -> None:
         """Keeps ``count`` buffers of ``length`` bytes (0: none) given to the iterator

@@ -245,7 +245,8 @@ class CachedDataset:
                     count_max = max(1, min(BATCH_SAMPLES_MAX, count_max))
                 else:
                     # Large records: the payloads stay in the read buffers until the
-                    # next call (one copy each, into their bytes objects).
+                    # next call (one copy each, into their bytes objects), unless read
+                    # into given bytes objects (above).
                     count_max, flags = BATCH_SAMPLES_MAX, 0
                 yield from samples
         finally:
