@@ -27,11 +27,13 @@ is used to open a dataset or a writer.
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import functools
 import os
 import struct
 import sys
+from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import pairwise, repeat
 from operator import add, sub
@@ -890,7 +892,7 @@ class Batch:
         return int(self._raw.count)
 
     def rows(
-        self, kinds: Sequence[int]
+        self, kinds: Sequence[int], buffers: PayloadBuffers | None = None
     ) -> tuple[Sequence[bytes], list[int], list[int], list[list[Any]], int]:
         """Everything in the batch as Python values: ``(payloads, cache_ids, sample_ids,
         columns, longest)``, one list per metadata field of ``kinds`` (plain ints, schema
@@ -905,7 +907,9 @@ class Batch:
         buffers (and shard mappings): one cffi buffer spanning from the lowest payload
         address past the highest end (bounded by the highest start plus the longest
         length) lets each be sliced out with one C-level copy (slicing reads only the
-        payloads' own bytes, never the gaps between buffers), by C-level ``map`` calls."""
+        payloads' own bytes, never the gaps between buffers), by C-level ``map`` calls.
+        A payload the iterator read into one of ``buffers`` (:class:`PayloadBuffers`) is
+        that ``bytes`` object, not copied."""
         raw = self._raw
         n = int(raw.count)
         if n == 0:
@@ -929,7 +933,16 @@ class Batch:
             low = min(starts)
             span = ffi.buffer(ffi.cast("uint8_t *", low), max(starts) - low + longest)
             at = list(map(sub, starts, repeat(low)))
-            payloads = list(map(span.__getitem__, map(slice, at, map(add, at, lengths))))
+            if buffers is not None and buffers.pending:
+                # Large records (a few a batch): each either in the next given buffer or
+                # copied as below.
+                take = buffers.take
+                payloads = [
+                    take(start) or span[a : a + length]
+                    for start, a, length in zip(starts, at, lengths, strict=True)
+                ]
+            else:
+                payloads = list(map(span.__getitem__, map(slice, at, map(add, at, lengths))))
         columns = raw.columns
         values = [_column_values(columns[i], kind, n) for i, kind in enumerate(kinds)]
         # Batches nearly always come from one cache: one int object then.
@@ -1057,6 +1070,107 @@ class Iterator(_Handle):
         check(lib.drt_iter_next_batch_into(self._ptr, max_count, flags, target, len(target), raw))
         placed = len(target) > 0 and raw.payload_base == ffi.cast("uint8_t *", target)
         return Batch(raw), bool(placed)
+
+    def give_payload_buffers(self, buffers: Sequence[Any], reset: bool) -> tuple[int, int]:
+        """``drt_iter_give_payload_buffers`` (ABI 1.9): ``buffers`` (objects with the
+        buffer protocol, kept alive and untouched by the caller as the C function says)
+        for the payloads read next, after dropping the unassigned ones with ``reset``.
+        Returns ``(taken, budget)``: the buffers assigned so far, the byte budget. See
+        :class:`PayloadBuffers`."""
+        pointers = ffi.new("uint8_t *[]", [ffi.from_buffer("uint8_t[]", b) for b in buffers])
+        lens = ffi.new("uint64_t[]", [len(b) for b in buffers])
+        flags = int(lib.DRT_PAYLOAD_BUFFERS_RESET) if reset else 0
+        out = ffi.new("uint64_t[2]")
+        check(
+            lib.drt_iter_give_payload_buffers(
+                self._ptr, pointers, lens, len(buffers), flags, out, out + 1
+            )
+        )
+        return int(out[0]), int(out[1])
+
+
+# ``PyBytes_FromStringAndSize(NULL, n)``: a ``bytes`` of ``n`` bytes left uninitialized,
+# for its maker to fill before anyone else sees it (CPython's own contract for it). A
+# function object of our own, so no other user of ``ctypes.pythonapi`` is affected.
+# CPython only (``ctypes.pythonapi``): elsewhere large payloads are copied as before.
+_new_bytes: Any = None
+if hasattr(ctypes, "pythonapi"):
+    _new_bytes = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_ssize_t)(
+        ("PyBytes_FromStringAndSize", ctypes.pythonapi)
+    )
+
+
+class PayloadBuffers:
+    """``drt_iter_give_payload_buffers`` (ABI 1.9) for one iterator: ``bytes`` objects,
+    made uninitialized, that the iterator reads large payloads straight into (one copy,
+    by its I/O backend), handed to the caller as they are.
+
+    Contract: a given object is seen by no one else until the batch that holds its
+    payload (the sample's payload pointer is its address) is delivered; ``take`` then
+    returns it. The iterator assigns the buffers in the order given, so the assigned
+    ones come back in that order: those not yet delivered are the front of ``_given``,
+    those not yet assigned its back. The objects stay referenced here until delivered or
+    dropped unassigned, so their memory outlives any read into it as long as the
+    iterator is closed before this object is dropped (``CachedDataset`` closes it in the
+    generator's ``finally``, while the generator's frame still holds this object).
+    Memory: at most the iterator's byte budget (or one buffer) of them given at a time."""
+
+    __slots__ = ("_budget", "_given", "_iterator", "_length", "_popped")
+
+    def __init__(self, iterator: Iterator) -> None:
+        self._iterator = iterator
+        self._given: deque[tuple[int, bytes]] = deque()  # (address, object), in order
+        self._popped = 0  # buffers delivered (taken from the front)
+        self._length = 0  # the length of the unassigned ones
+        self._budget = 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether any buffer is given and not yet delivered."""
+        return bool(self._given)
+
+    def take(self, address: int) -> bytes | None:
+        """The buffer holding the payload at ``address`` (the first one given and not yet
+        delivered), or None: that payload is elsewhere."""
+        given = self._given
+        if given and given[0][0] == address:
+            self._popped += 1
+            return given.popleft()[1]
+        return None
+
+    def _give(self, objects: list[bytes], reset: bool) -> int:
+        """Gives ``objects``; returns the buffers assigned so far."""
+        taken, self._budget = self._iterator.give_payload_buffers(objects, reset)
+        return taken
+
+    def top_up(self, length: int, count: int) -> None:
+        """Keeps ``count`` buffers of ``length`` bytes (0: none) given to the iterator
+        and not yet delivered, fewer when its byte budget holds fewer (at least one),
+        replacing unassigned ones of another length. While it has buffers, the iterator
+        reads no further ahead than they reach (records that would take one wait for
+        them), so ``count`` is also its read-ahead."""
+        given = self._given
+        taken = self._give([], False)
+        unassigned = self._popped + len(given) - taken
+        # Length 0 always resets: the iterator then stops waiting for buffers.
+        reset = length <= 0 or (unassigned > 0 and self._length != length)
+        if reset:
+            for _ in range(unassigned):
+                given.pop()
+        wanted = (
+            0
+            if length <= 0 or _new_bytes is None
+            else min(count, max(1, self._budget // length)) - len(given)
+        )
+        if wanted <= 0:
+            if reset:
+                self._give([], True)
+            return
+        objects = [_new_bytes(None, length) for _ in range(wanted)]
+        self._give(objects, reset)
+        self._length = length
+        for o in objects:
+            given.append((int(ffi.cast("uintptr_t", ffi.from_buffer(o))), o))
 
 
 class Lookup(_Handle):

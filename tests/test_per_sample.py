@@ -73,6 +73,51 @@ def test_mixed_record_sizes_read_like_get_item(
         assert [s.sample_id for s in got] == list(range(len(records)))
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_large_payloads_are_read_into_the_bytes_handed_out(
+    runtime: Any, io_backend: str, tmp_path: Path, shuffle: bool, monkeypatch: Any
+) -> None:
+    """Large uncompressed records are read by the backend straight into the ``bytes``
+    objects handed out (``_native.PayloadBuffers``): most of them when runs of records
+    share a length, none when every length differs; either way every sample equals what
+    ``get_item`` reads, keeps its bytes after later reads, and hashes like its copy."""
+    from dataset_rt import _native
+
+    rng = random.Random(11)
+    least = dataset_module.PAYLOAD_BUFFER_BYTES
+    records = []
+    for run in range(6):
+        size = rng.randrange(least, 4 * least)
+        for i in range(30):
+            # A run of one length; a small or odd-sized record now and then.
+            n = 100 if i == 29 and run % 3 == 0 else size + (i == 20 and run % 2 == 1)
+            records.append((rng.randbytes(n), {"i": len(records), "run": run}))
+    path = _write(runtime, tmp_path, "large", records)
+    taken: list[bool] = []
+    take = _native.PayloadBuffers.take
+
+    def counting(self: Any, address: int) -> Any:
+        got = take(self, address)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(_native.PayloadBuffers, "take", counting)
+    dataset = _open(runtime, path, io_backend, shuffle, prefetch_size=8)
+    got = list(dataset)
+    assert len(got) == len(records)
+    for s in got:
+        data, meta = records[s.sample_id]
+        assert type(s.data) is bytes and s.data == data and s.metadata == meta
+        assert hash(s.data) == hash(bytes(bytearray(s.data)))
+    want = [dataset.get_item(s.cache_id, s.sample_id) for s in got]
+    assert _as_tuples(got) == _as_tuples(want)
+    if not shuffle:
+        assert [s.sample_id for s in got] == list(range(len(records)))
+        # Runs of one length: many payloads landed in the bytes handed out (not those
+        # read ahead, coalesced, before the run's first sample showed its length).
+        assert sum(taken) > len(records) // 3, sum(taken)
+
+
 def test_string_columns_of_one_length(runtime: Any, io_backend: str, tmp_path: Path) -> None:
     """String values whose bytes tile a batch like a repeated constant but differ
     (``"a", "", "aa"``: ``"aaa"``), constant values (ASCII, non-ASCII, empty), and
@@ -140,10 +185,10 @@ def test_a_batch_of_small_records_does_not_size_one_of_large_ones(
     batch_bytes: list[int] = []
     samples = dataset._samples
 
-    def recording(batch: Any) -> Any:
+    def recording(batch: Any, *rest: Any) -> Any:
         lengths, _, _ = batch.lengths_and_ids()
         batch_bytes.append(int(lengths.sum()))
-        return samples(batch)
+        return samples(batch, *rest)
 
     dataset._samples = recording
     got = [(s.data, s.metadata) for s in dataset]

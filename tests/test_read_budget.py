@@ -107,6 +107,11 @@ BOUND = textwrap.dedent("""
         return int(line.split()[1]) / 1024
 
     path, backend, budget, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if int(sys.argv[5]):
+        # Per-sample reads of large records into the bytes handed out read only
+        # PAYLOAD_BUFFERS records ahead, whatever the budget: off, they read ahead as
+        # far as the budget lets them.
+        drt.dataset.PAYLOAD_BUFFER_BYTES = 1 << 62
     rt = drt.DatasetRuntime(num_workers=2)
     ds = rt.cached_dataset([path], reader_config=drt.ReaderConfig(
         seed=0, shuffle=False, prefetch_size=64, prefetch_bytes=budget, io_backend=backend))
@@ -148,11 +153,15 @@ def big_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(result.path)
 
 
-def _growth_mib(path: Path, backend: str, budget: int, batches: bool) -> float:
+def _growth_mib(
+    path: Path, backend: str, budget: int, batches: bool, payload_buffers: bool = True
+) -> float:
     """Peak growth of anonymous memory (MiB) of a fresh interpreter while it reads one
-    epoch of ``path``, sampled after every sample or batch."""
+    epoch of ``path``, sampled after every sample or batch (per sample: with or without
+    ``payload_buffers``, see ``dataset.PAYLOAD_BUFFER_BYTES``)."""
+    args = [str(path), backend, str(budget), str(int(batches)), str(int(not payload_buffers))]
     result = subprocess.run(
-        [sys.executable, "-c", BOUND, str(path), backend, str(budget), str(int(batches))],
+        [sys.executable, "-c", BOUND, *args],
         capture_output=True,
         text=True,
         timeout=300,
@@ -172,5 +181,9 @@ def test_tight_byte_budget_bounds_memory(big_cache: Path, io_backend: str, batch
     # 6 MiB per-sample and 8 MiB with batches (their arena).
     bound = 16
     assert tight < bound, f"peak RSS grew by {tight:.0f} MiB with a 4 MiB budget"
-    loose = _growth_mib(big_cache, io_backend, 1 << 30, batches)
+    if not batches:
+        # Without the bytes handed out as read buffers, too (the slots' ring).
+        assert _growth_mib(big_cache, io_backend, 4 << 20, batches, False) < bound
+    # Read-ahead bounded by the budget alone (per sample: through the ring).
+    loose = _growth_mib(big_cache, io_backend, 1 << 30, batches, False)
     assert loose > tight + 32, (tight, loose)

@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 8
+    DRT_ABI_VERSION_MINOR = 9
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -547,6 +547,32 @@ int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, uint32_t flags, 
  * stay valid for the call only. Statuses of drt_iter_next_batch. */
 int32_t drt_iter_next_batch_into(drt_iter *iter, uint64_t max_count, uint32_t flags, uint8_t *dst,
                                  uint64_t capacity, drt_batch *out);
+
+/* (ABI 1.9) Gives the iterator caller memory for the payloads of the samples it reads
+ * next: appends buffers[0 .. count) (lens[i] bytes each) to its queue of buffers not yet
+ * assigned, after emptying that queue when flags has DRT_PAYLOAD_BUFFERS_RESET. Samples
+ * read later take the queue's first buffer, in stream order, when their payload is
+ * exactly as long (an uncompressed local record of 64 KiB or more whose header and JSON
+ * are in the page cache): the I/O backend reads the payload straight into the buffer
+ * and the sample's payload pointer is the buffer; any other sample is read as usual and
+ * leaves the queue as it is. The same samples, bytes and errors either way. While the
+ * last call gave buffers and none is left, such a record is not read ahead until more
+ * come (unless the iterator has nothing else in flight): the buffers given bound the
+ * read-ahead. A buffer
+ * must stay valid, and the caller must not touch it, until the sample holding it is
+ * delivered, the queue is reset before the buffer was assigned, or the iterator is
+ * closed. *out_taken is the number of buffers assigned so far over the iterator's life
+ * (a caller that gave b buffers holds b - *out_taken unassigned); *out_budget is the
+ * byte budget (records in caller buffers count in it). count 0 only reports (and
+ * resets). Statuses: DRT_E_INVALID_ARGUMENT, DRT_E_OUT_OF_MEMORY. */
+int32_t drt_iter_give_payload_buffers(drt_iter *iter, uint8_t *const *buffers,
+                                      const uint64_t *lens, uint64_t count, uint32_t flags,
+                                      uint64_t *out_taken, uint64_t *out_budget);
+
+/* drt_iter_give_payload_buffers flags. */
+enum {
+    DRT_PAYLOAD_BUFFERS_RESET = 1 /* drop the buffers not yet assigned first */
+};
 
 /* Copies the payloads of a batch (any batch: from drt_iter_next_batch or drt_lookup_get,
  * while it is valid) back to back into dst[0 .. capacity): payload i at the sum of the

@@ -515,6 +515,29 @@ export fn drt_iter_next_batch_into(it: ?*IterHandle, max_count: u64, flags: u32,
     return ok();
 }
 
+export fn drt_iter_give_payload_buffers(it: ?*IterHandle, buffers: ?[*]const ?[*]u8, lens: ?[*]const u64, count: u64, flags: u32, out_taken: ?*u64, out_budget: ?*u64) Rc {
+    const h = it orelse return nullArgument("iter");
+    const taken = out_taken orelse return nullArgument("out_taken");
+    const budget = out_budget orelse return nullArgument("out_budget");
+    status.clear();
+    if (flags & ~@as(u32, abi.payload_buffers_reset) != 0) return fromError(status.fail(error.InvalidArgument, "unknown payload buffer flags 0x{x}", .{flags}));
+    const n: usize = @intCast(count);
+    var bufs: std.ArrayList([]u8) = .empty;
+    defer bufs.deinit(h.reader.ds.gpa);
+    if (n > 0) {
+        const ptrs = (buffers orelse return nullArgument("buffers"))[0..n];
+        const ls = (lens orelse return nullArgument("lens"))[0..n];
+        bufs.ensureTotalCapacity(h.reader.ds.gpa, n) catch |err| return fromError(err);
+        for (ptrs, ls) |p, len| {
+            const b = p orelse return nullArgument("buffers[i]");
+            bufs.appendAssumeCapacity(b[0..@intCast(len)]);
+        }
+    }
+    taken.* = h.reader.givePayloadBuffers(bufs.items, flags & abi.payload_buffers_reset != 0) catch |err| return fromError(err);
+    budget.* = h.reader.budget;
+    return ok();
+}
+
 export fn drt_batch_copy_payloads(b: ?*const abi.Batch, dst: ?[*]u8, capacity: u64, out_len: ?*u64) Rc {
     const bt = b orelse return nullArgument("batch");
     const o = out_len orelse return nullArgument("out_len");

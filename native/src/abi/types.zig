@@ -121,7 +121,10 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 8;
+pub const abi_version_minor = 9;
+
+/// drt_iter_give_payload_buffers: drop the buffers not yet assigned first.
+pub const payload_buffers_reset: u32 = 1;
 
 /// drt_manifest_entry.
 pub const ManifestEntry = extern struct {
@@ -194,6 +197,7 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, batch_contiguous), c.DRT_BATCH_CONTIGUOUS);
     try std.testing.expectEqual(@as(i64, batch_stored_metadata), c.DRT_BATCH_STORED_METADATA);
     try std.testing.expectEqual(@as(i64, batch_bounded), c.DRT_BATCH_BOUNDED);
+    try std.testing.expectEqual(@as(i64, payload_buffers_reset), c.DRT_PAYLOAD_BUFFERS_RESET);
     try std.testing.expectEqual(@as(i64, migrate_unchanged), c.DRT_MIGRATE_UNCHANGED);
     try std.testing.expectEqual(@as(i64, migrate_updated), c.DRT_MIGRATE_UPDATED);
     try std.testing.expectEqual(@as(i64, migrate_durability_unknown), c.DRT_MIGRATE_DURABILITY_UNKNOWN);

@@ -23,6 +23,13 @@
 //! both paths give the same samples, errors and order; a record the budget leaves
 //! unmapped is read through the backend.
 //!
+//! A caller may also give buffers for the payloads read next (`givePayloadBuffers`;
+//! Python's per-sample iteration gives the `bytes` objects it hands out): a large
+//! uncompressed record whose payload is exactly as long as the first one is planned alone
+//! (`planDest`), its header and JSON read from the page cache right then, its payload
+//! read by the backend straight into the buffer, so it is copied once. Such a slot holds
+//! no ring buffer; its record's bytes count in the byte budget all the same.
+//!
 //! Invariants (asserted in `checkInvariants`):
 //! - At most `prefetch_size` samples are planned and not yet released by the consumer
 //!   (in flight, completed, or in the batch last handed out), and the slots' buffers hold
@@ -86,6 +93,10 @@ const prefetch_record_bytes = 1024;
 /// cost more than their second copy).
 const direct_record_min = 64 << 10;
 
+/// A record read into a caller's payload buffer (`Iter.planDest`) has at most this many
+/// bytes of header and JSON, read from the page cache when it is planned.
+const dest_head_max = 64 << 10;
+
 /// One read of `Iter.takeDirect`: a payload straight into the batch's destination.
 const DirectRead = struct {
     read: io.Read = .{ .complete = onRead },
@@ -132,6 +143,10 @@ const Slot = struct {
     /// A run of records served from shard mappings: `span` holds only `first` and
     /// `count` (`len` 0: no buffer), and the records were decoded when it was planned.
     mapped: bool = false,
+    /// One record whose payload is read straight into a caller's buffer (`Iter.planDest`):
+    /// `decoded` (its JSON in `raw`, its payload the buffer) is set when it is planned,
+    /// `buf` is empty, and `span.len` counts in `Iter.dest_bytes`.
+    dest: bool = false,
     raw: std.ArrayList(u8) = .empty,
     decoded: std.ArrayList(Decoded) = .empty,
     failure: ?status.Error = null,
@@ -165,12 +180,16 @@ const Slot = struct {
         switch (read.result) {
             .ok => {
                 ds.countRead(s.it.io.kind(), s.span.len);
-                s.decode(ds) catch |err| s.fail(err);
+                // A caller's buffer holds the payload; the record was split when planned.
+                if (!s.dest) s.decode(ds) catch |err| s.fail(err);
+                return;
             },
             .eof => s.fail(status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{s.path(ds)})),
             .os => |e| s.fail(status.failErrno(e, s.path(ds))),
             .pending => unreachable,
         }
+        // Planned as decoded, but its payload was not read: nothing to deliver.
+        if (s.dest) s.decoded.clearRetainingCapacity();
     }
 
     fn path(s: *const Slot, ds: *const Dataset) [:0]const u8 {
@@ -367,6 +386,19 @@ pub const Iter = struct {
     lookahead: LookAhead = .{},
     /// The reads of `takeDirect` (one per sample, at most `prefetch_size`).
     direct: []DirectRead,
+    /// Caller buffers for payloads read next (`givePayloadBuffers`): those not yet
+    /// assigned to a record are `dests.items[dest_head..]`, in the order given.
+    dests: std.ArrayList([]u8) = .empty,
+    dest_head: usize = 0,
+    /// Buffers assigned to records so far (over the iterator's life).
+    dests_taken: u64 = 0,
+    /// The last call that gave buffers (or reset) gave some: records that may take one
+    /// wait for more when there are none left (`planDest`).
+    dests_given: bool = false,
+    /// Slots reading into caller buffers, not yet released, and their records' bytes
+    /// (which count in the byte budget as the ring's buffers do).
+    dest_slots: usize = 0,
+    dest_bytes: u64 = 0,
 
     /// An iterator over the next window of the dataset's stream (reserved now).
     pub fn open(ds: *Dataset) status.Error!*Iter {
@@ -440,7 +472,8 @@ pub const Iter = struct {
         std.debug.assert(it.pending_release <= it.used);
         std.debug.assert(it.head < it.slots.len);
         // The byte budget: exceeded only by a single read larger than it.
-        std.debug.assert(it.ring.inUse() <= it.budget or it.ring.live <= 1);
+        std.debug.assert(it.ring.inUse() + it.dest_bytes <= it.budget or it.ring.live + it.dest_slots <= 1);
+        std.debug.assert(it.dest_slots <= it.used and it.dest_head <= it.dests.items.len);
         // The ring is in plan order: the head slot holds the next sample to deliver (or
         // was delivered whole), the last slot ends where planning stopped.
         if (it.used == 0) {
@@ -477,11 +510,21 @@ pub const Iter = struct {
                 it.used += 1;
                 continue;
             }
+            switch (it.planDest(slot, loc)) {
+                .planned => {
+                    it.planned += 1;
+                    it.used += 1;
+                    if (!it.started) io.runInline(&slot.read) else try it.io.queue(&slot.read);
+                    continue;
+                },
+                .over_budget, .wait => break,
+                .not_here => {},
+            }
             const span = plan.nextFrom(ds, it.table, it.schedule, it.planned, loc, limit, it.coalesce, it.loc_ring);
             // The budget: a read that does not fit waits until older buffers come back
-            // (an empty ring takes any read, so one larger than the budget still runs).
-            if (span.len > 0 and it.ring.live > 0 and
-                (it.ring.inUse() +| span.len > it.budget or it.ring.place(@intCast(span.len)) == null)) break;
+            // (with nothing in flight any read runs, so one larger than the budget does).
+            if (span.len > 0 and (it.ring.live > 0 or it.dest_slots > 0) and
+                (it.ring.inUse() + it.dest_bytes +| span.len > it.budget or it.ring.place(@intCast(span.len)) == null)) break;
             slot.span = span;
             slot.mapped = false;
             it.planned += slot.span.count;
@@ -648,6 +691,96 @@ pub const Iter = struct {
         return true;
     }
 
+    /// Caller memory for the payloads of the samples read next (see
+    /// drt_iter_give_payload_buffers): appends `bufs` to the queue of buffers not yet
+    /// assigned, after emptying it with `reset`. Each buffer must stay valid and untouched
+    /// until the sample whose payload it holds is delivered (the batch's payload pointer
+    /// is the buffer), the queue is reset before it was assigned, or the iterator is
+    /// closed. Returns the buffers assigned so far (`planDest` takes them in order).
+    pub fn givePayloadBuffers(it: *Iter, bufs: []const []u8, reset: bool) error{OutOfMemory}!u64 {
+        const gpa = it.ds.gpa;
+        if (reset) it.dests.clearRetainingCapacity() else {
+            // Drop the assigned ones (the slots hold them now).
+            const left = it.dests.items.len - it.dest_head;
+            std.mem.copyForwards([]u8, it.dests.items[0..left], it.dests.items[it.dest_head..]);
+            it.dests.items.len = left;
+        }
+        it.dest_head = 0;
+        try it.dests.appendSlice(gpa, bufs);
+        if (reset or bufs.len > 0) it.dests_given = bufs.len > 0;
+        return it.dests_taken;
+    }
+
+    /// `wait`: the caller gives buffers (the last call gave some) and has none left now,
+    /// and this record would likely take one: it is planned once more buffers come (reads
+    /// into the read buffers instead would cost the consumer a copy each).
+    const DestPlan = enum { planned, not_here, over_budget, wait };
+
+    /// Plans into `slot` the record at `loc` (window index `planned`) alone, its payload
+    /// read by the backend straight into the first caller buffer (`givePayloadBuffers`),
+    /// when that buffer is exactly as long as the payload: one copy out of the page cache,
+    /// on the backend's threads, into memory the caller hands out as it is (no copy on
+    /// the consumer). Only an uncompressed, local record of at least `direct_min` bytes
+    /// within its shard, whose header and JSON (the record's bytes before the payload)
+    /// are in the page cache: they are read here, checked (the header's JSON length must
+    /// put the payload exactly where the buffer says) and split, so the read fills only
+    /// the buffer. Anything else is `not_here` (read as usual, which reports any fault:
+    /// the same samples and errors either way); `over_budget` when the record does not fit
+    /// in the byte budget now.
+    fn planDest(it: *Iter, slot: *Slot, loc: Loc) DestPlan {
+        if (!it.dests_given) return .not_here;
+        const ds = it.ds;
+        const c = &ds.caches[loc.cache];
+        const row = c.row(loc.sample_id);
+        if (row.byte_len < @max(it.direct_min, 1) or c.readsRanges(row.shard_id, .iterator)) return .not_here;
+        const entry = &c.manifest.shards[@intCast(row.shard_id)];
+        if (entry.compression != .none or !row.within(entry.byte_len)) return .not_here;
+        // Nothing in use: never wait (the consumer waits for this record next).
+        if (it.dest_head == it.dests.items.len) return if (it.used > 0) .wait else .not_here;
+        const dest = it.dests.items[it.dest_head];
+        if (dest.len == 0 or dest.len > row.byte_len - @min(row.byte_len, shard.header_bytes)) return .not_here;
+        const head_len: usize = @intCast(row.byte_len - dest.len);
+        if (head_len > dest_head_max) return .not_here;
+        if ((it.ring.live > 0 or it.dest_slots > 0) and it.ring.inUse() + it.dest_bytes +| row.byte_len > it.budget) return .over_budget;
+        const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch return .not_here;
+        slot.raw.clearRetainingCapacity();
+        slot.decoded.clearRetainingCapacity();
+        const planned = blk: {
+            slot.raw.ensureTotalCapacity(ds.gpa, head_len) catch break :blk false;
+            slot.decoded.ensureTotalCapacity(ds.gpa, 1) catch break :blk false;
+            const head = slot.raw.allocatedSlice()[0..head_len];
+            // Only from the page cache: a wait for the disk here would serialize cold
+            // reads on the consumer (the slots keep many in flight).
+            break :blk files_mod.readResident(handle.fd, head, row.offset) and
+                std.mem.readInt(u64, head[0..shard.header_bytes], .little) == head_len - shard.header_bytes;
+        };
+        if (!planned) {
+            it.files.release(handle);
+            return .not_here;
+        }
+        slot.raw.items.len = head_len;
+        slot.decoded.appendAssumeCapacity(.{
+            .json = &.{},
+            .payload = dest,
+            .json_at = shard.header_bytes,
+            .json_len = head_len - shard.header_bytes,
+            .json_in_raw = true,
+        });
+        it.loc_ring[@intCast(it.planned % it.loc_ring.len)] = loc;
+        slot.span = .{ .first = it.planned, .count = 1, .cache = loc.cache, .shard_id = row.shard_id, .offset = row.offset, .len = row.byte_len };
+        slot.mapped = false;
+        slot.dest = true;
+        slot.failure = null;
+        slot.file = handle;
+        slot.buf = &.{};
+        slot.read.prepare(handle.fd, dest, row.offset + head_len);
+        it.dest_head += 1;
+        it.dests_taken += 1;
+        it.dest_slots += 1;
+        it.dest_bytes += row.byte_len;
+        return .planned;
+    }
+
     /// Checks a planned slot's range, pins its shard descriptor and sizes its buffer.
     /// Returns false when there is nothing to read (a 0-length record from a corrupt
     /// index: decoded right away, which reports it, instead of an empty read).
@@ -714,6 +847,11 @@ pub const Iter = struct {
             std.debug.assert(slot.read.isDone());
             it.releaseFile(slot);
             it.releaseBuffer(slot);
+            if (slot.dest) {
+                it.dest_slots -= 1;
+                it.dest_bytes -= slot.span.len;
+                slot.dest = false;
+            }
             it.head = (it.head + 1) % it.slots.len;
             it.used -= 1;
         }
@@ -1123,6 +1261,7 @@ pub const Iter = struct {
         it.maps.deinit(gpa);
         for (it.slots) |*s| s.deinit(gpa);
         it.ring.deinit(gpa);
+        it.dests.deinit(gpa);
         gpa.free(it.slots);
         gpa.free(it.direct);
         gpa.free(it.loc_ring);
@@ -1275,6 +1414,90 @@ test "iterator (io_uring): batches into the caller's memory" {
 
 test "iterator (threads): batches into the caller's memory" {
     try expectBatchesInto(.threads);
+}
+
+/// givePayloadBuffers: a sample whose payload is exactly as long as the first buffer not
+/// yet assigned (uncompressed, read through the backend) is read into it, in order; any
+/// other sample is read as usual; resets drop the unassigned buffers. Whatever the
+/// buffers, the same samples, bytes and metadata, and the assigned buffers come back
+/// in the order given.
+fn expectPayloadBuffers(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    var used: u64 = 0;
+    for ([_]u64{ 1, 3, 64 }) |prefetch| {
+        for ([_]bool{ false, true }) |shuffle| {
+            errdefer std.debug.print("prefetch {d} shuffle {}\n", .{ prefetch, shuffle });
+            var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
+            defer env.close();
+            // Every buffer made (freed after the iterator is closed), and the model of the
+            // iterator's queue: `given[front..]` in order, the first `taken - popped`
+            // of them assigned.
+            var all: std.ArrayList([]u8) = .empty;
+            defer {
+                for (all.items) |b| gpa.free(b);
+                all.deinit(gpa);
+            }
+            var given: std.ArrayList([]u8) = .empty;
+            defer given.deinit(gpa);
+            var front: usize = 0;
+            var popped: u64 = 0;
+            const it = try env.openIter();
+            defer it.close();
+            it.map_max = 0;
+            it.direct_min = 1;
+            var k: u64 = 0;
+            var sized: u64 = 0; // window index the next buffer is sized for
+            var round: u64 = 0;
+            while (true) : (round += 1) {
+                // Buffers for the next few samples, sized for them; every 7th one byte
+                // too long (no sample takes it until a reset drops it).
+                var fresh: [4][]u8 = undefined;
+                var n: usize = 0;
+                while (n < fresh.len and sized < it.schedule.count) : (n += 1) {
+                    const loc = env.expectedLoc(it, sized);
+                    const want = env.expected[loc.cache].samples()[@intCast(loc.sample_id)];
+                    const len: usize = @intCast(want.len + @intFromBool(sized % 7 == 6));
+                    fresh[n] = try gpa.alloc(u8, len);
+                    try all.append(gpa, fresh[n]);
+                    sized += 1;
+                }
+                const reset = round % 3 == 2;
+                const taken = try it.givePayloadBuffers(fresh[0..n], reset);
+                const assigned: usize = @intCast(taken - popped);
+                if (reset) given.items.len = front + assigned;
+                try given.appendSlice(gpa, fresh[0..n]);
+                const view = try it.nextBatch(1 << 20, false);
+                if (view.count == 0) break;
+                for (0..@intCast(view.count)) |i| {
+                    try env.expectSample(view, i, env.expectedLoc(it, k + i));
+                    const p = view.payloads.?[i];
+                    if (front < given.items.len and given.items[front].ptr == p and given.items[front].len > 0) {
+                        try testing.expectEqual(@as(u64, given.items[front].len), view.payload_lens.?[i]);
+                        front += 1;
+                        popped += 1;
+                        used += 1;
+                    } else {
+                        for (given.items[front..]) |b| try testing.expect(b.ptr != p);
+                    }
+                }
+                k += view.count;
+                // Assigned buffers are delivered in order: none skipped.
+                try testing.expect(it.dests_taken >= popped);
+                try testing.expect(it.dests_taken - popped <= given.items.len - front);
+            }
+            try testing.expectEqual(it.schedule.count, k);
+            try testing.expectEqual(it.dests_taken, popped);
+        }
+    }
+    try testing.expect(used > 0);
+}
+
+test "iterator (io_uring): payloads read straight into caller buffers" {
+    try expectPayloadBuffers(.io_uring);
+}
+
+test "iterator (threads): payloads read straight into caller buffers" {
+    try expectPayloadBuffers(.threads);
 }
 
 test "byte ring: FIFO allocations wrap, never overlap, and grow only when empty" {
