@@ -41,11 +41,12 @@ CONTIGUOUS_BATCH_BYTES = 256 << 10
 # threads, none on the consumer.
 PAYLOAD_BUFFER_BYTES = 64 << 10
 # How many such bytes objects are given ahead (the read-ahead then), by backend. Measured
-# on W2 warm (1 MiB records, 2 cores, in one process against no buffers): the thread
-# pool gains 13-15% with 4-8 and loses 17% with 2 (its workers idle); io_uring gains
-# 6-9% with 2 and nothing with 8 (it completes page-cache reads on the submitting
-# thread, so a deeper queue only churns the allocator: glibc trims freed chunks and new
-# ones fault zeroed pages in).
+# on W2 warm (1 MiB records, 2 cores; in one process, buffers on vs off, medians of 10
+# rounds): the thread pool gains 9% ordered and 19% shuffled with 8 (and loses 17% with
+# 2: its workers idle); io_uring is within noise with 2 (-3% ordered, +5% shuffled) and
+# no better with 8 (it completes page-cache reads on the submitting thread, so a deeper
+# queue only churns the allocator: glibc trims freed chunks and new ones fault zeroed
+# pages in). Either way the process spends 5-13% less CPU per byte.
 PAYLOAD_BUFFERS = {"threads": 8, "io_uring": 2}
 # Bounded: a batch sized by the previous records' lengths never holds much more than the
 # byte budget when larger records follow.
