@@ -1182,21 +1182,38 @@ fn copyFixture(dir: std.fs.Dir, name: []const u8) !struct { total: u64, largest:
     return .{ .total = total, .largest = largest };
 }
 
+/// A test's fake object store and shard cache: a temporary directory whose objects the
+/// store serves (paths under it are URLs `fake://<path>`) and whose `local/` is the root.
+const Bucket = struct {
+    tmp: testing.TmpDir,
+    root: []u8,
+    store: FakeStore,
+
+    fn init() !Bucket {
+        var tmp = testing.tmpDir(.{});
+        errdefer tmp.cleanup();
+        try tmp.dir.makePath("local");
+        const root = try tmp.dir.realpathAlloc(testing.allocator, "local");
+        return .{ .tmp = tmp, .root = root, .store = .{ .dir = tmp.dir } };
+    }
+
+    fn deinit(b: *Bucket) void {
+        testing.allocator.free(b.root);
+        b.tmp.cleanup();
+    }
+};
+
 test "range reads: the policy, the bytes of every record, the pinned version and the size" {
     const gpa = testing.allocator;
-    var tmp = testing.tmpDir(.{});
-    defer tmp.cleanup();
-    try tmp.dir.makePath("local");
-    const root = try tmp.dir.realpathAlloc(gpa, "local");
-    defer gpa.free(root);
-    var store: FakeStore = .{ .dir = tmp.dir };
+    var b = try Bucket.init();
+    defer b.deinit();
     const name = "plain_many_shards";
     const url = "fake://bucket/" ++ name;
-    const sizes = try copyFixture(tmp.dir, name);
+    const sizes = try copyFixture(b.tmp.dir, name);
     const rt = try runtime.Runtime.open(gpa, 2);
     defer rt.release();
     // Room for three shards, far less than the cache.
-    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
+    const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
     defer r.release();
     try testing.expect(3 * sizes.largest < sizes.total);
     var ordered = try openCache(r, url, 0, false, &rt.pool, 2);
@@ -1221,7 +1238,7 @@ test "range reads: the policy, the bytes of every record, the pinned version and
         try record.resize(gpa, @intCast(row.byte_len));
         try ordered.readRange(row.shard_id, row.offset, record.items);
         const path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, ordered.manifest.shards[@intCast(row.shard_id)].name });
-        const file = try tmp.dir.openFile(path, .{});
+        const file = try b.tmp.dir.openFile(path, .{});
         defer file.close();
         var want: [1 << 16]u8 = undefined;
         try testing.expectEqual(record.items.len, try file.preadAll(want[0..record.items.len], row.offset));
@@ -1240,7 +1257,7 @@ test "range reads: the policy, the bytes of every record, the pinned version and
     try testing.expect(shuffled.readsRanges(1, .iterator));
     // A cache that fits the budget: shuffled iterators fetch whole shards.
     {
-        const roomy = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 2 * sizes.total, .backoff_ns = 1000 });
+        const roomy = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 2 * sizes.total, .backoff_ns = 1000 });
         defer roomy.release();
         var fits = try openCache(roomy, url, 0, false, &rt.pool, 0);
         defer fits.close();
@@ -1266,14 +1283,14 @@ test "range reads: the policy, the bytes of every record, the pinned version and
     try record.resize(gpa, @intCast(fresh.row(first).byte_len));
     try fresh.readRange(changed, fresh.row(first).offset, record.items);
     const shard_path = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, fresh.manifest.shards[@intCast(changed)].name });
-    const old = try tmp.dir.readFileAlloc(gpa, shard_path, 1 << 20);
+    const old = try b.tmp.dir.readFileAlloc(gpa, shard_path, 1 << 20);
     defer gpa.free(old);
     const zeros = try gpa.alloc(u8, old.len);
     defer gpa.free(zeros);
     @memset(zeros, 0);
     for ([_][]const u8{ zeros, old }) |bytes| {
-        try tmp.dir.writeFile(.{ .sub_path = "replacement", .data = bytes });
-        try tmp.dir.rename("replacement", shard_path); // a new object: a new inode (ETag)
+        try b.tmp.dir.writeFile(.{ .sub_path = "replacement", .data = bytes });
+        try b.tmp.dir.rename("replacement", shard_path); // a new object: a new inode (ETag)
         try record.resize(gpa, @intCast(fresh.row(second).byte_len));
         try testing.expectError(error.InvalidCache, fresh.readRange(changed, fresh.row(second).offset, record.items));
         const message = status.lastMessage();
@@ -1283,13 +1300,13 @@ test "range reads: the policy, the bytes of every record, the pinned version and
     // Truncated before this reader opened it: the size check, before any range.
     const truncated: u64 = if (changed == 1) 2 else 1;
     const shard2 = try std.fmt.bufPrint(&path_buf, "bucket/{s}/shards/{s}", .{ name, fresh.manifest.shards[@intCast(truncated)].name });
-    const whole = try tmp.dir.readFileAlloc(gpa, shard2, 1 << 20);
+    const whole = try b.tmp.dir.readFileAlloc(gpa, shard2, 1 << 20);
     defer gpa.free(whole);
-    try tmp.dir.writeFile(.{ .sub_path = shard2, .data = whole[0 .. whole.len - 1] });
-    const reads = store.reads.load(.monotonic);
+    try b.tmp.dir.writeFile(.{ .sub_path = shard2, .data = whole[0 .. whole.len - 1] });
+    const reads = b.store.reads.load(.monotonic);
     try testing.expectError(error.InvalidCache, fresh.readRange(truncated, 0, record.items[0..1]));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "bytes but the manifest says") != null);
-    try testing.expectEqual(reads, store.reads.load(.monotonic));
+    try testing.expectEqual(reads, b.store.reads.load(.monotonic));
     try testing.expectEqual(@as(usize, 1), try countBins(r)); // shard 0, fetched whole above
 }
 
@@ -1304,17 +1321,13 @@ fn countBins(r: *Remote) !usize {
 
 test "settled: a cache is settled once every shard is pinned, never with more shards than pins" {
     const gpa = testing.allocator;
-    var tmp = testing.tmpDir(.{});
-    defer tmp.cleanup();
-    try tmp.dir.makePath("local");
-    const root = try tmp.dir.realpathAlloc(gpa, "local");
-    defer gpa.free(root);
-    var store: FakeStore = .{ .dir = tmp.dir };
-    const one = try copyFixture(tmp.dir, "plain_one_shard");
-    const many = try copyFixture(tmp.dir, "plain_many_shards");
+    var b = try Bucket.init();
+    defer b.deinit();
+    const one = try copyFixture(b.tmp.dir, "plain_one_shard");
+    const many = try copyFixture(b.tmp.dir, "plain_many_shards");
     const rt = try runtime.Runtime.open(gpa, 2);
     defer rt.release();
-    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 4 * (one.total + many.total), .backoff_ns = 1000 });
+    const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 4 * (one.total + many.total), .backoff_ns = 1000 });
     defer r.release();
 
     var single = try openCache(r, "fake://bucket/plain_one_shard", 0, false, &rt.pool, 0);
@@ -1348,17 +1361,13 @@ test "settled: a cache is settled once every shard is pinned, never with more sh
 
 test "range reads ahead: fetched on their own threads, taken by the reader, stale ones dropped" {
     const gpa = testing.allocator;
-    var tmp = testing.tmpDir(.{});
-    defer tmp.cleanup();
-    try tmp.dir.makePath("local");
-    const root = try tmp.dir.realpathAlloc(gpa, "local");
-    defer gpa.free(root);
-    var store: FakeStore = .{ .dir = tmp.dir };
+    var b = try Bucket.init();
+    defer b.deinit();
     const name = "plain_many_shards";
-    const sizes = try copyFixture(tmp.dir, name);
+    const sizes = try copyFixture(b.tmp.dir, name);
     const rt = try runtime.Runtime.open(gpa, 2);
     defer rt.release();
-    const r = try Remote.create(gpa, store.ops(), .{ .root = root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
+    const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
     defer r.release();
     var ordered = try openCache(r, "fake://bucket/" ++ name, 0, false, &rt.pool, 2);
     defer ordered.close();
@@ -1384,7 +1393,7 @@ test "range reads ahead: fetched on their own threads, taken by the reader, stal
         try testing.expect(waited < 10_000);
         posix.nanosleep(0, std.time.ns_per_ms);
     }
-    const reads = store.reads.load(.monotonic);
+    const reads = b.store.reads.load(.monotonic);
     var record: std.ArrayList(u8) = .empty;
     defer record.deinit(gpa);
     var want: std.ArrayList(u8) = .empty;
@@ -1400,7 +1409,7 @@ test "range reads ahead: fetched on their own threads, taken by the reader, stal
         try testing.expectEqualSlices(u8, want.items, record.items);
     }
     // One request per record: the ones `ordered` made; none by `shuffled`'s reads.
-    try testing.expectEqual(reads + (n - 1), store.reads.load(.monotonic));
+    try testing.expectEqual(reads + (n - 1), b.store.reads.load(.monotonic));
     // Record 0 was passed by: dropped when the next record is handed on.
     const last = shuffled.row(n);
     try testing.expectEqual(cache.RangeAhead.taken, ahead(src.context, &shuffled, last.shard_id, last.offset, last.byte_len));
@@ -1423,14 +1432,14 @@ test "range reads ahead: fetched on their own threads, taken by the reader, stal
     }
     try want.resize(gpa, @intCast(last.byte_len));
     try ordered.readRange(last.shard_id, last.offset, want.items);
-    const before = store.reads.load(.monotonic);
+    const before = b.store.reads.load(.monotonic);
     for (0..2) |_| {
         try record.resize(gpa, @intCast(last.byte_len));
         @memset(record.items, 0);
         try shuffled.readRange(last.shard_id, last.offset, record.items);
         try testing.expectEqualSlices(u8, want.items, record.items);
     }
-    try testing.expectEqual(before, store.reads.load(.monotonic));
+    try testing.expectEqual(before, b.store.reads.load(.monotonic));
     // The fetch threads end when nothing is queued, dropping their references; then the
     // close frees every buffer (the allocator checks it).
     waited = 0;
