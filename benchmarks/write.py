@@ -17,6 +17,8 @@ is opened with ``validate_cache=True`` (every shard's SHA-256 checked) and read 
 and each payload's BLAKE2b-128, each sample's metadata and the sample count are compared
 with what the generator yielded. The reference's caches are also read by this project and
 ours by the reference, and uncompressed caches must be byte-identical (SPEC section 3).
+Our timed runs also record the CPU time of the calling thread and of all other threads
+("Where the CPU goes": which side bounds the write).
 """
 
 from __future__ import annotations
@@ -305,15 +307,19 @@ def run_config(
         if wl == "w1":
             steps.append(("floor", lambda: consume_source(source)))
     started = _time.perf_counter()
+    cpu: list[tuple[float, float]] = []  # per timed run of ours: (calling thread, others)
     try:
         for round_no in range(max(1, spec["repeat"])):
             order = steps if round_no % 2 == 0 else steps[::-1]
             for name, step in order:
                 fresh()
                 _os.makedirs(timed_base, exist_ok=True)
+                cpu_before = cpu_seconds()
                 t0 = _time.perf_counter()
                 step()
                 elapsed = _time.perf_counter() - t0
+                if name == "ours":
+                    cpu.append(cpu_split(cpu_before, cpu_seconds()))
                 if name != "plain":  # plain_write_like times itself (no makedirs of base)
                     runs[name].append(elapsed)
             if _time.perf_counter() - started > spec["budget_s"]:
@@ -332,11 +338,31 @@ def run_config(
         out["plain_median_s"] = _median(runs["plain"])
         # ours / plain throughput, pairwise per round, then the median
         out["plain_ratio"] = _median([p / o for p, o in zip(runs["plain"], times)])
+    if cpu:
+        # CPU seconds of the calling thread (the source's generator and the Python side of
+        # the writer) and of every other thread (the library's pool), per timed run.
+        out["cpu_calling"] = [c for c, _ in cpu]
+        out["cpu_others"] = [o for _, o in cpu]
     if runs["floor"]:
         out["floor_times"] = runs["floor"]
         # our time as a multiple of the generator's own, pairwise per round
         out["floor_multiple"] = _median([o / f for o, f in zip(times, runs["floor"])])
     return out
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(CPU seconds of the calling thread, of the whole process): user + system time,
+    ``time.thread_time`` and ``time.process_time`` (all threads, also those that ended)."""
+    import time as _time
+
+    return _time.thread_time(), _time.process_time()
+
+
+def cpu_split(before: tuple[float, float], after: tuple[float, float]) -> tuple[float, float]:
+    """CPU seconds spent between two ``cpu_seconds`` snapshots by the calling thread and
+    by every other thread of the process."""
+    calling = after[0] - before[0]
+    return calling, (after[1] - before[1]) - calling
 
 
 def _median(values: list[float]) -> float:
@@ -412,6 +438,8 @@ PORTABLE_RUNNER = [
     consume_source,
     cache_layout,
     plain_write_like,
+    cpu_seconds,
+    cpu_split,
     _median,
     _random_block,
     tree_bytes,
@@ -706,6 +734,44 @@ def run(
         rows,
         [False, True, True, True, True, True, True, True, True, True, False, False, False],
     )
+    print()
+    cpu_rows = []
+    for cfg in configs:
+        for nw in workers:
+            res = ours[f"{cfg['key']}/{nw}"]
+            if "error" in res or not res.get("cpu_calling"):
+                continue
+            n = res["samples"]
+            wall = res.get("median_s", res["best_s"])
+            calling = _median(res["cpu_calling"])
+            others = _median(res["cpu_others"])
+            cpu_rows.append(
+                [
+                    cfg["label"],
+                    str(nw),
+                    f"{wall / n * 1e9:,.0f} ns",
+                    f"{calling / n * 1e9:,.0f} ns ({calling / wall:.0%})",
+                    f"{others / n * 1e9:,.0f} ns",
+                    f"{(calling + others) / wall:.2f}",
+                ]
+            )
+    if cpu_rows:
+        print()
+        print("## Where the CPU goes (ours, median of the timed runs, per sample)")
+        print()
+        print_table(
+            ["configuration", "workers", "wall", "calling thread", "other threads", "cores busy"],
+            cpu_rows,
+            [False, True, True, True, True, True],
+        )
+        print()
+        print(
+            "calling thread: CPU time of the thread that runs write_cache (the source's "
+            "generator and the writer's Python side), and its share of the wall time (near "
+            "100%: it is the bottleneck); other threads: the library's pool (record "
+            "encoding, compression, SHA-256, writes, fsync); cores busy = all CPU time / "
+            "wall time (time.thread_time and time.process_time)."
+        )
     print()
     print(
         "samples/s and MB/s: best of the timed runs, median: their median; MB/s counts "
