@@ -101,7 +101,15 @@ def test_large_payloads_are_read_into_the_bytes_handed_out(
         taken.append(got is not None)
         return got
 
+    take_run = _native.PayloadBuffers.take_run
+
+    def counting_run(self: Any, starts: list[int]) -> Any:
+        got = take_run(self, starts)
+        taken.extend([True] * len(got or ()))
+        return got
+
     monkeypatch.setattr(_native.PayloadBuffers, "take", counting)
+    monkeypatch.setattr(_native.PayloadBuffers, "take_run", counting_run)
     dataset = _open(runtime, path, io_backend, shuffle, prefetch_size=8)
     got = list(dataset)
     assert len(got) == len(records)
