@@ -35,8 +35,8 @@ import struct
 import sys
 from collections import deque
 from collections.abc import Callable, Sequence
-from itertools import pairwise, repeat
-from operator import add, sub
+from itertools import islice, pairwise, repeat
+from operator import add, itemgetter, sub
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple, NoReturn, Protocol, TypeVar
 
@@ -927,9 +927,14 @@ class Batch:
                 unpacker = struct.Struct("s".join(map(str, lengths)) + "s")
             payloads = unpacker.unpack_from(ffi.buffer(base, unpacker.size))
         else:
+            starts = ffi.unpack(ffi.cast("uint64_t *", raw.payloads), n)
+            taken = None if buffers is None else buffers.take_run(starts)
+            if taken is not None:
+                # Every payload in the next given buffers (large records read straight
+                # into them, the usual case): those objects, in order.
+                return self._rest(taken, max(map(len, taken)), kinds)
             lengths = ffi.unpack(raw.payload_lens, n)
             longest = max(lengths)
-            starts = ffi.unpack(ffi.cast("uint64_t *", raw.payloads), n)
             low = min(starts)
             span = ffi.buffer(ffi.cast("uint8_t *", low), max(starts) - low + longest)
             at = list(map(sub, starts, repeat(low)))
@@ -943,6 +948,14 @@ class Batch:
                 ]
             else:
                 payloads = list(map(span.__getitem__, map(slice, at, map(add, at, lengths))))
+        return self._rest(payloads, longest, kinds)
+
+    def _rest(
+        self, payloads: Sequence[bytes], longest: int, kinds: Sequence[int]
+    ) -> tuple[Sequence[bytes], list[int], list[int], list[list[Any]], int]:
+        """``rows`` once its payloads are made: the identities and metadata columns."""
+        raw = self._raw
+        n = len(payloads)
         columns = raw.columns
         values = [_column_values(columns[i], kind, n) for i, kind in enumerate(kinds)]
         # Batches nearly always come from one cache: one int object then.
@@ -1138,6 +1151,21 @@ class PayloadBuffers:
             return given.popleft()[1]
         return None
 
+    def take_run(self, starts: list[int]) -> list[bytes] | None:
+        """The buffers holding the payloads at ``starts`` when they are the next ones
+        given and not yet delivered, in order (taken); else None and nothing taken."""
+        given = self._given
+        n = len(starts)
+        if len(given) < n:
+            return None
+        front = list(islice(given, n))
+        if list(map(itemgetter(0), front)) != starts:
+            return None
+        for _ in range(n):
+            given.popleft()
+        self._popped += n
+        return list(map(itemgetter(1), front))
+
     def _give(self, objects: list[bytes], reset: bool) -> int:
         """Gives ``objects``; returns the buffers assigned so far."""
         taken, self._budget = self._iterator.give_payload_buffers(objects, reset)
@@ -1150,6 +1178,12 @@ class PayloadBuffers:
         reads no further ahead than they reach (records that would take one wait for
         them), so ``count`` is also its read-ahead."""
         given = self._given
+        if 0 < length == self._length and self._budget > 0 and _new_bytes is not None:
+            # Records alike (the usual case): any unassigned buffers have this length, so
+            # none is dropped and the assigned ones need not be counted; one call (none
+            # when nothing was delivered) gives the new ones. The budget is fixed.
+            self._give_new(length, min(count, max(1, self._budget // length)) - len(given), False)
+            return
         taken = self._give([], False)
         unassigned = self._popped + len(given) - taken
         # Length 0 always resets: the iterator then stops waiting for buffers.
@@ -1166,11 +1200,17 @@ class PayloadBuffers:
             if reset:
                 self._give([], True)
             return
+        self._give_new(length, wanted, reset)
+
+    def _give_new(self, length: int, wanted: int, reset: bool) -> None:
+        """Makes ``wanted`` new buffers of ``length`` bytes (none when it is not
+        positive) and gives them, after dropping the unassigned ones with ``reset``."""
+        if wanted <= 0:
+            return
         objects = [_new_bytes(None, length) for _ in range(wanted)]
         self._give(objects, reset)
         self._length = length
-        for o in objects:
-            given.append((int(ffi.cast("uintptr_t", ffi.from_buffer(o))), o))
+        self._given.extend((int(ffi.cast("uintptr_t", ffi.from_buffer(o))), o) for o in objects)
 
 
 class Lookup(_Handle):

@@ -101,7 +101,15 @@ def test_large_payloads_are_read_into_the_bytes_handed_out(
         taken.append(got is not None)
         return got
 
+    take_run = _native.PayloadBuffers.take_run
+
+    def counting_run(self: Any, starts: list[int]) -> Any:
+        got = take_run(self, starts)
+        taken.extend([True] * len(got or ()))
+        return got
+
     monkeypatch.setattr(_native.PayloadBuffers, "take", counting)
+    monkeypatch.setattr(_native.PayloadBuffers, "take_run", counting_run)
     dataset = _open(runtime, path, io_backend, shuffle, prefetch_size=8)
     got = list(dataset)
     assert len(got) == len(records)
@@ -116,6 +124,46 @@ def test_large_payloads_are_read_into_the_bytes_handed_out(
         # Runs of one length: many payloads landed in the bytes handed out (not those
         # read ahead, coalesced, before the run's first sample showed its length).
         assert sum(taken) > len(records) // 3, sum(taken)
+
+
+def test_large_payload_buffers_cost_one_call_a_batch(
+    runtime: Any, io_backend: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Records alike: topping the payload buffers up costs at most one native call a
+    batch once they flow (none to count the assigned ones), and batches whose payloads
+    are all in given buffers hand those objects out; samples as ``get_item`` reads."""
+    from dataset_rt import _native
+
+    rng = random.Random(3)
+    size = dataset_module.PAYLOAD_BUFFER_BYTES + 123
+    records = [(rng.randbytes(size), {"i": i}) for i in range(40)]
+    path = _write(runtime, tmp_path, "alike", records)
+    calls = {"next_batch": 0, "give_payload_buffers": 0}
+    runs: list[int] = []
+    for name in calls:
+        original = getattr(_native.Iterator, name)
+
+        def counted(self: Any, *args: Any, _name: str = name, _original: Any = original) -> Any:
+            calls[_name] += 1
+            return _original(self, *args)
+
+        monkeypatch.setattr(_native.Iterator, name, counted)
+    take_run = _native.PayloadBuffers.take_run
+
+    def counting_run(self: Any, starts: list[int]) -> Any:
+        got = take_run(self, starts)
+        runs.append(len(got or ()))
+        return got
+
+    monkeypatch.setattr(_native.PayloadBuffers, "take_run", counting_run)
+    dataset = _open(runtime, path, io_backend, False, prefetch_size=8)
+    got = list(dataset)
+    assert [(s.data, s.metadata) for s in got] == records
+    want = [dataset.get_item(s.cache_id, s.sample_id) for s in got]
+    assert _as_tuples(got) == _as_tuples(want)
+    # The first top-up counts the assigned buffers (two calls); later ones one at most.
+    assert calls["give_payload_buffers"] <= calls["next_batch"] + 1, calls
+    assert sum(runs) > len(records) // 2, runs
 
 
 def test_string_columns_of_one_length(runtime: Any, io_backend: str, tmp_path: Path) -> None:
