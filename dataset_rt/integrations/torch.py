@@ -507,6 +507,7 @@ class _Ring:
         self.capacity = capacity
         self.token = int.from_bytes(os.urandom(8), "little") | 1
         self.produced = 0
+        self.checked: tuple[int, int] | None = None  # (nbytes, prefetch) known to fit
         self.array = np.frombuffer(self._map, dtype=np.uint8)
         self.header = self.array[:16].view(np.uint64)
 
@@ -532,15 +533,31 @@ class _Ring:
 _RING: _Ring | None = None
 
 
+def _forget_ring() -> None:
+    """In a forked child: the parent's ring is not this process's to write."""
+    global _RING
+    _RING = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_ring)
+
+
 def _worker_ring(nbytes: int, prefetch: int) -> _Ring:
     """This worker process's ring, with room for the items torch prefetches and those
     the training process holds, of batches of ``nbytes``."""
     global _RING
+    ring = _RING
+    if ring is not None and ring.checked == (nbytes, prefetch):
+        # The size the latest batch asked for (every batch of fixed-size records): known
+        # to fit, without the sizing arithmetic and getpid (~5 us a batch here).
+        return ring
     batches = (prefetch + 4) * _bundle_len(nbytes)
-    if _RING is None or _RING.pid != os.getpid() or batches * _span(nbytes) > _RING.capacity:
+    if ring is None or ring.pid != os.getpid() or batches * _span(nbytes) > ring.capacity:
         # (A quarter more: a batch reserves a little more than the latest one took.)
-        _RING = _Ring(max(_RING_MIN_BYTES, batches * _span(nbytes + nbytes // 4)))
-    return _RING
+        ring = _RING = _Ring(max(_RING_MIN_BYTES, batches * _span(nbytes + nbytes // 4)))
+    ring.checked = (nbytes, prefetch)
+    return ring
 
 
 class _Mapped:
