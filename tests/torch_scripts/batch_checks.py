@@ -290,6 +290,33 @@ def check_reused_memory() -> None:
         drt_torch._POOL = None
 
 
+def check_bundled_handover() -> None:
+    """A worker hands small batches to the training process up to 32 per DataLoader item
+    (a bundle; torch's round trip per item costs more CPU than building a small batch),
+    and the loop still receives them one at a time in torch's order."""
+    received: list[int] = []
+    unbundle = drt_torch._unbundle
+
+    def counted(bundles: Any) -> Any:
+        for bundle in bundles:
+            received.append(len(bundle.items))
+            yield bundle
+
+    # (Only the training process calls _unbundle: workers never see the wrapper.)
+    drt_torch._unbundle = lambda bundles, counts: unbundle(counted(bundles), counts)
+    try:
+        kwargs = {"worker_partition": "global", "shuffle": False, **SETUPS[1]}
+        kwargs.update(batch_size=1, samples_per_epoch=128)
+        expected = passes(loader(MIXED, **kwargs), 2, from_samples)
+        received.clear()
+        got = passes(loader(MIXED, **kwargs, batch_format="tensors"), 2, from_tensors)
+        check("bundled hand-over: same batches", got == expected, (got[:1], expected[:1]))
+        # 64 batches a worker a pass: two bundles of 32 each (four of 16 before).
+        check("bundled hand-over: 32 batches an item", received == [32] * 8, received)
+    finally:
+        drt_torch._unbundle = unbundle
+
+
 def check_payloads_in_place() -> None:
     """The native reader writes a batch's payloads straight into its buffer when the
     room foreseen from the latest batch holds them, else they are copied out of the
@@ -468,6 +495,7 @@ def main() -> None:
         check_fields_share_buffer,
         check_validation,
         check_reused_memory,
+        check_bundled_handover,
         check_payloads_in_place,
         check_rings_forgotten,
         check_killed_worker_leaves_nothing,
