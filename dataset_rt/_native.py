@@ -1307,8 +1307,15 @@ def row_getter(
     ``drt_lookup_get_row`` (ABI 1.6; the values and errors of :meth:`Lookup.get` of that
     one identity) into a row buffer owned by the function, unpacked (``kinds`` plain
     ints, schema order) with one precompiled ``Struct.unpack_from`` for the size, the
-    payload length and every field's slot, then slices. A sample larger than the buffer
-    is read again into a grown one (kept for later calls).
+    payload length and every field's slot, then the payload and string bytes. A sample
+    larger than the buffer is read again into a grown one (kept for later calls).
+
+    The payload and string bytes: rows of one shape (payload length and every string's
+    length) are the common case (fixed-size records, constant strings), so once two rows
+    in a row missed with the same shape, a second precompiled unpack for that shape
+    (``_shape_unpacker``) makes them in one C call (``bytes`` objects, then one
+    ``decode`` per string); a row of another shape is cut out with memoryview slices.
+    Both give equal values.
 
     Argument errors are ``get_item``'s: ``TypeError`` unless both are ``int``, and for an
     ``int`` that does not fit in 64 bits unsigned (cffi refuses it with ``OverflowError``
@@ -1324,10 +1331,17 @@ def row_getter(
     header = 16 + 8 * len(kinds)
     slots = ", ".join(["size", "n", *(f"v{i}" for i in range(len(kinds)))])
     unpack = f"            {slots}, = _unpack(view)"
+    strings = [i for i, kind in enumerate(kinds) if int(kind) == int(Kind.STRING)]
+    # The shape of a row: its payload length and string lengths (as `shape` spells it).
+    shape = "(" + "".join(f"{v}, " for v in ["n", *(f"v{i}" for i in strings)]) + ")"
+    same = " and ".join(["n == _n", *(f"v{i} == _m{i}" for i in strings)])
     lines = [
         "def build(_acquire, _release, _ptr, _sample_type, _refusal, view, row_ptr, capacity):",
+        "    _shaped = _missed = None",
+        "    _n = " + " = ".join(f"_m{i}" for i in strings) + (" = " if strings else "") + "-1",
         "    def get_row(cache_id, sample_id):",
-        "        nonlocal view, row_ptr, capacity",
+        "        nonlocal view, row_ptr, capacity, _shaped, _missed, "
+        + ", ".join(["_n", *(f"_m{i}" for i in strings)]),
         "        if type(cache_id) is not int or type(sample_id) is not int:",
         "            raise TypeError('cache_id and sample_id must be integers')",
         "        _acquire()",
@@ -1343,20 +1357,37 @@ def row_getter(
         "                view, row_ptr, capacity = _row_buffer(size)",
         "                _check(_get_row(_ptr, cache_id, sample_id, row_ptr, capacity))",
         "    " + unpack,
-        f"            at = {header} + n",
-        f"            data = view[{header}:at].tobytes()",
+        f"            if {same}:",
+        "                " + ", ".join(["data", *(f"b{i}" for i in strings)]) + ", = _shaped(view)",
+    ]
+    lines += [f"                s{i} = b{i}.decode('utf-8')" for i in strings]
+    lines += [
+        "            else:",
+        f"                at = {header} + n",
+        f"                data = view[{header}:at].tobytes()",
+    ]
+    for i in strings:
+        lines.append(f"                s{i} = str(view[at:at + v{i}], 'utf-8')")
+        lines.append(f"                at += v{i}")
+    lines += [
+        f"                if {shape} == _missed:",
+        f"                    _shaped = _shape_unpacker({header}, {shape})",
+        "                    " + " = ".join(["_n", "n"]),
+    ]
+    lines += [f"                    _m{i} = v{i}" for i in strings]
+    lines += [
+        f"                _missed = {shape}",
+        "        finally:",
+        "            _release()",
     ]
     values = []
     for i, (name, kind) in enumerate(zip(names, kinds)):
         if int(kind) == int(Kind.STRING):
-            lines.append(f"            s{i} = str(view[at:at + v{i}], 'utf-8')")
-            lines.append(f"            at += v{i}")
             values.append(f"{name!r}: s{i}")
         elif int(kind) == int(Kind.BOOL):
             values.append(f"{name!r}: v{i} != 0")
         else:
             values.append(f"{name!r}: v{i}")
-    lines += ["        finally:", "            _release()"]
     lines.append(
         f"        return _new(_sample_type, (data, {{{', '.join(values)}}}, cache_id, sample_id))"
     )
@@ -1369,6 +1400,7 @@ def row_getter(
         "_check": check,
         "_row_buffer": _row_buffer,
         "_new": tuple.__new__,
+        "_shape_unpacker": _shape_unpacker,
     }
     exec(compile("\n".join(lines) + "\n", "<dataset_rt row getter>", "exec"), namespace)
     build = namespace["build"]
@@ -1381,6 +1413,14 @@ def row_getter(
         refusal,
         *_row_buffer(_ROW_BUFFER_BYTES),
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _shape_unpacker(header: int, shape: tuple[int, ...]) -> Callable[[Any], tuple[bytes, ...]]:
+    """The ``unpack_from`` of a packed row (``drt_lookup_get_row``) whose payload and
+    string values have the lengths ``shape``, after its ``header`` bytes: one ``bytes``
+    object each."""
+    return struct.Struct(f"{header}x" + "".join(f"{length}s" for length in shape)).unpack_from
 
 
 _INT, _FLOAT, _BOOL = int(Kind.INT), int(Kind.FLOAT), int(Kind.BOOL)

@@ -240,6 +240,60 @@ def test_get_item_of_samples_larger_than_its_buffer(runtime, io_backend: str, tm
     expect_same_as_get_item(dataset, batch, [cache_id] * len(order), order)
 
 
+class _ShapesSource:
+    """Records whose payload and string lengths repeat, or change in one part only:
+    get_item's precompiled unpack of a repeated row shape must not serve another."""
+
+    name = "shapes"
+    # (payload length, a, b): "é" and "ab" have the same UTF-8 length, other text.
+    rows = (
+        (100, "ab", ""),
+        (100, "ab", ""),
+        (100, "é", ""),
+        (100, "abc", ""),
+        (100, "ab", "x"),
+        (101, "ab", ""),
+        (0, "ab", ""),
+        (0, "", ""),
+        (70_000, "ab", ""),
+        (70_000, "ab", ""),
+    )
+
+    def __iter__(self):
+        for i, (size, a, b) in enumerate(self.rows):
+            yield drt.CacheInput(
+                data=bytes([i + 1]) * size, metadata={"i": i, "a": a, "b": b, "t": i % 2 == 0}
+            )
+
+
+def test_get_item_of_rows_of_repeated_and_changing_shapes(
+    runtime, io_backend: str, tmp_path
+) -> None:
+    """get_item of rows whose shapes (payload and string lengths) repeat, then change in
+    the payload, in one string, in another, or to equal lengths of other text, in
+    orders that repeat each shape twice or more before another: every sample whole."""
+    config = drt.WriterConfig(show_progress=False)
+    [result] = runtime.write_cache(_ShapesSource(), tmp_path, writer_config=config)
+    assert type(result).__name__ == "CacheWriteSuccess", result
+    dataset = open_dataset(runtime, io_backend, [tmp_path / "shapes"])
+    cache_id = identities(dataset)[0][0]
+    orders = [
+        [0, 1, 0, 2, 0, 1, 3, 4, 5, 0, 1],
+        [2, 2, 0, 2, 1, 6, 6, 7, 6, 7, 7, 0],
+        [8, 9, 8, 0, 0, 9, 4, 4, 3, 5, 5, 2],
+        list(range(10)) * 2,
+        random.Random(5).choices(range(10), k=200),
+    ]
+    for order in orders:
+        for sid in order:
+            size, a, b = _ShapesSource.rows[sid]
+            sample = dataset.get_item(cache_id, sid)
+            assert sample.data == bytes([sid + 1]) * size, (order, sid)
+            assert sample.metadata == {"i": sid, "a": a, "b": b, "t": sid % 2 == 0}, sid
+            assert type(sample.metadata["t"]) is bool
+            assert (sample.cache_id, sample.sample_id) == (cache_id, sid)
+
+
 def test_get_item_refuses_arguments_alike_before_and_after_its_first_read(
     runtime, io_backend: str
 ) -> None:

@@ -140,6 +140,21 @@ pub const Maps = struct {
     /// `madvise(MADV_RANDOM)` on new windows (lookups: a fault reads one page, as a
     /// pread of a small record would).
     random: bool = false,
+    /// Where each window is in `windows`, by (key, number): open addressing with linear
+    /// probing, `index_empty` for none, rebuilt whenever a window is added, removed or
+    /// moved (`reindex`; rare next to lookups). Random reads over many windows find
+    /// theirs, or learn it is not mapped, in a probe or two instead of a scan of them all.
+    index: [index_len]u8 = [_]u8{index_empty} ** index_len,
+    /// No window may be unmapped before an access stamped at least this: the oldest
+    /// window was last used at `evict_from - evict_age_min` and stamps never decrease
+    /// (see `mapWindow`). Random reads past the budget are refused without a scan.
+    evict_from: u64 = 0,
+
+    const index_len = 2 * windows_max;
+    const index_empty: u8 = std.math.maxInt(u8);
+    comptime {
+        std.debug.assert(std.math.isPowerOfTwo(index_len) and windows_max < index_empty);
+    }
 
     pub const Window = struct {
         key: Key,
@@ -196,7 +211,10 @@ pub const Maps = struct {
             const w = &m.windows[m.last];
             if (w.number == number and std.meta.eql(w.key, key)) return w;
         }
-        for (m.windows[0..m.count], 0..) |*w, i| {
+        var h = indexSlot(key, number);
+        while (m.index[h] != index_empty) : (h = (h + 1) % index_len) {
+            const i = m.index[h];
+            const w = &m.windows[i];
             if (w.number == number and std.meta.eql(w.key, key)) {
                 m.last = i;
                 return w;
@@ -205,12 +223,34 @@ pub const Maps = struct {
         return null;
     }
 
+    fn indexSlot(key: Key, number: u64) usize {
+        const mixed = (key.shard_id *% 0x9E3779B97F4A7C15 +% number) *% 0xC2B2AE3D27D4EB4F +% key.cache;
+        const shift: u6 = comptime @intCast(64 - @as(u7, std.math.log2_int(usize, index_len)));
+        return @intCast((mixed *% 0x9E3779B97F4A7C15) >> shift);
+    }
+
+    /// Rebuilds `index` from `windows[0..count]`.
+    fn reindex(m: *Maps) void {
+        @memset(&m.index, index_empty);
+        for (m.windows[0..m.count], 0..) |*w, i| {
+            var h = indexSlot(w.key, w.number);
+            while (m.index[h] != index_empty) h = (h + 1) % index_len;
+            m.index[h] = @intCast(i);
+        }
+    }
+
     fn mapWindow(m: *Maps, gpa: std.mem.Allocator, key: Key, shard_len: u64, number: u64, files: *Files, opener: anytype, access: Access) ?*Window {
         const start = number * window_bytes;
         const len = @min(shard_len - start, window_bytes + window_overlap);
         // Room: a free place, or the least recently used window if it may go.
         var slot = m.count;
         if (m.count == windows_max or m.mapped_bytes + len > m.budget) {
+            if (access.now < m.evict_from) {
+                // As below: the oldest window is too recent to go.
+                if (!m.mappable(gpa, key, shard_len, files, opener)) return null;
+                m.over_budget = true;
+                return null;
+            }
             var oldest: usize = 0;
             for (m.windows[0..m.count], 0..) |*w, i| {
                 if (w.stamp < m.windows[oldest].stamp) oldest = i;
@@ -220,6 +260,9 @@ pub const Maps = struct {
             if (w.stamp >= access.pinned_from or access.now -| w.stamp < evict_age_min or
                 (m.count < windows_max and m.mapped_bytes - w.bytes.len + len > m.budget))
             {
+                // Every window was last used at `w.stamp` or later, and later stamps are
+                // never lower: none may go for an age below `evict_age_min` until then.
+                m.evict_from = w.stamp +| evict_age_min;
                 m.over_budget = true;
                 return null;
             }
@@ -232,12 +275,14 @@ pub const Maps = struct {
                 // The evicted window's place is empty now: fill it with the last one.
                 m.count -= 1;
                 m.windows[slot] = m.windows[m.count];
+                m.reindex();
             }
             m.last = 0;
             return null;
         };
         m.windows[slot] = .{ .key = key, .number = number, .bytes = w.bytes, .resident = w.resident, .stamp = access.now };
         if (slot == m.count) m.count += 1;
+        m.reindex();
         m.mapped_bytes += len;
         m.mapped_total += 1;
         m.last = slot;
@@ -389,6 +434,45 @@ test "windows are mapped on use, within the byte budget, and unmapped only when 
     const short: Key = .{ .cache = 1, .shard_id = 0 };
     try std.testing.expect(maps.get(gpa, short, len + 1, 0, 8, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = false }) == null);
     try std.testing.expect(!maps.over_budget);
+}
+
+test "windows of many shards are found again in any order, through the index, after moves" {
+    const gpa = std.testing.allocator;
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const len: u64 = 3 * window_bytes;
+    const data = try gpa.alloc(u8, @intCast(len));
+    defer gpa.free(data);
+    for (data, 0..) |*b, i| b.* = @truncate(i *% 13 +% i / 509);
+    try tmp.dir.writeFile(.{ .sub_path = "a", .data = data });
+    var opener: TestOpener = .{ .dir = tmp.dir };
+    var fs: Files = .{};
+    defer fs.deinit();
+    // Room for every window: 12 shards (all the same file) of 3 windows each.
+    var maps: Maps = .{ .budget = lookup_mapped_bytes_max };
+    defer maps.deinit(gpa);
+    var prng = std.Random.DefaultPrng.init(7);
+    const random = prng.random();
+    var now: u64 = 0;
+    for (0..2000) |_| {
+        const k: Key = .{ .cache = random.uintLessThan(u32, 3), .shard_id = random.uintLessThan(u64, 4) };
+        const at = random.uintLessThan(u64, len - 100);
+        now += 1;
+        const bytes = maps.get(gpa, k, len, at, 100, &fs, &opener, .{ .now = now, .pinned_from = 0, .resident_only = false }).?;
+        try std.testing.expectEqualSlices(u8, data[@intCast(at)..][0..100], bytes);
+    }
+    // Each window was mapped once, and the index holds exactly the windows.
+    try std.testing.expectEqual(@as(u64, 36), maps.mapped_total);
+    try std.testing.expectEqual(@as(usize, 36), maps.count);
+    var listed: usize = 0;
+    for (maps.index) |i| {
+        if (i == Maps.index_empty) continue;
+        listed += 1;
+        const w = &maps.windows[i];
+        try std.testing.expect(maps.find(w.key, w.number) == w);
+    }
+    try std.testing.expectEqual(maps.count, listed);
+    try std.testing.expect(maps.find(.{ .cache = 3, .shard_id = 0 }, 0) == null);
 }
 
 test "residentRange: a page not resident makes every range touching it not resident" {
