@@ -196,14 +196,6 @@ pub const Remote = struct {
     /// counter. The hash runs while the ranges land: whichever thread completes the range
     /// after the hashed prefix extends the hash in order (see `Fetch.land`), reading the
     /// mapping, so only the last range is hashed after the transfer.
-    ///
-    /// The mapping is `MADV_HUGEPAGE`: write faults through a shared mapping otherwise
-    /// fill the page cache with 4 KiB folios, one fault each, and every later mapping of
-    /// the shard (the iterators' windows, `io/files.zig` `Maps`) then maps, accounts and
-    /// unmaps it page by page: about 4x the kernel time of mapping a file written with
-    /// `write` (which gets large folios), the gap between warm remote and local reads of
-    /// small records. With the advice the file gets large folios as a written one does,
-    /// and the download takes one fault per folio instead of one per page.
     fn download(r: *Remote, url: [:0]const u8, dir: std.fs.Dir, dir_path: []const u8, name: []const u8, size: ?u64, sha_hex: []const u8, pool: ?*runtime.Pool, stop: ?*const std.atomic.Value(bool)) status.Error!void {
         const obj = try r.openObject(url);
         defer r.closeObject(obj);
@@ -220,9 +212,6 @@ pub const Remote = struct {
         if (obj.size > 0) {
             try preallocate(file, obj.size, dir_path, name);
             map = posix.mmap(null, @intCast(obj.size), posix.PROT.READ | posix.PROT.WRITE, .{ .TYPE = .SHARED }, file.handle, 0) catch |err| return failWrite(err, dir_path, name);
-            // Large page-cache folios for the file (see the doc comment); refused where
-            // transparent huge pages are off or the file system has no large folios.
-            posix.madvise(map.ptr, map.len, posix.MADV.HUGEPAGE) catch {};
         }
         defer if (map.len > 0) posix.munmap(map);
         const part: u64 = @max(1, if (stop != null)
