@@ -883,7 +883,8 @@ const Origin = struct {
 
     /// Whether every shard of `c` is pinned by this origin: nothing is left to fetch ahead
     /// and no process can evict any of them until the cache closes (a pin is dropped only
-    /// to make room for another shard of the cache, and none is left to request).
+    /// to make room for another shard of the cache, and none is left to request). So once
+    /// true it stays true until the cache closes, which the look-ahead relies on.
     fn settled(o: *Origin, c: *const cache.Cache) bool {
         o.mutex.lock();
         defer o.mutex.unlock();

@@ -74,6 +74,7 @@ pub const ShardSource = struct {
     prefetch_range: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, offset: u64, len: u64) RangeAhead = null,
     /// True when no shard of `c` needs fetching ahead now (every one is local and pinned):
     /// the look-ahead skips the cache instead of locating every position it will read.
+    /// Once true it must stay true until the cache closes (the look-ahead asks no more).
     settled: ?*const fn (context: *anyopaque, c: *const Cache) bool = null,
     /// Whether `reader` reads shard `shard_id` now by byte ranges (`read_range`) rather
     /// than through `open`. Cheap when the answer is no for a whole cache.
