@@ -598,8 +598,13 @@ class RemoteTransport(Protocol):
         ...
 
     # Optional: ``read_into(handle, offset, out: memoryview) -> int`` writes the bytes at
-    # ``offset`` straight into ``out`` (the shard file's mapping) and returns how many it
-    # wrote; when a transport has it, :class:`Remote` calls it instead of ``read``.
+    # ``offset`` straight into ``out`` (a shard file's mapping, or the core's buffer of a
+    # byte-range read) and returns how many it wrote; when a transport has it,
+    # :class:`Remote` calls it instead of ``read``.
+    # Optional: ``read_to_file(handle, offset, length, fd) -> int`` writes the ``length``
+    # bytes at ``offset`` into the file ``fd`` at ``offset`` (``os.pwrite``; several threads
+    # write ranges of one file at once) and returns how many it wrote; when a transport
+    # has it, whole-file downloads use it (``drt_remote_set_read_file``).
 
     def close(self, handle: Any) -> None: ...
 
@@ -670,6 +675,20 @@ class Remote(_Handle):
             except BaseException as exc:
                 return _remote_failure(exc, message, cap)
 
+        read_to_file = getattr(transport, "read_to_file", None)
+
+        def on_read_file(
+            context: Any, handle: Any, offset: int, length: int, fd: int, message: Any, cap: int
+        ) -> int:
+            try:
+                obj = handles[int(ffi.cast("uintptr_t", handle))]
+                got = read_to_file(obj, offset, length, fd)
+                if got != length:
+                    raise RemoteError(RemoteCode.RETRY, f"short read: {got} of {length} bytes")
+                return 0
+            except BaseException as exc:
+                return _remote_failure(exc, message, cap)
+
         def on_close(context: Any, handle: Any) -> None:
             obj = handles.pop(int(ffi.cast("uintptr_t", handle)), None)
             if obj is not None:
@@ -687,11 +706,15 @@ class Remote(_Handle):
                 on_read,
             ),
             ffi.callback("void(void *, void *)", on_close),
+            ffi.callback(
+                "int32_t(void *, void *, uint64_t, uint64_t, int32_t, char *, uint64_t)",
+                on_read_file,
+            ),
         )
         raw_dir = encode_path(cache_dir)
         options = ffi.new("drt_remote_options *")
         options.ops.context = ffi.NULL
-        options.ops.open, options.ops.read, options.ops.close = callbacks
+        options.ops.open, options.ops.read, options.ops.close = callbacks[:3]
         options.cache_dir.ptr = ffi.from_buffer(raw_dir)
         options.cache_dir.len = len(raw_dir)
         options.budget_bytes = budget_bytes
@@ -699,11 +722,19 @@ class Remote(_Handle):
         out = ffi.new("drt_remote **")
         check(lib.drt_remote_open(options, out))
         self = cls(out[0])
+        if read_to_file is not None:
+            self.set_read_file(callbacks[3])
         self._callbacks = callbacks
         self._handles = handles
         self._next = counter
         self.transport = transport
         return self
+
+    def set_read_file(self, read_file: Any) -> None:
+        """``drt_remote_set_read_file`` (ABI 1.10): whole-file downloads are written into
+        their files by ``read_file`` (a ``drt_remote_read_file_fn`` cffi callback the caller
+        keeps alive; ``ffi.NULL``: through a mapping with the ``read`` callback)."""
+        check(lib.drt_remote_set_read_file(self._ptr, read_file))
 
 
 class Dataset(_Handle):

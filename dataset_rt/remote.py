@@ -35,7 +35,8 @@ DEFAULT_BUDGET = 16 << 30
 DEFAULT_RETRIES = 5
 #: Upload part size: files larger than this are uploaded in parts of this size.
 UPLOAD_CHUNK = 16 << 20
-#: Pieces in which a ranged GET's body is copied into the shard file (``read_into``).
+#: Pieces in which a ranged GET's body is copied into the shard file or the core's buffer
+#: (``read_to_file``, ``read_into``).
 STREAM_CHUNK = 1 << 20
 
 _TRANSIENT = re.compile(
@@ -187,6 +188,33 @@ class ObstoreTransport:
                     )
                 out[written : written + n] = view
                 written += n
+        except _native.RemoteError:
+            raise
+        except BaseException as exc:
+            raise classify(exc) from exc
+        return written
+
+    def read_to_file(self, handle: Any, offset: int, length: int, fd: int) -> int:
+        """Streams the ``length`` bytes at ``offset`` into the file ``fd`` at ``offset``
+        (``os.pwrite``, in pieces of :data:`STREAM_CHUNK`: the client holds one piece at a
+        time). Returns the number of bytes written (less than ``length`` if the body was
+        short; the core retries)."""
+        obstore = _require_obstore()
+        store, key, _ = handle
+        written = 0
+        try:
+            result = obstore.get(store, key, options=self._options(handle, offset, offset + length))
+            for piece in result.stream(min_chunk_size=STREAM_CHUNK):
+                view = memoryview(piece).cast("B")
+                if written + len(view) > length:
+                    raise _native.RemoteError(
+                        _native.RemoteCode.FAILED,
+                        f"the server sent more than the {length} bytes asked for",
+                    )
+                while view:
+                    n = os.pwrite(fd, view, offset + written)
+                    view = view[n:]
+                    written += n
         except _native.RemoteError:
             raise
         except BaseException as exc:

@@ -670,21 +670,26 @@ def test_slow_server_keeps_memory_bounded(runtime, s3_server, s3_bucket, shard_c
     finally:
         proxy.close()
     assert result["n"] == 48
-    # No buffer per range: the client streams 1 MiB pieces into the shard file's mapping
-    # (counted while mapped: at most the shards in flight, 16 MiB each here), plus the
-    # reader's prefetch_size records.
+    # No buffer per range: the client streams 1 MiB pieces into the shard file (whose
+    # pages count while mapped for the hash: at most the shards in flight, 16 MiB each
+    # here), plus the reader's prefetch_size records.
     assert result["growth"] < 40 << 20, result
 
 
-def test_transport_without_read_into(
-    runtime, s3_bucket, shard_cache, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    "without", [("read_into",), ("read_to_file",), ("read_into", "read_to_file")]
+)
+def test_transport_without_the_optional_reads(
+    runtime, s3_bucket, shard_cache, tmp_path, monkeypatch, without
 ) -> None:
-    """A transport with only ``read`` (returning the range's bytes, as a third-party
-    transport may) reads the same samples as the streaming ``read_into`` of obstore."""
+    """A transport without ``read_to_file`` (downloads go through the shard file's
+    mapping), without ``read_into``, or with only ``read`` (returning the range's bytes,
+    as a third-party transport may) reads the same samples as obstore's full transport."""
     from dataset_rt import remote as remote_mod
 
     base, local = write_both(runtime, tmp_path, s3_bucket, count=120)
-    monkeypatch.delattr(remote_mod.ObstoreTransport, "read_into")
+    for name in without:
+        monkeypatch.delattr(remote_mod.ObstoreTransport, name)
     monkeypatch.setattr(remote_mod, "_REMOTES", {})
     config = drt.ReaderConfig(seed=5, shuffle=True, prefetch_size=8)
     got = rows(runtime.cached_dataset([f"{base}/a"], reader_config=config))

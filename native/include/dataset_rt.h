@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 9
+    DRT_ABI_VERSION_MINOR = 10
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -339,6 +339,21 @@ typedef struct drt_remote drt_remote;
 /* A transport and its local directory. Thread-safe; datasets keep it alive. */
 int32_t drt_remote_open(const drt_remote_options *options, drt_remote **out);
 void drt_remote_close(drt_remote *remote);
+
+/* (ABI 1.10) Optional: writes exactly len bytes at offset of the object into the file fd at
+ * the same offset (positional writes: several threads write ranges of one file at once), of
+ * the version open pinned; same return codes and message as read. */
+typedef int32_t (*drt_remote_read_file_fn)(void *context, void *handle, uint64_t offset,
+                                           uint64_t len, int32_t fd, char *message,
+                                           uint64_t message_cap);
+
+/* (ABI 1.10) Downloads of whole files (shards, index.bin, metadata.arrow) are written by
+ * read_file from now on (NULL: read into a shared mapping of the file, the default). Where
+ * the file system caches written files in large folios, files written with write/pwrite
+ * cost the reader's later mappings far less kernel work than files written through a
+ * mapping (4 KiB pages). Call it right after drt_remote_open; downloads already running
+ * keep their way. */
+int32_t drt_remote_set_read_file(drt_remote *remote, drt_remote_read_file_fn read_file);
 
 /* drt_dataset_open, where every path that is a URL (scheme://...) is a cache on object
  * storage reached through remote (NULL: every path is local). Besides drt_dataset_open's

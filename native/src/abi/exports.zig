@@ -211,6 +211,13 @@ export fn drt_remote_open(options: ?*const abi.RemoteOptions, out: ?*?*remote.Re
     return ok();
 }
 
+export fn drt_remote_set_read_file(rm: ?*remote.Remote, read_file: ?remote.ReadFileFn) Rc {
+    const r = rm orelse return nullArgument("remote");
+    status.clear();
+    r.setReadFile(read_file);
+    return ok();
+}
+
 export fn drt_remote_close(rm: ?*remote.Remote) void {
     if (rm) |r| r.release();
 }

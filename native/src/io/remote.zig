@@ -67,6 +67,12 @@ pub const Ops = extern struct {
     close: ?*const fn (context: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void,
 };
 
+/// The optional file writer of a transport (`drt_remote_read_file_fn`, set with
+/// `Remote.setReadFile`): writes exactly `len` bytes at `offset` of the object into the
+/// file `fd` at the same offset (positional writes, many threads on one file), of the
+/// version `open` pinned.
+pub const ReadFileFn = *const fn (context: ?*anyopaque, handle: ?*anyopaque, offset: u64, len: u64, fd: i32, message: [*]u8, message_cap: u64) callconv(.c) i32;
+
 pub const Options = struct {
     /// The local directory: `caches/` (metadata copies) and `shards/` (the shard cache).
     root: []const u8,
@@ -86,7 +92,7 @@ pub const Options = struct {
 /// Byte ranges one background fetch (look-ahead) takes at once, and their size: a shard
 /// of up to 64 MiB is one GET, so a fetch ahead costs one request, and `Origin.slots_max`
 /// shards are in flight at once. A range costs no memory of ours (it is written straight
-/// into the shard file's mapping, see `download`), so it can be as large as a shard;
+/// into the shard file, see `download`), so it can be as large as a shard;
 /// fewer, larger requests cost less per byte on the server and per epoch in requests.
 const background_parts = 2;
 const background_range_bytes = 64 << 20;
@@ -100,6 +106,8 @@ pub const Remote = struct {
     gpa: std.mem.Allocator,
     refs: std.atomic.Value(u32) = .init(1),
     ops: Ops,
+    /// Shard, index and metadata downloads are written with it when set (see `download`).
+    read_file: std.atomic.Value(?ReadFileFn) = .init(null),
     root: []u8,
     shards_path: []u8,
     shards: ShardCache,
@@ -122,6 +130,11 @@ pub const Remote = struct {
         r.* = .{ .gpa = gpa, .ops = ops, .root = root, .shards_path = shards_path, .shards = shards, .options = options };
         r.options.root = root;
         return r;
+    }
+
+    /// Downloads write through `f` from now on (null: into a mapping with `ops.read`).
+    pub fn setReadFile(r: *Remote, f: ?ReadFileFn) void {
+        r.read_file.store(f, .release);
     }
 
     pub fn retain(r: *Remote) *Remote {
@@ -162,6 +175,17 @@ pub const Remote = struct {
         }
     }
 
+    /// Writes the `len` bytes at `offset` of an open object into `fd` at `offset` with
+    /// `read_file`, retrying transient failures.
+    fn readObjectToFile(r: *Remote, read_file: ReadFileFn, obj: Object, url: [:0]const u8, offset: u64, len: u64, fd: posix.fd_t) status.Error!void {
+        var attempt: u32 = 0;
+        while (true) : (attempt += 1) {
+            var message: [512]u8 = @splat(0);
+            const rc = read_file(r.ops.context, obj.handle, offset, len, fd, &message, message.len);
+            if (try r.retryOrFail(rc, url, &message, attempt)) return;
+        }
+    }
+
     fn closeObject(r: *Remote, obj: Object) void {
         r.ops.close.?(r.ops.context, obj.handle);
     }
@@ -188,10 +212,13 @@ pub const Remote = struct {
     /// and SHA-256 against the manifest. The file is removed on any failure.
     ///
     /// The file is preallocated (`fallocate`: a full disk fails here, with a clear error,
-    /// never later as a fault on a page of the mapping) and mapped shared; the transport
-    /// writes each byte range straight into the mapping (the page cache), so a download
-    /// holds no buffer of its own and the bytes are never copied again by this process
-    /// before the reader reads them. With `pool`, up to `parallel_parts` ranges are fetched
+    /// never later as a fault on a page of the mapping) and mapped shared. The transport
+    /// writes each byte range straight into the file: with `read_file` by positional
+    /// writes (the page cache then holds the file in large folios, as for a file written
+    /// locally, so the reader's later mappings of it cost a few page-table updates instead
+    /// of one per 4 KiB page), else into the mapping with `ops.read`. Either way a
+    /// download holds no buffer of its own and the bytes are never copied again by this
+    /// process before the reader reads them. With `pool`, up to `parallel_parts` ranges are fetched
     /// at once: the calling thread and pool workers take the next range from a shared
     /// counter. The hash runs while the ranges land: whichever thread completes the range
     /// after the hashed prefix extends the hash in order (see `Fetch.land`), reading the
@@ -208,10 +235,12 @@ pub const Remote = struct {
             file.close();
             if (!keep) dir.deleteFile(name) catch {};
         }
+        const read_file = r.read_file.load(.acquire);
         var map: []align(std.heap.page_size_min) u8 = &.{};
         if (obj.size > 0) {
             try preallocate(file, obj.size, dir_path, name);
-            map = posix.mmap(null, @intCast(obj.size), posix.PROT.READ | posix.PROT.WRITE, .{ .TYPE = .SHARED }, file.handle, 0) catch |err| return failWrite(err, dir_path, name);
+            const protection: u32 = if (read_file == null) posix.PROT.READ | posix.PROT.WRITE else posix.PROT.READ;
+            map = posix.mmap(null, @intCast(obj.size), protection, .{ .TYPE = .SHARED }, file.handle, 0) catch |err| return failWrite(err, dir_path, name);
         }
         defer if (map.len > 0) posix.munmap(map);
         const part: u64 = @max(1, if (stop != null)
@@ -228,7 +257,7 @@ pub const Remote = struct {
         const landed = try r.gpa.alloc(bool, @intCast(parts));
         defer r.gpa.free(landed);
         @memset(landed, false);
-        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .map = map, .dir_path = dir_path, .name = name, .part = part, .landed = landed, .hasher = .init(), .stop = stop };
+        var fetch: Fetch = .{ .r = r, .obj = obj, .url = url, .map = map, .fd = file.handle, .read_file = read_file, .dir_path = dir_path, .name = name, .part = part, .landed = landed, .hasher = .init(), .stop = stop };
         if (stop != null) {
             // A background fetch (on its own thread, see `Origin`): helper threads of its
             // own, never pool workers, so no pool worker ever waits in the embedder's
@@ -388,7 +417,10 @@ const Fetch = struct {
     r: *Remote,
     obj: Remote.Object,
     url: [:0]const u8,
+    /// The file, mapped (read only when `read_file` writes it).
     map: []u8,
+    fd: posix.fd_t,
+    read_file: ?ReadFileFn,
     dir_path: []const u8,
     name: []const u8,
     part: u64,
@@ -419,7 +451,10 @@ const Fetch = struct {
             if (offset >= f.obj.size) return;
             const n: usize = @intCast(@min(f.obj.size - offset, f.part));
             const at: usize = @intCast(offset);
-            f.r.readObject(f.obj, f.url, offset, f.map[at..][0..n]) catch |err| return f.fail(err);
+            if (f.read_file) |read_file|
+                f.r.readObjectToFile(read_file, f.obj, f.url, offset, n, f.fd) catch |err| return f.fail(err)
+            else
+                f.r.readObject(f.obj, f.url, offset, f.map[at..][0..n]) catch |err| return f.fail(err);
             f.land(i);
         }
     }
@@ -1011,6 +1046,8 @@ const FakeStore = struct {
     dir: std.fs.Dir,
     fail_reads: u32 = 0,
     reads: std.atomic.Value(u32) = .init(0),
+    /// Calls of `readFile` (each also counts in `reads`).
+    file_reads: std.atomic.Value(u32) = .init(0),
     opens: u32 = 0,
 
     const Handle = struct { fd: posix.fd_t, ino: u64, name: []u8 };
@@ -1053,6 +1090,19 @@ const FakeStore = struct {
         return 0;
     }
 
+    /// `ReadFileFn` over `read`: the same failures, then the bytes written into `fd`.
+    fn readFile(ctx: ?*anyopaque, handle: ?*anyopaque, offset: u64, len: u64, fd: i32, message: [*]u8, cap: u64) callconv(.c) i32 {
+        const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
+        _ = fs.file_reads.fetchAdd(1, .monotonic);
+        const buf = testing.allocator.alloc(u8, @intCast(len)) catch return say(message, cap, "out of memory", .failed);
+        defer testing.allocator.free(buf);
+        const rc = read(ctx, handle, offset, buf.ptr, len, message, cap);
+        if (rc != 0) return rc;
+        const n = posix.pwrite(fd, buf, offset) catch return say(message, cap, "write error", .failed);
+        if (n != len) return say(message, cap, "short write", .failed);
+        return 0;
+    }
+
     fn close(ctx: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void {
         _ = ctx;
         const h: *Handle = @ptrCast(@alignCast(handle.?));
@@ -1084,6 +1134,15 @@ test "isUrl" {
 }
 
 test "shards download once, verified, retried, and the errors name the URL" {
+    try checkDownloads(false);
+}
+
+test "downloads written by the transport's read_file: the same bytes, checks and errors" {
+    try checkDownloads(true);
+}
+
+/// Downloads through `ops.read` into the mapping, or through `read_file` (`FakeStore.readFile`).
+fn checkDownloads(with_read_file: bool) !void {
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     try tmp.dir.makePath("bucket/c/shards");
@@ -1095,6 +1154,7 @@ test "shards download once, verified, retried, and the errors name the URL" {
     var store: FakeStore = .{ .dir = tmp.dir };
     const r = try Remote.create(testing.allocator, store.ops(), .{ .root = root, .budget = 1 << 20, .backoff_ns = 1000, .chunk_bytes = 100 });
     defer r.release();
+    if (with_read_file) r.setReadFile(FakeStore.readFile);
     const hex = hexOf(data);
     var shard: manifest.Shard = .{ .name = "shard_000000.bin", .uncompressed_byte_len = data.len, .byte_len = data.len, .compression = .none, .ratio = 1, .sha256 = &hex };
 
@@ -1155,6 +1215,8 @@ test "shards download once, verified, retried, and the errors name the URL" {
         if (std.mem.endsWith(u8, e.name, ".bin")) bins += 1;
     }
     try testing.expectEqual(@as(u32, 2), bins);
+    // Every download went the way asked.
+    try testing.expectEqual(with_read_file, store.file_reads.load(.monotonic) > 0);
 }
 
 /// Copies the reference cache `name` (tests/fixtures) into `<dir>/bucket/<name>`;
