@@ -38,16 +38,17 @@ CONTIGUOUS_BATCH_BYTES = 256 << 10
 # Payloads at least this long are read by the I/O backend straight into the bytes
 # objects handed out (``_native.PayloadBuffers``; the native side takes uncompressed
 # records of 64 KiB and more so): one copy out of the page cache, on the backend's
-# threads, none on the consumer.
-PAYLOAD_BUFFER_BYTES = 64 << 10
-# How many such bytes objects are given ahead (the read-ahead then), by backend. Measured
-# on W2 warm (1 MiB records, 2 cores; in one process, buffers on vs off, medians of 10
-# rounds): the thread pool gains 9% ordered and 19% shuffled with 8 (and loses 17% with
-# 2: its workers idle); io_uring is within noise with 2 (-3% ordered, +5% shuffled) and
-# no better with 8 (it completes page-cache reads on the submitting thread, so a deeper
-# queue only churns the allocator: glibc trims freed chunks and new ones fault zeroed
-# pages in). Either way the process spends 5-13% less CPU per byte.
-PAYLOAD_BUFFERS = {"threads": 8, "io_uring": 2}
+# threads, none on the consumer. Measured warm in one process, buffers on (with
+# PAYLOAD_AHEAD_BYTES) vs off, medians of 7 rounds, 2 cores, io_uring / threads: 64 KiB
+# records -7% / +8%, 128 KiB +3% / -18%, 256 KiB -2% / +14%, 512 KiB +16% / +10%, 1 MiB
+# +13% / +41%, 4 MiB -8% / +27%. Below 256 KiB handing buffers over costs about what the
+# copy it saves does.
+PAYLOAD_BUFFER_BYTES = 256 << 10
+# Bytes of such objects given ahead (the read-ahead then; within the prefetch byte
+# budget), at least 2 objects. A fixed count fits no range of sizes: 2 (io_uring) or 8
+# (threads) objects read 64 KiB records 5x and 1.7x slower than without buffers (too
+# few in flight for their size).
+PAYLOAD_AHEAD_BYTES = 8 << 20
 # Bounded: a batch sized by the previous records' lengths never holds much more than the
 # byte budget when larger records follow.
 _CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS | _native.BatchFlag.BOUNDED)
@@ -216,7 +217,6 @@ class CachedDataset:
         count_max, flags = BATCH_SAMPLES_MAX, 0
         # Large payloads: bytes objects the next reads fill (None while records are small).
         buffers: _native.PayloadBuffers | None = None
-        buffers_ahead = PAYLOAD_BUFFERS[self.io_backend]
         try:
             while True:
                 batch = iterator.next_batch(count_max, flags)
@@ -233,7 +233,7 @@ class CachedDataset:
                     # (a record of another length is read and copied as before).
                     buffers.top_up(
                         longest if longest >= PAYLOAD_BUFFER_BYTES else 0,
-                        buffers_ahead,
+                        max(2, PAYLOAD_AHEAD_BYTES // max(longest, 1)),
                     )
                     if buffers.pending:
                         # Buffers given are delivered by non-contiguous batches only.

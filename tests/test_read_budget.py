@@ -109,7 +109,7 @@ BOUND = textwrap.dedent("""
     path, backend, budget, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     if int(sys.argv[5]):
         # Per-sample reads of large records into the bytes handed out read only
-        # PAYLOAD_BUFFERS records ahead, whatever the budget: off, they read ahead as
+        # PAYLOAD_AHEAD_BYTES ahead, whatever the budget: off, they read ahead as
         # far as the budget lets them.
         drt.dataset.PAYLOAD_BUFFER_BYTES = 1 << 62
     rt = drt.DatasetRuntime(num_workers=2)
