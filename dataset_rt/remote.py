@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -167,59 +167,54 @@ class ObstoreTransport:
         except BaseException as exc:
             raise classify(exc) from exc
 
-    def read_into(self, handle: Any, offset: int, out: memoryview) -> int:
-        """Streams the ``len(out)`` bytes at ``offset`` into ``out`` (the core's mapping of
-        the shard file) in pieces of :data:`STREAM_CHUNK`: however large the range, the
-        client holds one piece at a time. Returns the number of bytes written (less than
-        ``len(out)`` if the body was short; the core retries)."""
+    def _stream(
+        self, handle: Any, offset: int, length: int, sink: Callable[[memoryview, int], None]
+    ) -> int:
+        """Streams the ``length`` bytes at ``offset`` in pieces of :data:`STREAM_CHUNK`
+        (however large the range, the client holds one piece at a time), handing each to
+        ``sink(piece, at)`` (``at``: the bytes before it). Returns the number of bytes
+        streamed (less than ``length`` if the body was short; the core retries)."""
         obstore = _require_obstore()
         store, key, _ = handle
-        end = offset + len(out)
-        written = 0
-        try:
-            result = obstore.get(store, key, options=self._options(handle, offset, end))
-            for piece in result.stream(min_chunk_size=STREAM_CHUNK):
-                view = memoryview(piece)
-                n = len(view)
-                if written + n > len(out):
-                    raise _native.RemoteError(
-                        _native.RemoteCode.FAILED,
-                        f"the server sent more than the {len(out)} bytes asked for",
-                    )
-                out[written : written + n] = view
-                written += n
-        except _native.RemoteError:
-            raise
-        except BaseException as exc:
-            raise classify(exc) from exc
-        return written
-
-    def read_to_file(self, handle: Any, offset: int, length: int, fd: int) -> int:
-        """Streams the ``length`` bytes at ``offset`` into the file ``fd`` at ``offset``
-        (``os.pwrite``, in pieces of :data:`STREAM_CHUNK`: the client holds one piece at a
-        time). Returns the number of bytes written (less than ``length`` if the body was
-        short; the core retries)."""
-        obstore = _require_obstore()
-        store, key, _ = handle
-        written = 0
+        streamed = 0
         try:
             result = obstore.get(store, key, options=self._options(handle, offset, offset + length))
             for piece in result.stream(min_chunk_size=STREAM_CHUNK):
                 view = memoryview(piece).cast("B")
-                if written + len(view) > length:
+                if streamed + len(view) > length:
                     raise _native.RemoteError(
                         _native.RemoteCode.FAILED,
                         f"the server sent more than the {length} bytes asked for",
                     )
-                while view:
-                    n = os.pwrite(fd, view, offset + written)
-                    view = view[n:]
-                    written += n
+                sink(view, streamed)
+                streamed += len(view)
         except _native.RemoteError:
             raise
         except BaseException as exc:
             raise classify(exc) from exc
-        return written
+        return streamed
+
+    def read_into(self, handle: Any, offset: int, out: memoryview) -> int:
+        """Streams the ``len(out)`` bytes at ``offset`` into ``out`` (the core's mapping of
+        a shard file or its buffer of a byte-range read); see :meth:`_stream`."""
+
+        def copy(view: memoryview, at: int) -> None:
+            out[at : at + len(view)] = view
+
+        return self._stream(handle, offset, len(out), copy)
+
+    def read_to_file(self, handle: Any, offset: int, length: int, fd: int) -> int:
+        """Streams the ``length`` bytes at ``offset`` into the file ``fd`` at ``offset``
+        with ``os.pwrite`` (several threads write ranges of one file); see
+        :meth:`_stream`."""
+
+        def write(view: memoryview, at: int) -> None:
+            while view:
+                n = os.pwrite(fd, view, offset + at)
+                view = view[n:]
+                at += n
+
+        return self._stream(handle, offset, length, write)
 
     def close(self, handle: Any) -> None:
         return None
