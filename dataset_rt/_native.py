@@ -655,39 +655,42 @@ class Remote(_Handle):
             except BaseException as exc:
                 return _remote_failure(exc, message, cap)
 
+        def moved(handle: Any, length: int, message: Any, cap: int, move: Any) -> int:
+            """``move(obj)`` for the object of ``handle``, which returns the bytes it moved:
+            0 when that is ``length`` (a short body is ``RETRY``), else the failure's code
+            and message."""
+            try:
+                got = move(handles[int(ffi.cast("uintptr_t", handle))])
+                if got != length:
+                    raise RemoteError(RemoteCode.RETRY, f"short read: {got} of {length} bytes")
+                return 0
+            except BaseException as exc:
+                return _remote_failure(exc, message, cap)
+
         read_into = getattr(transport, "read_into", None)
+        read_to_file = getattr(transport, "read_to_file", None)
+
+        def copy_read(obj: Any, offset: int, buf: Any, length: int) -> int:
+            """``transport.read`` into ``buf`` (transports without ``read_into``)."""
+            data = memoryview(transport.read(obj, offset, length)).cast("B")
+            if len(data) == length:
+                ffi.memmove(buf, data, length)
+            return len(data)
 
         def on_read(
             context: Any, handle: Any, offset: int, buf: Any, length: int, message: Any, cap: int
         ) -> int:
-            try:
-                obj = handles[int(ffi.cast("uintptr_t", handle))]
-                if read_into is not None:
-                    got = read_into(obj, offset, memoryview(ffi.buffer(buf, length)))
-                else:
-                    data = memoryview(transport.read(obj, offset, length)).cast("B")
-                    got = len(data)
-                    if got == length:
-                        ffi.memmove(buf, data, length)
-                if got != length:
-                    raise RemoteError(RemoteCode.RETRY, f"short read: {got} of {length} bytes")
-                return 0
-            except BaseException as exc:
-                return _remote_failure(exc, message, cap)
-
-        read_to_file = getattr(transport, "read_to_file", None)
+            if read_into is not None:
+                view = memoryview(ffi.buffer(buf, length))
+                return moved(handle, length, message, cap, lambda o: read_into(o, offset, view))
+            return moved(handle, length, message, cap, lambda o: copy_read(o, offset, buf, length))
 
         def on_read_file(
             context: Any, handle: Any, offset: int, length: int, fd: int, message: Any, cap: int
         ) -> int:
-            try:
-                obj = handles[int(ffi.cast("uintptr_t", handle))]
-                got = read_to_file(obj, offset, length, fd)
-                if got != length:
-                    raise RemoteError(RemoteCode.RETRY, f"short read: {got} of {length} bytes")
-                return 0
-            except BaseException as exc:
-                return _remote_failure(exc, message, cap)
+            return moved(
+                handle, length, message, cap, lambda o: read_to_file(o, offset, length, fd)
+            )
 
         def on_close(context: Any, handle: Any) -> None:
             obj = handles.pop(int(ffi.cast("uintptr_t", handle)), None)
