@@ -1205,18 +1205,18 @@ class PayloadBuffers:
         taken, self._budget = self._iterator.give_payload_buffers(objects, reset)
         return taken
 
-    def top_up(self, length: int, count: int) -> None:
-        """Keeps ``count`` buffers of ``length`` bytes (0: none) given to the iterator
-        and not yet delivered, fewer when its byte budget holds fewer (at least one),
-        replacing unassigned ones of another length. While it has buffers, the iterator
-        reads no further ahead than they reach (records that would take one wait for
-        them), so ``count`` is also its read-ahead."""
+    def top_up(self, length: int, ahead_bytes: int) -> None:
+        """Keeps buffers of ``length`` bytes (0: none) given to the iterator and not yet
+        delivered: ``ahead_bytes`` of them (at least 2), fewer when its byte budget holds
+        fewer (at least one), replacing unassigned ones of another length. While it has
+        buffers, the iterator reads no further ahead than they reach (records that would
+        take one wait for them), so they are also its read-ahead."""
         given = self._given
         if 0 < length == self._length and self._budget > 0 and _new_bytes is not None:
             # Records alike (the usual case): any unassigned buffers have this length, so
             # none is dropped and the assigned ones need not be counted; one call (none
             # when nothing was delivered) gives the new ones. The budget is fixed.
-            self._give_new(length, min(count, max(1, self._budget // length)) - len(given), False)
+            self._give_new(length, self._wanted(length, ahead_bytes), False)
             return
         taken = self._give([], False)
         unassigned = self._popped + len(given) - taken
@@ -1225,16 +1225,17 @@ class PayloadBuffers:
         if reset:
             for _ in range(unassigned):
                 given.pop()
-        wanted = (
-            0
-            if length <= 0 or _new_bytes is None
-            else min(count, max(1, self._budget // length)) - len(given)
-        )
+        wanted = 0 if length <= 0 or _new_bytes is None else self._wanted(length, ahead_bytes)
         if wanted <= 0:
             if reset:
                 self._give([], True)
             return
         self._give_new(length, wanted, reset)
+
+    def _wanted(self, length: int, ahead_bytes: int) -> int:
+        """How many buffers of ``length`` bytes to add to those given (see ``top_up``)."""
+        count = max(2, ahead_bytes // length)
+        return min(count, max(1, self._budget // length)) - len(self._given)
 
     def _give_new(self, length: int, wanted: int, reset: bool) -> None:
         """Makes ``wanted`` new buffers of ``length`` bytes (none when it is not

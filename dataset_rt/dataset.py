@@ -233,7 +233,7 @@ class CachedDataset:
                     # (a record of another length is read and copied as before).
                     buffers.top_up(
                         longest if longest >= PAYLOAD_BUFFER_BYTES else 0,
-                        max(2, PAYLOAD_AHEAD_BYTES // max(longest, 1)),
+                        PAYLOAD_AHEAD_BYTES,
                     )
                     if buffers.pending:
                         # Buffers given are delivered by non-contiguous batches only.
