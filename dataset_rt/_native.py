@@ -1167,9 +1167,11 @@ class PayloadBuffers:
     def __init__(self, iterator: Iterator) -> None:
         self._iterator = iterator
         self._given: deque[tuple[int, bytes]] = deque()  # (address, object), in order
-        self._popped = 0  # buffers delivered (taken from the front)
         self._length = 0  # the length of the unassigned ones
-        self._budget = 0
+        # Buffers delivered (taken from the front), counted like the iterator's count of
+        # those assigned: over its whole life, so from what an earlier object of this
+        # iterator left (all delivered or dropped then; none given now).
+        self._popped, self._budget = iterator.give_payload_buffers([], False)
 
     @property
     def pending(self) -> bool:

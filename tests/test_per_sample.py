@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,52 @@ def test_large_payloads_are_read_into_the_bytes_handed_out(
         # Runs of one length: many payloads landed in the bytes handed out (not those
         # read ahead, coalesced, before the run's first sample showed its length).
         assert sum(taken) > len(records) // 3, sum(taken)
+
+
+def test_large_payload_buffers_resume_after_small_records(
+    runtime: Any, io_backend: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A run of small records between runs of large ones: per-sample iteration stops
+    giving payload buffers during the small run and starts again after it, so the large
+    runs after it, and a change of length among them, are read into the ``bytes`` handed
+    out like the first (buffers are counted over the iterator's whole life, not from
+    where giving them started again)."""
+    from dataset_rt import _native
+
+    rng = random.Random(5)
+    size = dataset_module.PAYLOAD_BUFFER_BYTES + 321
+    records = []
+    runs = [(size, 30), (100, 40), (size + 1000, 60), (size + 2000, 60)]
+    for run, (n, count) in enumerate(runs):
+        for _ in range(count):
+            records.append((rng.randbytes(n), {"i": len(records), "run": run}))
+    path = _write(runtime, tmp_path, "resume", records)
+    # Payloads taken from given buffers, by length (so by run: the runs' lengths differ).
+    taken: Counter[int] = Counter()
+    take = _native.PayloadBuffers.take
+    take_run = _native.PayloadBuffers.take_run
+
+    def counting(self: Any, address: int) -> Any:
+        got = take(self, address)
+        if got is not None:
+            taken[len(got)] += 1
+        return got
+
+    def counting_run(self: Any, starts: list[int]) -> Any:
+        got = take_run(self, starts)
+        taken.update(map(len, got or ()))
+        return got
+
+    monkeypatch.setattr(_native.PayloadBuffers, "take", counting)
+    monkeypatch.setattr(_native.PayloadBuffers, "take_run", counting_run)
+    dataset = _open(runtime, path, io_backend, False, prefetch_size=8)
+    got = list(dataset)
+    assert [s.sample_id for s in got] == list(range(len(records)))
+    assert all(s.data == records[s.sample_id][0] for s in got)
+    # Every large run: most payloads in the bytes handed out (not the first few of a run,
+    # read ahead before its first sample showed the new length, nor those that come in
+    # the contiguous batch that follows small records).
+    assert taken[size] > 15 and taken[size + 1000] > 20 and taken[size + 2000] > 40, taken
 
 
 def test_large_payload_buffers_cost_one_call_a_batch(
