@@ -556,6 +556,8 @@ const Origin = struct {
     closing: std.atomic.Value(bool) = .init(false),
     mutex: std.Thread.Mutex = .{},
     slots: [slots_max]Prefetch = undefined,
+    /// Signalled (under `mutex`) when a slot's fetch ends (see `awaitFetch`).
+    fetched: std.Thread.Condition = .{},
     /// Guarded by `mutex`: pinned shards (oldest first), and bytes pinned or in flight.
     pins: [pins_max]Pin = undefined,
     pin_count: usize = 0,
@@ -635,6 +637,7 @@ const Origin = struct {
                 if (o.closing.load(.acquire)) posix.close(f) else o.addPin(p.shard_id, f, p.shard.byte_len);
             }
             p.busy = false;
+            o.fetched.broadcast();
             o.mutex.unlock();
             o.unref();
         }
@@ -669,6 +672,19 @@ const Origin = struct {
     fn isRunning(o: *const Origin, shard_id: u64) bool {
         for (&o.slots) |*slot| if (slot.busy and slot.shard_id == shard_id) return true;
         return false;
+    }
+
+    /// Waits while a fetch ahead of shard `shard_id` runs: the reader then finds the
+    /// shard pinned and cached (or, when that fetch failed, fetches it itself). Without
+    /// this, a reader that reaches the shard before the fetch's thread has taken the
+    /// shard's download lock wins the lock and downloads the shard a second way (in
+    /// `parallel_parts` ranged GETs, while the fetch ahead waits for the lock): more
+    /// requests, and on a server that reads the whole object for a range (moto), several
+    /// times the server's work for that shard.
+    fn awaitFetch(o: *Origin, shard_id: u64) void {
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        while (o.isRunning(shard_id)) o.fetched.wait(&o.mutex);
     }
 
     /// Under `mutex`. Drops the oldest pin when the table is full.
@@ -996,6 +1012,7 @@ fn readRangeShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64, off
 
 fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) status.Error!posix.fd_t {
     const origin: *Origin = @ptrCast(@alignCast(context));
+    origin.awaitFetch(shard_id);
     const fd = try origin.remote.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)], origin.pool);
     if (origin.readahead > 0) origin.readAhead(c, shard_id);
     return fd;
@@ -1511,4 +1528,58 @@ test "range reads ahead: fetched on their own threads, taken by the reader, stal
         posix.nanosleep(0, std.time.ns_per_ms);
     }
     shuffled.close();
+}
+
+test "a reader that reaches a shard being fetched ahead waits for that fetch: one download, no requests of its own" {
+    const gpa = testing.allocator;
+    var b = try Bucket.init();
+    defer b.deinit();
+    const sizes = try copyFixture(b.tmp.dir, "plain_many_shards");
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 4 * sizes.total, .backoff_ns = 1000 });
+    defer r.release();
+    var c = try openCache(r, "fake://bucket/plain_many_shards", 0, false, &rt.pool, 2);
+    defer c.close();
+    const origin: *Origin = @ptrCast(@alignCast(c.source.?.context));
+    // A fetch ahead of shard 0 that has not reached the shard's download lock yet (its
+    // thread not scheduled): the slot is taken, nothing is requested.
+    {
+        origin.mutex.lock();
+        defer origin.mutex.unlock();
+        origin.slots[0] = .{ .origin = origin, .shard_id = 0, .busy = true };
+    }
+    const Reader = struct {
+        fn run(cache_: *cache.Cache, fd: *posix.fd_t, done: *std.atomic.Value(bool)) void {
+            fd.* = cache_.openShard(0) catch -1;
+            done.store(true, .release);
+        }
+    };
+    var fd: posix.fd_t = -1;
+    var done: std.atomic.Value(bool) = .init(false);
+    const reads = b.store.reads.load(.monotonic);
+    const thread = try std.Thread.spawn(.{}, Reader.run, .{ &c, &fd, &done });
+    posix.nanosleep(0, 200 * std.time.ns_per_ms);
+    // The reader waits for the fetch: no download of its own.
+    try testing.expect(!done.load(.acquire));
+    try testing.expectEqual(reads, b.store.reads.load(.monotonic));
+    // The fetch ends (here: without the shard, as a failed fetch ahead does): the reader
+    // fetches the shard itself and reads it.
+    {
+        origin.mutex.lock();
+        defer origin.mutex.unlock();
+        origin.slots[0].busy = false;
+        origin.fetched.broadcast();
+    }
+    thread.join();
+    try testing.expect(fd >= 0);
+    defer posix.close(fd);
+    try testing.expect(b.store.reads.load(.monotonic) > reads);
+    try testing.expect(r.shards.contains(c.manifest.shards[0].sha256, c.manifest.shards[0].byte_len));
+    // Background fetches (read-ahead of shards 1 and 2) end before the test does.
+    var waited: u32 = 0;
+    while (origin.refs.load(.acquire) > 1) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
 }
