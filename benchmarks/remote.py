@@ -16,6 +16,14 @@ once locally and uploaded with ``write_cache`` to ``s3://bench/...``; then, in o
   it back). moto reads a whole object for every ranged GET, so on this
   server a GET costs CPU in proportion to the object, not the range: whole objects are
   several times faster than 8 MiB ranges here (on S3 they are not);
+- ``page cache`` (measured and printed last, so that its writes do not weigh on the
+  other rows): no network: the same bytes written from one reused buffer into new
+  shard-sized files, over the same files again, and each after deleting one (see
+  ``page_cache_writes``). On a virtual machine, pages the guest has not touched lately
+  cost several times more to fill than pages just freed: every client that keeps a
+  local copy (our shard cache, LitData's cache, the ``to files`` row) pays the
+  ``new files`` cost on a cold read into a directory that evicts nothing, which the raw
+  fetches to memory do not. Read the cold rows against it;
 - ``remote ordered|shuffled cold``: ``iter_batches`` over the URL with an empty shard cache
   (a fresh ``DATASET_RT_CACHE_DIR``), ``warm``: the same again with the shard cache full;
 - ``local ordered|shuffled``: the local copy (page cache warm), timed as the remote rows
@@ -183,6 +191,45 @@ def raw_fetch(
     with ThreadPoolExecutor(fetchers) as pool:
         total = sum(pool.map(fetch, ranges))
     return clock.stop(), total
+
+
+def page_cache_writes(directory: Path, nbytes: int, file_bytes: int) -> list[tuple[str, float]]:
+    """What keeping a local copy costs in the page cache alone, without any network or
+    hash: ``nbytes`` written from one reused 1 MiB buffer (as the transport's pieces
+    are) by ``os.pwrite`` into files of ``file_bytes`` (a shard), three ways:
+
+    - ``new files``: new page-cache pages, as a cold shard cache fills;
+    - ``same files again``: pages already in the page cache (a file rewritten in place);
+    - ``after deleting one``: each file written just after another of the same size
+      was deleted, as a download right after an eviction (the pages just freed).
+
+    Returns (label, client CPU seconds) per case. The last files stay until the
+    workload's directory is removed, so no freed pages are handed to a later row."""
+    directory.mkdir(parents=True, exist_ok=True)
+    piece = bytes(range(256)) * (MiB // 256)
+    sizes = [min(file_bytes, nbytes - start) for start in range(0, nbytes, file_bytes)]
+
+    def write(path: Path, size: int, flags: int) -> None:
+        fd = os.open(path, os.O_WRONLY | flags, 0o644)
+        try:
+            for at in range(0, size, MiB):
+                os.pwrite(fd, piece[: min(MiB, size - at)], at)
+        finally:
+            os.close(fd)
+
+    results = []
+    for label in ("new files", "same files again", "after deleting one"):
+        clock = Clock(None)
+        for i, size in enumerate(sizes):
+            if label == "new files":
+                write(directory / f"a{i}", size, os.O_CREAT | os.O_EXCL)
+            elif label == "same files again":
+                write(directory / f"a{i}", size, 0)
+            else:
+                (directory / f"a{i}").unlink()
+                write(directory / f"b{i}", size, os.O_CREAT | os.O_EXCL)
+        results.append((label, clock.stop()[1]))
+    return results
 
 
 def read_all(dataset, batch: int) -> int:
@@ -357,6 +404,16 @@ def _measure(work: Path, name: str, count: int, size: int, args, server, lit_env
                 )
         except Exception as exc:
             print(f"  litdata: not measured: {exc}")
+    # What the page cache alone costs a client that keeps a local copy (no network, no
+    # hash): on a virtual machine, pages the guest has not touched recently cost far
+    # more to fill than pages freed a moment ago. Read the cold rows against it. Measured
+    # last, so that its writes (and their writeback) do not weigh on the other rows.
+    for what, cpu in page_cache_writes(work / "page-cache", nbytes, args.shard_mib * MiB):
+        print(
+            f"  {'page cache: ' + what:<34} {'(no network)':>21} {'':>14} {'':>11}"
+            f"   cpu s/GB client {cpu / (nbytes / 1e9):>5.2f}",
+            flush=True,
+        )
 
 
 def main() -> None:
