@@ -422,20 +422,20 @@ pub const Writer = struct {
         c.values.clearRetainingCapacity();
         try c.values.resize(gpa, (end - start) * nf);
         for (w.fields, 0..) |f, col| {
-            if (!fillColumn(f.kind, columns[col], start, end, c.values.items[col..], nf, &c.strings)) {
+            if (!fillColumn(f.kind, columns[col], start, end, c.values.items, col, nf, &c.strings)) {
                 return firstInvalid(w.fields, columns, start, end);
             }
         }
     }
 
-    /// Converts samples [start, end) of one column into `out[k * stride]` (k counts from
-    /// 0), string values as slices of their bytes appended to `strings` (capacity
+    /// Converts samples [start, end) of one column into `out[k * stride + col]` (k counts
+    /// from 0), string values as slices of their bytes appended to `strings` (capacity
     /// reserved by the caller). False when a value is invalid (an out-of-range bool, a
     /// non-finite float, decreasing string offsets or a string that is not UTF-8).
     ///
     /// A string column is UTF-8-checked as one piece: its bytes are valid and every value
     /// starts on a character boundary exactly when every value is valid on its own.
-    fn fillColumn(kind: schema.Kind, column: Column, start: usize, end: usize, out: []schema.Value, stride: usize, strings: *std.ArrayList(u8)) bool {
+    fn fillColumn(kind: schema.Kind, column: Column, start: usize, end: usize, out: []schema.Value, col: usize, stride: usize, strings: *std.ArrayList(u8)) bool {
         const n = end - start;
         switch (kind) {
             .bool => {
@@ -443,13 +443,13 @@ pub const Writer = struct {
                 var valid = true;
                 for (src, 0..) |b, k| {
                     valid = valid and b <= 1;
-                    out[k * stride] = .{ .bool = b == 1 };
+                    out[k * stride + col] = .{ .bool = b == 1 };
                 }
                 return valid;
             },
             .int => {
                 const src = @as([*]const i64, @ptrCast(@alignCast(column.values.?)))[start..end];
-                for (src, 0..) |x, k| out[k * stride] = .{ .int = x };
+                for (src, 0..) |x, k| out[k * stride + col] = .{ .int = x };
                 return true;
             },
             .float => {
@@ -457,7 +457,7 @@ pub const Writer = struct {
                 var valid = true;
                 for (src, 0..) |x, k| {
                     valid = valid and std.math.isFinite(x);
-                    out[k * stride] = .{ .float = x };
+                    out[k * stride + col] = .{ .float = x };
                 }
                 return valid;
             },
@@ -476,7 +476,7 @@ pub const Writer = struct {
                     // (the offsets before this value did not decrease, so from >= lo)
                     if (to < from or to > hi) return false;
                     if (from < hi and (bytes[from - lo] & 0xC0) == 0x80) return false;
-                    out[k * stride] = .{ .string = copy[from - lo .. to - lo] };
+                    out[k * stride + col] = .{ .string = copy[from - lo .. to - lo] };
                 }
                 return true;
             },
@@ -1274,6 +1274,7 @@ test "writer: a chunk reports the first invalid value in sample order and checks
         const w = try Writer.open(gpa, rt, base, "c", options);
         defer w.close();
         try w.setSchema(&small_fields);
+        try input.appendTo(w, 0, 0); // an empty append is accepted (no column is touched)
         try testing.expectError(error.InvalidArgument, input.appendTo(w, 0, 5));
         try testing.expectEqualStrings("metadata field 'score' must be a finite float", status.lastMessage());
     }
