@@ -66,10 +66,6 @@ _PLAIN_TYPES: dict[int, type] = {
     Kind.FLOAT: float,
     Kind.STRING: str,
 }
-_ONLY_CACHE_INPUT = {CacheInput}
-_ONLY_BYTES = {bytes}
-_ONLY_DICT = {dict}
-_ONLY_STR = {str}
 RESERVED_KEYS = ("cache_id", "sample_id", "weight")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -134,6 +130,15 @@ def _byte_view(data: object) -> Any:
         return view.tobytes()
 
 
+def _all_exactly(cls: type, items: Sequence[Any]) -> bool:
+    """Whether every item's type is exactly ``cls`` (subclasses are not): two C-level
+    passes, no per-item objects, cheaper than collecting the types in a set (no
+    hashing). ``list.count`` compares by identity first; only a metaclass whose
+    ``__eq__`` claims to equal ``cls`` could pass (as one could with ``__hash__`` too
+    against a set)."""
+    return list(map(type, items)).count(cls) == len(items)
+
+
 def _joined_strings(values: list[Any]) -> tuple[bytes, Any] | None:
     """UTF-8 bytes of ``values`` back to back and their ``len + 1`` uint64 offsets, with
     no per-value Python work: the values are joined with NUL separators, encoded once, and
@@ -161,19 +166,30 @@ def _joined_strings(values: list[Any]) -> tuple[bytes, Any] | None:
 
 
 def _constant_strings(values: list[Any]) -> tuple[bytes, Any] | None:
-    """``_joined_strings`` for a column whose values are all one exact ``str`` (a split
-    name, a source label): the value encoded once and repeated, with evenly spaced
-    offsets. Two C-level passes without per-value objects (``list.count``, then the type
-    check that makes the count trustworthy). None when the values differ or the value
-    cannot be encoded (the general path handles, or reports, those)."""
+    """``_joined_strings`` for a column whose values all hold one string (a split name, a
+    source label): the value encoded once and repeated, with evenly spaced offsets.
+
+    The check compares contents, never calls ``__eq__`` (a ``str`` subclass may claim to
+    equal anything): the values joined with NUL separators (C-level; a non-``str`` value
+    raises TypeError) must equal the first value repeated the same way. When the first
+    value holds no NUL, the joined text then has exactly the separators' NULs, so it
+    splits back into ``count`` copies of the first value. None when the values differ,
+    the first value holds a NUL or cannot be encoded (the general path handles, or
+    reports, those)."""
     import numpy as np
 
     count = len(values)
     first = values[0]
-    if type(first) is not str or values.count(first) != count:
+    if type(first) is not str or "\0" in first:
         return None
-    # A str subclass may compare equal to anything: only exact strs count as equal.
-    if set(map(type, values)) != _ONLY_STR:
+    try:
+        joined = "\0".join(values)
+    except TypeError:
+        return None
+    if (
+        len(joined) != count * (len(first) + 1) - 1
+        or joined != (first + "\0") * (count - 1) + first
+    ):
         return None
     try:
         encoded = first.encode("utf-8")
@@ -526,8 +542,7 @@ class _Ingest:
         self.keys: list[str] | None = None
         self.kinds: list[Kind] = []
         self.getters: list[Callable[[dict[str, Any]], Any]] = []
-        self.type_sets: list[set[type]] = []
-        self.len_set: set[int] = set()
+        self.plain_types: list[type] = []
         self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
         self.count = 0
         self.payload_bytes = 0
@@ -639,21 +654,19 @@ class _Ingest:
         The bulk path is a few C-level passes over the step (``str.join`` is the type
         check of string values); anything unusual goes through ``_take_each``, one
         sample at a time."""
-        if self.keys is not None and set(map(type, chunk)) == _ONLY_CACHE_INPUT:
+        if self.keys is not None and _all_exactly(CacheInput, chunk):
             payloads, rows = zip(*chunk)
-            if (
-                set(map(type, payloads)) == _ONLY_BYTES
-                and set(map(type, rows)) == _ONLY_DICT
-                and set(map(len, rows)) == self.len_set
-            ):
+            if _all_exactly(bytes, payloads) and _all_exactly(dict, rows):
                 try:
                     picked = [list(map(getter, rows)) for getter in self.getters]
-                    for values, types, kind in zip(picked, self.type_sets, self.kinds):
-                        if kind == Kind.STRING:
-                            "\0".join(values)  # the type check: str (subclasses too) only
-                        elif set(map(type, values)) != types:
-                            break
-                    else:
+                    # Every row holds the schema's (distinct) keys, so none has fewer;
+                    # the total then says that none has more: the key sets are equal.
+                    if sum(map(len, rows)) == len(rows) * len(self.getters) and all(
+                        "\0".join(values) is not None  # the type check: str (subclasses too)
+                        if kind == Kind.STRING
+                        else _all_exactly(cls, values)
+                        for values, cls, kind in zip(picked, self.plain_types, self.kinds)
+                    ):
                         return payloads, list(map(len, payloads)), picked
                 except (TypeError, KeyError):
                     pass
@@ -831,8 +844,7 @@ class _Ingest:
         self.kinds = kinds
         self.keys = keys
         self.getters = [itemgetter(key) for key in keys]
-        self.type_sets = [{_PLAIN_TYPES[kind]} for kind in kinds]
-        self.len_set = {len(keys)}
+        self.plain_types = [_PLAIN_TYPES[kind] for kind in kinds]
         self.chunks = [[] for _ in keys]
         self.writer.set_schema(keys, kinds)
 

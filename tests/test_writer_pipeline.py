@@ -201,6 +201,13 @@ def test_constant_strings_and_fixed_size_payloads_are_written_exactly(tmp_path: 
     assert writer_module._constant_strings(["é", "é"])[0] == "éé".encode()
     assert writer_module._constant_strings(["a", _AlwaysEqual("b")]) is None
     assert writer_module._constant_strings(["\ud800", "\ud800"]) is None
+    # Contents decide, not __eq__ or the type: a subclass holding the same text is the same
+    # value; a NUL in the first value leaves the column to the general path.
+    assert writer_module._constant_strings(["a", _AlwaysEqual("a")])[0] == b"aa"
+    assert writer_module._constant_strings(["a\0", "a\0"]) is None
+    assert writer_module._constant_strings(["a", "a\0a"]) is None
+    assert writer_module._all_exactly(int, [1, 2]) and writer_module._all_exactly(int, [])
+    assert not writer_module._all_exactly(int, [1, True])
     assert writer_module._uniform_length([3, 3, 3]) == 3
     assert writer_module._uniform_length([3, 4, 3]) is None
 
@@ -229,3 +236,44 @@ def test_constant_strings_and_fixed_size_payloads_are_written_exactly(tmp_path: 
         ]
         assert wrong[:5] == [], (prefetch, len(wrong))
     assert all(d == digests[0] for d in digests[1:])
+
+
+class _KeySets:
+    """CacheInput samples (the writer's bulk path) whose metadata keys change in a later
+    prefetch step: one row with a renamed key, then one with an extra key."""
+
+    name = "keysets"
+
+    def __init__(self, renamed: int | None, extra: int | None) -> None:
+        self.renamed = renamed
+        self.extra = extra
+
+    def __iter__(self):
+        for i in range(300):
+            row: dict[str, object] = {"a": i, "s": "x"}
+            if i == self.renamed:
+                row = {"a": i, "t": "x"}
+            if i == self.extra:
+                row["t"] = "y"
+            yield drt.CacheInput(b"p" * 16, row)
+
+
+@pytest.mark.parametrize(
+    ("renamed", "extra", "message"),
+    [
+        (None, 140, "metadata keys must be identical for every sample"),
+        (130, 140, "metadata field 's' is missing"),
+        (140, 130, "metadata keys must be identical for every sample"),
+    ],
+    ids=["extra_key", "renamed_first", "extra_first"],
+)
+def test_bulk_path_refuses_other_key_sets_in_sample_order(
+    tmp_path: Path, renamed: int | None, extra: int | None, message: str
+) -> None:
+    """The bulk path's key-set check (every schema key found, then the rows' total size)
+    reports the first sample whose keys differ, as a sample-by-sample check does."""
+    runtime = drt.DatasetRuntime(num_workers=2)
+    config = drt.WriterConfig(prefetch_size=64, show_progress=False)
+    [result] = runtime.write_cache(_KeySets(renamed, extra), tmp_path, writer_config=config)
+    assert result == drt.CacheWriteError("keysets", message)
+    assert not (tmp_path / "keysets").exists()

@@ -394,7 +394,11 @@ pub const Writer = struct {
         w.chunkEncoded(chunk);
     }
 
-    /// Copies samples [start, end) into the chunk, validating values as it goes.
+    /// Copies samples [start, end) into the chunk, validating values as it goes: payloads
+    /// and offsets, then one column at a time (its kind switched on once, its string bytes
+    /// copied and UTF-8-checked in one piece). When a column holds an invalid value,
+    /// `firstInvalid` reports the first one in sample order, then field order, as a
+    /// sample-by-sample check would.
     fn fillChunk(w: *Writer, c: *Chunk, start: usize, end: usize, payloads: [*]const u8, offsets: [*]const u64, columns: [*]const Column) status.Error!void {
         const gpa = w.gpa;
         const nf = w.fields.len;
@@ -403,7 +407,8 @@ pub const Writer = struct {
         c.payload.clearRetainingCapacity();
         try c.payload.appendSlice(gpa, payloads[first..last]);
         c.offsets.clearRetainingCapacity();
-        for (start..end + 1) |i| try c.offsets.append(gpa, offsets[i] - offsets[start]);
+        try c.offsets.ensureTotalCapacity(gpa, end - start + 1);
+        for (offsets[start .. end + 1]) |offset| c.offsets.appendAssumeCapacity(offset - offsets[start]);
         // Reserve the string bytes first so slices into `strings` never move.
         var string_bytes: usize = 0;
         for (w.fields, 0..) |f, col| {
@@ -415,18 +420,76 @@ pub const Writer = struct {
         c.strings.clearRetainingCapacity();
         try c.strings.ensureTotalCapacity(gpa, string_bytes);
         c.values.clearRetainingCapacity();
-        try c.values.ensureTotalCapacity(gpa, (end - start) * nf);
-        for (start..end) |i| {
-            for (w.fields, 0..) |f, col| {
-                var v = try columnValue(f, columns[col], i);
-                if (v == .string) {
-                    const at = c.strings.items.len;
-                    c.strings.appendSliceAssumeCapacity(v.string);
-                    v = .{ .string = c.strings.items[at..][0..v.string.len] };
-                }
-                c.values.appendAssumeCapacity(v);
+        try c.values.resize(gpa, (end - start) * nf);
+        for (w.fields, 0..) |f, col| {
+            if (!fillColumn(f.kind, columns[col], start, end, c.values.items, col, nf, &c.strings)) {
+                return firstInvalid(w.fields, columns, start, end);
             }
         }
+    }
+
+    /// Converts samples [start, end) of one column into `out[k * stride + col]` (k counts
+    /// from 0), string values as slices of their bytes appended to `strings` (capacity
+    /// reserved by the caller). False when a value is invalid (an out-of-range bool, a
+    /// non-finite float, decreasing string offsets or a string that is not UTF-8).
+    ///
+    /// A string column is UTF-8-checked as one piece: its bytes are valid and every value
+    /// starts on a character boundary exactly when every value is valid on its own.
+    fn fillColumn(kind: schema.Kind, column: Column, start: usize, end: usize, out: []schema.Value, col: usize, stride: usize, strings: *std.ArrayList(u8)) bool {
+        const n = end - start;
+        switch (kind) {
+            .bool => {
+                const src = @as([*]const u8, @ptrCast(column.values.?))[start..end];
+                var valid = true;
+                for (src, 0..) |b, k| {
+                    valid = valid and b <= 1;
+                    out[k * stride + col] = .{ .bool = b == 1 };
+                }
+                return valid;
+            },
+            .int => {
+                const src = @as([*]const i64, @ptrCast(@alignCast(column.values.?)))[start..end];
+                for (src, 0..) |x, k| out[k * stride + col] = .{ .int = x };
+                return true;
+            },
+            .float => {
+                const src = @as([*]const f64, @ptrCast(@alignCast(column.values.?)))[start..end];
+                var valid = true;
+                for (src, 0..) |x, k| {
+                    valid = valid and std.math.isFinite(x);
+                    out[k * stride + col] = .{ .float = x };
+                }
+                return valid;
+            },
+            .string => {
+                const offs = column.offsets.?;
+                const lo: usize = @intCast(offs[start]);
+                const hi: usize = @intCast(offs[end]);
+                const bytes = @as([*]const u8, @ptrCast(column.values.?))[lo..hi];
+                if (!std.unicode.utf8ValidateSlice(bytes)) return false;
+                const at = strings.items.len;
+                strings.appendSliceAssumeCapacity(bytes);
+                const copy = strings.items[at..][0..bytes.len];
+                for (0..n) |k| {
+                    const from: usize = @intCast(offs[start + k]);
+                    const to: usize = @intCast(offs[start + k + 1]);
+                    // (the offsets before this value did not decrease, so from >= lo)
+                    if (to < from or to > hi) return false;
+                    if (from < hi and (bytes[from - lo] & 0xC0) == 0x80) return false;
+                    out[k * stride + col] = .{ .string = copy[from - lo .. to - lo] };
+                }
+                return true;
+            },
+        }
+    }
+
+    /// The error of the first invalid value of samples [start, end), in sample order, then
+    /// field order (`fillColumn` found one).
+    fn firstInvalid(fields: []const schema.Field, columns: [*]const Column, start: usize, end: usize) status.Error {
+        for (start..end) |i| {
+            for (fields, 0..) |f, col| _ = columnValue(f, columns[col], i) catch |err| return err;
+        }
+        return status.fail(error.InvalidArgument, "invalid column values", .{});
     }
 
     fn columnValue(field: schema.Field, column: Column, i: usize) status.Error!schema.Value {
@@ -1190,6 +1253,45 @@ test "writer: a writer that fails or is closed unfinished leaves no staging dire
     }
     try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
     try testing.expect(!exists(tmp.dir, "c"));
+}
+
+test "writer: a chunk reports the first invalid value in sample order and checks each string on its own" {
+    const gpa = testing.allocator;
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(gpa, ".");
+    defer gpa.free(base);
+    const rt = try Runtime.open(gpa, 2);
+    defer rt.release();
+    const options: Options = .{ .max_shard_bytes = 1 << 20, .prefetch_size = 4, .compression = .none, .ratio = 1.0 };
+    {
+        // Sample 3's bool and sample 1's float are invalid: the float is reported, though
+        // its column comes after the bool's.
+        var input = try smallInput(gpa);
+        defer input.deinit(gpa);
+        input.columns[0].bytes.items[3] = 2;
+        input.columns[3].floats.items[1] = std.math.inf(f64);
+        const w = try Writer.open(gpa, rt, base, "c", options);
+        defer w.close();
+        try w.setSchema(&small_fields);
+        try input.appendTo(w, 0, 0); // an empty append is accepted (no column is touched)
+        try testing.expectError(error.InvalidArgument, input.appendTo(w, 0, 5));
+        try testing.expectEqualStrings("metadata field 'score' must be a finite float", status.lastMessage());
+    }
+    {
+        // "é" split across two values: their bytes together are valid UTF-8, neither value
+        // is on its own.
+        var input = try TestInput.init(gpa, &small_fields);
+        defer input.deinit(gpa);
+        try input.add(gpa, "a", &.{ .{ .bool = true }, .{ .int = 1 }, .{ .string = "x\xc3" }, .{ .float = 1.0 } });
+        try input.add(gpa, "b", &.{ .{ .bool = false }, .{ .int = 2 }, .{ .string = "\xa9" }, .{ .float = 2.0 } });
+        const w = try Writer.open(gpa, rt, base, "c", options);
+        defer w.close();
+        try w.setSchema(&small_fields);
+        try testing.expectError(error.InvalidArgument, input.appendTo(w, 0, 2));
+        try testing.expectEqualStrings("metadata field 'name' is not valid UTF-8", status.lastMessage());
+    }
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
 }
 
 test "writer: a second writer of a published name gets error.Exists" {
