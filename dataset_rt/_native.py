@@ -1253,7 +1253,7 @@ class PayloadBuffers:
 class Lookup(_Handle):
     """``drt_lookup``: random access to a dataset's samples by identity."""
 
-    __slots__ = ("_batch", "_ids")
+    __slots__ = ("_batch", "_ids", "_row_buffer")
     _destroy = staticmethod(_destructor(lib.drt_lookup_close))
 
     def __init__(self, pointer: Any) -> None:
@@ -1261,6 +1261,9 @@ class Lookup(_Handle):
         # Call buffers reused by every single-sample get().
         self._ids = ffi.new("uint64_t[2]")
         self._batch = ffi.new("drt_batch *")
+        # The registered row buffer's cffi pointer (it keeps the memory alive as long as
+        # the handle, which borrows it); None until set_row_buffer.
+        self._row_buffer: Any = None
 
     @classmethod
     def open(cls, dataset: Dataset) -> Lookup:
@@ -1299,25 +1302,37 @@ class Lookup(_Handle):
     def get_row(self, cache_id: int, sample_id: int, destination: Any) -> int:
         """``drt_lookup_get_row`` (ABI 1.6): one sample packed into the writable buffer
         ``destination`` (at least 8 bytes); returns its packed size, which is all that
-        was written when it exceeds ``len(destination)``. ``get_item`` calls the C
-        function from the closure :func:`row_getter` makes, not through this method."""
+        was written when it exceeds ``len(destination)``. ``get_item`` calls
+        ``drt_lookup_row`` (the same bytes) from the closure :func:`row_getter` makes."""
         target = ffi.from_buffer("uint8_t[]", destination, require_writable=True)
         check(lib.drt_lookup_get_row(self._ptr, cache_id, sample_id, target, len(target)))
         return int(struct.unpack_from("<Q", destination)[0])
+
+    def set_row_buffer(self, size: int) -> memoryview:
+        """``drt_lookup_set_row_buffer`` (ABI 1.11): registers a new zeroed row buffer of
+        ``size`` (>= 8) bytes for ``drt_lookup_row`` and returns a view of it. The lookup
+        keeps the buffer alive until another is registered or the handle is closed."""
+        row = bytearray(size)
+        pointer = ffi.from_buffer("uint8_t[]", row)
+        check(lib.drt_lookup_set_row_buffer(self._ptr, pointer, size))
+        self._row_buffer = pointer
+        return memoryview(row)
+
+    def row(self, cache_id: int, sample_id: int) -> int:
+        """``drt_lookup_row`` (ABI 1.11): :meth:`get_row` into the registered row buffer;
+        returns the packed size (all that was written when it exceeds the buffer).
+        ``get_item`` calls the C function from the closure :func:`row_getter` makes."""
+        size = int(lib.drt_lookup_row(self._ptr, cache_id, sample_id))
+        check(min(0, size))
+        return size
 
 
 #: A row reader's initial buffer (a sample of up to about this size needs one call).
 _ROW_BUFFER_BYTES = 64 << 10
 
-
-def _row_buffer(size: int) -> tuple[memoryview, Any, int]:
-    """A new row buffer of ``size`` bytes: its memoryview, its cffi pointer, its size."""
-    row = bytearray(size)
-    return memoryview(row), ffi.from_buffer("uint8_t[]", row), size
-
-
-#: Not a native status: cffi refused an argument of a row getter (see ``_row_failure``).
-_REFUSED = 1
+#: Not a native status nor a row size: cffi refused an argument of a row getter (see
+#: ``_row_failure``).
+_REFUSED = 0
 
 
 def _row_failure(
@@ -1341,11 +1356,13 @@ def row_getter(
 ) -> Callable[[int, int], Any]:
     """A function ``(cache_id, sample_id) -> sample_type(payload, metadata dict,
     cache_id, sample_id)`` reading through ``lookup`` while holding ``lock``:
-    ``drt_lookup_get_row`` (ABI 1.6; the values and errors of :meth:`Lookup.get` of that
-    one identity) into a row buffer owned by the function, unpacked (``kinds`` plain
-    ints, schema order) with one precompiled ``Struct.unpack_from`` for the size, the
-    payload length and every field's slot, then the payload and string bytes. A sample
-    larger than the buffer is read again into a grown one (kept for later calls).
+    ``drt_lookup_row`` (ABI 1.11: ``drt_lookup_get_row``'s bytes, values and errors, with
+    three call arguments, into the row buffer registered on ``lookup``), unpacked
+    (``kinds`` plain ints, schema order) with one precompiled ``Struct.unpack_from`` for
+    the payload length and every field's slot, then the payload and string bytes. A
+    sample larger than the buffer is read again into a grown one (registered and kept
+    for later calls). The function registers the lookup's row buffer: nothing else may
+    use ``drt_lookup_row`` on it.
 
     The payload and string bytes: rows of one shape (payload length and every string's
     length) are the common case (fixed-size records, constant strings), so once two rows
@@ -1364,36 +1381,37 @@ def row_getter(
     one Python frame, one C call, no attribute lookups, no loop, no list. The lookup's
     handle must stay open while the function is used."""
     codes = {int(Kind.INT): "q", int(Kind.FLOAT): "d", int(Kind.BOOL): "Q", int(Kind.STRING): "Q"}
-    layout = "<QQ" + "".join(codes[int(kind)] for kind in kinds)
+    # The packed size (8 bytes) is skipped: drt_lookup_row returns it.
+    layout = "<8xQ" + "".join(codes[int(kind)] for kind in kinds)
     header = 16 + 8 * len(kinds)
-    slots = ", ".join(["size", "n", *(f"v{i}" for i in range(len(kinds)))])
+    slots = ", ".join(["n", *(f"v{i}" for i in range(len(kinds)))])
     unpack = f"            {slots}, = _unpack(view)"
     strings = [i for i, kind in enumerate(kinds) if int(kind) == int(Kind.STRING)]
     # The shape of a row: its payload length and string lengths (as `shape` spells it).
     shape = "(" + "".join(f"{v}, " for v in ["n", *(f"v{i}" for i in strings)]) + ")"
     same = " and ".join(["n == _n", *(f"v{i} == _m{i}" for i in strings)])
     lines = [
-        "def build(_acquire, _release, _ptr, _sample_type, _refusal, view, row_ptr, capacity):",
+        "def build(_acquire, _release, _ptr, _sample_type, _refusal, _grow, view, capacity):",
         "    _shaped = _missed = None",
         "    _n = " + " = ".join(f"_m{i}" for i in strings) + (" = " if strings else "") + "-1",
         "    def get_row(cache_id, sample_id):",
-        "        nonlocal view, row_ptr, capacity, _shaped, _missed, "
+        "        nonlocal view, capacity, _shaped, _missed, "
         + ", ".join(["_n", *(f"_m{i}" for i in strings)]),
         "        if type(cache_id) is not int or type(sample_id) is not int:",
         "            raise TypeError('cache_id and sample_id must be integers')",
         "        _acquire()",
         "        try:",
         "            try:",
-        "                status = _get_row(_ptr, cache_id, sample_id, row_ptr, capacity)",
+        "                size = _row(_ptr, cache_id, sample_id)",
         "            except OverflowError:",
-        "                status = _REFUSED",
-        "            if status:",
-        "                _fail(status, _refusal, cache_id, sample_id)",
+        "                size = _REFUSED",
+        "            if not 0 < size <= capacity:",
+        "                if size <= 0:",
+        "                    _fail(size, _refusal, cache_id, sample_id)",
+        "                view = _grow(size)",
+        "                capacity = size",
+        "                _check(min(0, _row(_ptr, cache_id, sample_id)))",
         unpack,
-        "            if size > capacity:",
-        "                view, row_ptr, capacity = _row_buffer(size)",
-        "                _check(_get_row(_ptr, cache_id, sample_id, row_ptr, capacity))",
-        "    " + unpack,
         f"            if {same}:",
         "                " + ", ".join(["data", *(f"b{i}" for i in strings)]) + ", = _shaped(view)",
     ]
@@ -1431,11 +1449,10 @@ def row_getter(
     lines.append("    return get_row")
     namespace: dict[str, Any] = {
         "_unpack": struct.Struct(layout).unpack_from,
-        "_get_row": lib.drt_lookup_get_row,
+        "_row": lib.drt_lookup_row,
         "_fail": _row_failure,
         "_REFUSED": _REFUSED,
         "_check": check,
-        "_row_buffer": _row_buffer,
         "_new": tuple.__new__,
         "_shape_unpacker": _shape_unpacker,
     }
@@ -1448,11 +1465,12 @@ def row_getter(
         lookup._ptr,
         sample_type,
         refusal,
-        *_row_buffer(_ROW_BUFFER_BYTES),
+        lookup.set_row_buffer,
+        lookup.set_row_buffer(_ROW_BUFFER_BYTES),
+        _ROW_BUFFER_BYTES,
     )
 
 
-@functools.lru_cache(maxsize=64)
 def _shape_unpacker(header: int, shape: tuple[int, ...]) -> Callable[[Any], tuple[bytes, ...]]:
     """The ``unpack_from`` of a packed row (``drt_lookup_get_row``) whose payload and
     string values have the lengths ``shape``, after its ``header`` bytes: one ``bytes``

@@ -364,3 +364,39 @@ def test_lookup_get_row_binding_packs_the_sample(runtime, io_backend: str) -> No
     assert bytes(row[start : start + payload_len]) == want.data
     with pytest.raises(IndexError, match=r"^cache_id 12345 is out of range$"):
         lookup.get_row(12345, 0, row)
+
+
+def test_lookup_row_reads_get_rows_bytes_into_the_registered_buffer(
+    runtime, io_backend: str
+) -> None:
+    """``drt_lookup_row`` (ABI 1.11, what ``get_item`` calls): the bytes of
+    ``drt_lookup_get_row`` in the buffer ``set_row_buffer`` registered, the packed size as
+    the result (only it written when the buffer is too small), a negative status on
+    failure, and ``DRT_E_INVALID_ARGUMENT`` without a registered buffer."""
+    from dataset_rt._native import Lookup, last_error, lib
+
+    dataset = open_dataset(runtime, io_backend)
+    lookup = Lookup.open(dataset._handle)
+    try:
+        cache_id, sample_id = identities(dataset)[5]
+        assert lib.drt_lookup_row(lookup._ptr, cache_id, sample_id) == lib.DRT_E_INVALID_ARGUMENT
+        assert "drt_lookup_set_row_buffer" in last_error()
+        with pytest.raises(ValueError, match="at least 8 bytes, got 4"):
+            lookup.set_row_buffer(4)
+        small = lookup.set_row_buffer(8)
+        size = lib.drt_lookup_row(lookup._ptr, cache_id, sample_id)
+        assert size > 16 and struct.unpack_from("<Q", small)[0] == size
+        want = bytearray(size)
+        assert lookup.get_row(cache_id, sample_id, want) == size
+        for every in identities(dataset)[::7]:
+            want = bytearray(1 << 16)
+            size = lookup.get_row(*every, want)
+            row = lookup.set_row_buffer(size)
+            assert lookup.row(*every) == size
+            assert bytes(row) == bytes(want[:size])
+        assert lib.drt_lookup_row(lookup._ptr, 12345, 0) == lib.DRT_E_INDEX
+        assert last_error() == "cache_id 12345 is out of range"
+        with pytest.raises(IndexError, match=r"^cache_id 12345 is out of range$"):
+            lookup.row(12345, 0)
+    finally:
+        lookup.close()

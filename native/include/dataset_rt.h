@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 10
+    DRT_ABI_VERSION_MINOR = 11
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -627,6 +627,20 @@ int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache
  * Returns DRT_E_INVALID_ARGUMENT (capacity < 8), the statuses of drt_lookup_get. */
 int32_t drt_lookup_get_row(drt_lookup *lookup, uint64_t cache_id, uint64_t sample_id,
                            uint8_t *dst, uint64_t capacity);
+
+/* (ABI 1.11) Registers dst[0 .. capacity) as the lookup's row buffer for drt_lookup_row
+ * (capacity at least 8), replacing any registered before; dst NULL unregisters it. The
+ * lookup borrows the memory: keep it alive and unchanged until another is registered or
+ * the lookup is closed. Returns DRT_E_INVALID_ARGUMENT (capacity < 8). */
+int32_t drt_lookup_set_row_buffer(drt_lookup *lookup, uint8_t *dst, uint64_t capacity);
+
+/* (ABI 1.11) drt_lookup_get_row into the registered row buffer, with three arguments
+ * (bindings pay for each argument of a call): the same bytes, the same values and errors.
+ * Returns the packed size (at least 16; only it was written when it exceeds the buffer's
+ * capacity: register a larger buffer and call again), or on failure a negative status
+ * (drt_last_error has the message): DRT_E_INVALID_ARGUMENT when no row buffer is
+ * registered, the statuses of drt_lookup_get. */
+int64_t drt_lookup_row(drt_lookup *lookup, uint64_t cache_id, uint64_t sample_id);
 
 void drt_lookup_close(drt_lookup *lookup);
 

@@ -626,6 +626,27 @@ export fn drt_lookup_get_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64, 
     return ok();
 }
 
+export fn drt_lookup_set_row_buffer(lk: ?*LookupHandle, dst: ?[*]u8, capacity: u64) Rc {
+    const h = lk orelse return nullArgument("lookup");
+    status.clear();
+    const d = dst orelse {
+        h.reader.setRowBuffer(&.{});
+        return ok();
+    };
+    if (capacity < 8) return fromError(status.fail(error.InvalidArgument, "drt_lookup_set_row_buffer needs a capacity of at least 8 bytes, got {d}", .{capacity}));
+    h.reader.setRowBuffer(d[0..@intCast(capacity)]);
+    return ok();
+}
+
+/// The packed size, or the (negative) status.
+export fn drt_lookup_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64) i64 {
+    const h = lk orelse return nullArgument("lookup");
+    status.clear();
+    h.reader.batch.stored_metadata = false;
+    const size = h.reader.getRegisteredRow(cache_id, sample_id) catch |err| return fromError(err);
+    return std.math.cast(i64, size) orelse fromError(status.fail(error.Overflow, "a packed row of {d} bytes does not fit in an int64", .{size}));
+}
+
 export fn drt_lookup_close(lk: ?*LookupHandle) void {
     if (lk) |h| h.close();
 }

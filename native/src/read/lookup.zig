@@ -93,6 +93,9 @@ pub const Lookup = struct {
     /// again, and its index is then known without a hash lookup.
     last_cache_id: u64 = 0,
     last_cache: ?u32 = null,
+    /// `getRegisteredRow`'s destination (drt_lookup_set_row_buffer): caller memory, borrowed while
+    /// registered; empty when none is.
+    row_buffer: []u8 = &.{},
 
     pub fn open(ds: *Dataset) status.Error!*Lookup {
         try ds.runtime.checkPid();
@@ -161,6 +164,21 @@ pub const Lookup = struct {
         }
         const payload_len: usize = @intCast(view.payload_lens.?[0]);
         return packRow(lk.ds.fields, lk.values, view.payloads.?[0][0..payload_len], dst);
+    }
+
+    /// Registers `dst` as `getRegisteredRow`'s destination (empty: none). The caller keeps it alive
+    /// and unchanged until it registers another or closes the lookup. Pre: `dst` is
+    /// empty or at least 8 bytes long.
+    pub fn setRowBuffer(lk: *Lookup, dst: []u8) void {
+        std.debug.assert(dst.len == 0 or dst.len >= 8);
+        lk.row_buffer = dst;
+    }
+
+    /// `getRow` into the registered row buffer (drt_lookup_row): same size, bytes and
+    /// errors; error.InvalidArgument when no buffer is registered.
+    pub fn getRegisteredRow(lk: *Lookup, cache_id: u64, sample_id: u64) status.Error!u64 {
+        if (lk.row_buffer.len == 0) return status.fail(error.InvalidArgument, "drt_lookup_row needs a row buffer: call drt_lookup_set_row_buffer first", .{});
+        return lk.getRow(cache_id, sample_id, lk.row_buffer);
     }
 
     /// `getRow`'s direct path: the record split in place in its shard's mapping and its
@@ -819,4 +837,38 @@ test "lookup: getRow's mapped path packs the bytes of the batch path, one read p
     try testing.expectError(error.Index, lk.getRow(env.cache_ids[0], env.ds.caches[0].sampleCount(), direct));
     try testing.expectError(error.Index, lk.getRow(123, 0, direct));
     try testing.expectEqualStrings("cache_id 123 is out of range", status.lastMessage());
+}
+
+test "lookup: getRegisteredRow packs getRow's bytes into the registered buffer, and needs one" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
+    defer env.close();
+    const lk = try Lookup.open(env.ds);
+    defer lk.close();
+    var buf: [4096]u8 = undefined;
+    try testing.expectError(error.InvalidArgument, lk.getRegisteredRow(env.cache_ids[0], 0));
+    try testing.expectEqualStrings("drt_lookup_row needs a row buffer: call drt_lookup_set_row_buffer first", status.lastMessage());
+    var registered: [4096]u8 = undefined;
+    lk.setRowBuffer(&registered);
+    for (env.ds.caches, 0..) |*c, ci| {
+        var sid: u64 = 0;
+        while (sid < c.sampleCount()) : (sid += 11) {
+            const size = try lk.getRow(env.cache_ids[ci], sid, &buf);
+            try testing.expect(size <= buf.len);
+            try testing.expectEqual(size, try lk.getRegisteredRow(env.cache_ids[ci], sid));
+            try testing.expectEqualSlices(u8, buf[0..@intCast(size)], registered[0..@intCast(size)]);
+        }
+    }
+    // Too small a buffer: only the size, as getRow.
+    lk.setRowBuffer(registered[0..8]);
+    const size = try lk.getRegisteredRow(env.cache_ids[0], 0);
+    try testing.expect(size > 16);
+    try testing.expectEqual(size, std.mem.readInt(u64, registered[0..8], .little));
+    // getRow's errors.
+    lk.setRowBuffer(&registered);
+    try testing.expectError(error.Index, lk.getRegisteredRow(123, 0));
+    try testing.expectEqualStrings("cache_id 123 is out of range", status.lastMessage());
+    try testing.expectError(error.Index, lk.getRegisteredRow(env.cache_ids[0], env.ds.caches[0].sampleCount()));
+    lk.setRowBuffer(&.{});
+    try testing.expectError(error.InvalidArgument, lk.getRegisteredRow(env.cache_ids[0], 0));
 }
