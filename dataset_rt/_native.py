@@ -33,6 +33,7 @@ import functools
 import os
 import struct
 import sys
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from itertools import islice, pairwise, repeat
@@ -1496,6 +1497,13 @@ def _same_u64(pointer: Any, n: int) -> int | None:
     return int.from_bytes(first, sys.byteorder) if words == first * n else None
 
 
+@functools.lru_cache(maxsize=8)
+def _progression(step: int, n: int) -> bytes:
+    """``0, step, ..., step * n`` as native-endian ``uint64_t`` bytes: the offsets of ``n``
+    string values of ``step`` bytes each (batches of one shape repeat it)."""
+    return array("Q", range(0, step * n + 1, step)).tobytes()
+
+
 def _column_values(column: Any, kind: int, n: int) -> list[Any]:
     """The ``n`` values of a batch column (plain-int ``kind``) as Python values. A string
     column whose values are all equal (a constant field, common in metadata) is one
@@ -1506,16 +1514,20 @@ def _column_values(column: Any, kind: int, n: int) -> list[Any]:
         return ffi.unpack(ffi.cast("double *", column.values), n)
     if kind == _BOOL:
         return ffi.unpack(ffi.cast("_Bool *", column.values), n)
-    offsets = ffi.unpack(column.offsets, n + 1)
-    data = ffi.buffer(ffi.cast("uint8_t *", column.values), offsets[-1])[:]
-    step = offsets[1]
-    if offsets[-1] == 0:
+    # The offsets as bytes first: a constant column is recognised by two byte comparisons,
+    # without an int object per row.
+    offset_bytes = ffi.buffer(column.offsets, 8 * (n + 1))[:]
+    end = int.from_bytes(offset_bytes[-8:], sys.byteorder)
+    if end == 0:
         return [""] * n
-    if step > 0 and offsets == list(range(0, step * n + 1, step)):
+    data = ffi.buffer(ffi.cast("uint8_t *", column.values), end)[:]
+    step = int.from_bytes(offset_bytes[8:16], sys.byteorder)
+    if step * n == end and offset_bytes == _progression(step, n):
         # Values of one length: all equal to the first when `data` is n copies of it.
         first = data[:step]
         if data == first * n:
             return [first.decode("utf-8")] * n
+    offsets = ffi.unpack(column.offsets, n + 1)
     if data.isascii():
         # One decode; byte offsets are character offsets.
         text = data.decode("ascii")

@@ -11,8 +11,9 @@ from __future__ import annotations
 import operator
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from itertools import repeat
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -201,11 +202,16 @@ class CachedDataset:
     def __iter__(self) -> Iterator[CachedSample]:
         return self._generate()
 
-    def _generate(self, positions: _native.IterRange | None = None) -> Iterator[CachedSample]:
+    def _generate(self, positions: _native.IterRange | None = None) -> _SampleStream:
         """Samples of the dataset's next window, or of explicit ``positions`` (which
         neither reads nor moves the dataset's stream and is not tracked for state_dict).
-        A generator: nothing native happens (no window is reserved) until the first
-        next(). The native iterator is closed when the generator ends or is closed."""
+        Lazy: nothing native happens (no window is reserved) until the first next(). The
+        native iterator is closed when the stream ends, is closed, or is dropped."""
+        return _SampleStream.over(self._sample_runs(positions))
+
+    def _sample_runs(self, positions: _native.IterRange | None) -> Iterator[Iterator[CachedSample]]:
+        """The samples of :meth:`_generate`, one iterator per native batch (its samples
+        are made as they are consumed; the next batch is asked for once they all are)."""
         if positions is None:
             iterator = _native.Iterator.open(self._handle)
             progress = self._track(iterator)
@@ -238,7 +244,7 @@ class CachedDataset:
                     if buffers.pending:
                         # Buffers given are delivered by non-contiguous batches only.
                         count_max, flags = BATCH_SAMPLES_MAX, 0
-                        yield from samples
+                        yield samples
                         continue
                     buffers = None
                 if longest < CONTIGUOUS_RECORD_BYTES:
@@ -254,9 +260,12 @@ class CachedDataset:
                     # next call (one copy each, into their bytes objects), unless read
                     # into given bytes objects (above).
                     count_max, flags = BATCH_SAMPLES_MAX, 0
-                yield from samples
+                yield samples
         finally:
             progress.closed = True
+            if progress.rest is not None:
+                # Closed mid-batch: the batch's samples (held by the stream) end too.
+                deque(progress.rest, maxlen=0)
             iterator.close()
 
     def _track(self, iterator: _native.Iterator) -> _Progress:
@@ -813,6 +822,32 @@ def _refusal(cache_id: Any, sample_id: Any) -> Exception:
     if not 0 <= cache_id < _U64_END:
         return IndexError(f"cache_id {cache_id} is out of range")
     return IndexError(f"sample_id {sample_id} is out of range")
+
+
+class _SampleStream(chain):  # type: ignore[type-arg]
+    """The samples of one iteration: ``itertools.chain`` over the per-batch iterators of
+    a generator (``CachedDataset._sample_runs``), plus ``close()``.
+
+    A generator delegating with ``yield from`` resumes its frame for every sample; the
+    chain takes each sample from the batch's iterator at C level and resumes the
+    generator once per batch (about 200 instructions less per sample, callgrind).
+    ``close()`` closes the generator (which closes the native iterator), as closing the
+    generator itself did; dropping the stream drops the generator, which closes it.
+    """
+
+    __slots__ = ("_runs",)
+    _runs: Any
+
+    @classmethod
+    def over(cls, runs: Any) -> _SampleStream:
+        """The stream of the samples of ``runs`` (a generator of iterators)."""
+        stream = cls.from_iterable(runs)
+        stream._runs = runs
+        return stream
+
+    def close(self) -> None:
+        """Stop the iteration now: closes the generator (and so the native iterator)."""
+        self._runs.close()
 
 
 class _Progress:

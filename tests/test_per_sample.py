@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import random
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -295,3 +296,80 @@ def test_a_batch_of_small_records_does_not_size_one_of_large_ones(
     # At most one record (a read of one 256 KiB record) beyond the budget; unbounded, a
     # batch after the small records would hold all 16 MiB of the large ones.
     assert max(batch_bytes) <= budget + (256 << 10), batch_bytes
+
+
+def test_samples_do_not_resume_python_per_sample(
+    runtime: Any, io_backend: str, tmp_path: Path
+) -> None:
+    """Per-sample iteration takes each sample from its batch's iterator at C level: the
+    Python code that asks for batches runs once a batch, not once a sample (a generator
+    delegating with ``yield from`` resumed its frame for every sample)."""
+    records = [(bytes([i % 256]) * 16, {"label": i % 10, "split": "train"}) for i in range(2000)]
+    path = _write(runtime, tmp_path, "resumes", records)
+    dataset = _open(runtime, path, io_backend, shuffle=True)
+    resumes = Counter[str]()
+
+    def trace(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == dataset_module.__file__:
+            resumes[frame.f_code.co_name] += 1
+
+    it = iter(dataset)
+    sys.settrace(trace)
+    try:
+        got = list(it)
+    finally:
+        sys.settrace(None)
+    again = _open(runtime, path, io_backend, shuffle=True)
+    assert _as_tuples(got) == _as_tuples(again)
+    # A handful of batches (the first is one sample); each resumes the generator once.
+    assert sum(resumes.values()) < 40, resumes
+
+
+def test_closing_the_sample_stream_closes_the_native_iterator(
+    runtime: Any, io_backend: str, tmp_path: Path
+) -> None:
+    """``close()`` on ``iter(dataset)`` mid-batch ends the stream and gives up the rest of
+    its window (as closing a generator did); closing again, or after the end, is a no-op."""
+    records = [(bytes(16), {"label": i}) for i in range(50)]
+    path = _write(runtime, tmp_path, "close", records)
+    dataset = _open(runtime, path, io_backend, shuffle=False)
+    dataset.set_epoch_len(20)
+    it = iter(dataset)
+    assert [next(it).sample_id for _ in range(3)] == [0, 1, 2]
+    it.close()
+    assert list(it) == []
+    it.close()
+    assert (dataset.state_dict()["position"], dataset.state_dict()["window_end"]) == (20, 20)
+    assert [s.sample_id for s in dataset] == list(range(20, 40))
+    done = iter(dataset)
+    assert len(list(done)) == 20
+    done.close()
+
+
+@pytest.mark.parametrize(
+    ("offsets", "values", "want"),
+    [
+        ([0, 5, 10, 15], b"traintraintrain", ["train"] * 3),
+        ([0, 2, 4, 6], b"ababba", ["ab", "ab", "ba"]),
+        ([0, 1, 1, 3], b"aaa", ["a", "", "aa"]),
+        ([0, 0, 0], b"", ["", ""]),
+        # offsets[0] need not be 0 (drt_column): not a progression from 0.
+        ([3, 5, 7], b"xyzababzz", ["ab", "ab"]),
+        ([2, 4, 6], b"..ab\xc3\xa4", ["ab", "ä"]),
+        ([0, 6, 12], ("tränn" * 2).encode(), ["tränn"] * 2),
+    ],
+)
+def test_string_column_values(offsets: list[int], values: bytes, want: list[str]) -> None:
+    """``_column_values`` of string columns: constant columns (one ``str`` object), equal
+    lengths that differ, offsets that do not start at 0, non-ASCII values."""
+    from dataset_rt import _native
+    from dataset_rt._ffi import ffi
+
+    column = ffi.new("drt_column *")
+    keep = (ffi.new("uint64_t[]", offsets), ffi.new("uint8_t[]", values or b"\0"))
+    column.kind = int(_native.Kind.STRING)
+    column.offsets, column.values = keep
+    got = _native._column_values(column, int(_native.Kind.STRING), len(offsets) - 1)
+    assert got == want
+    if len(set(want)) == 1 and offsets[0] == 0:
+        assert len({id(v) for v in got}) == 1

@@ -412,7 +412,11 @@ pub fn parseRecord(
     var escaped_total: usize = 0; // upper bound of the decoded size of escaped values
     while (try p.next()) |entry| {
         const index = blk: {
-            if (!entry.key.escaped) break :blk findField(fields, cursor, entry.key.raw);
+            if (!entry.key.escaped) {
+                // Keys normally come in schema order: the expected one first, inline.
+                if (cursor < fields.len and eqlShort(fields[cursor].name, entry.key.raw)) break :blk cursor;
+                break :blk findField(fields, cursor, entry.key.raw);
+            }
             // Decode the key into scratch's spare capacity (scratch.items is unchanged).
             try scratch.ensureUnusedCapacity(gpa, entry.key.raw.len);
             const n = decodeString(entry.key.raw, scratch.unusedCapacitySlice());
@@ -539,9 +543,20 @@ fn findField(fields: []const Field, cursor: usize, key: []const u8) ?usize {
     return null;
 }
 
-/// Byte equality tuned for short keys (std.mem.eql sets up SIMD first).
+/// Byte equality tuned for short keys (std.mem.eql sets up SIMD first): keys of 4 to 16
+/// bytes compare as two overlapping words (the first and the last 4 or 8 bytes), others
+/// byte by byte.
 inline fn eqlShort(a: []const u8, b: []const u8) bool {
     if (a.len != b.len) return false;
+    const n = a.len;
+    if (n >= 8 and n <= 16) {
+        return std.mem.readInt(u64, a[0..8], .little) == std.mem.readInt(u64, b[0..8], .little) and
+            std.mem.readInt(u64, a[n - 8 ..][0..8], .little) == std.mem.readInt(u64, b[n - 8 ..][0..8], .little);
+    }
+    if (n >= 4 and n < 8) {
+        return std.mem.readInt(u32, a[0..4], .little) == std.mem.readInt(u32, b[0..4], .little) and
+            std.mem.readInt(u32, a[n - 4 ..][0..4], .little) == std.mem.readInt(u32, b[n - 4 ..][0..4], .little);
+    }
     for (a, b) |x, y| {
         if (x != y) return false;
     }
@@ -650,6 +665,9 @@ const Parser = struct {
     }
 
     inline fn skipWs(p: *Parser) void {
+        // Compact JSON (as written) has none: one comparison, as every JSON whitespace
+        // byte is below '!'.
+        if (p.i < p.json.len and p.json[p.i] > ' ') return;
         while (p.i < p.json.len) : (p.i += 1) {
             switch (p.json[p.i]) {
                 ' ', '\t', '\n', '\r' => {},
@@ -824,22 +842,8 @@ const Parser = struct {
         var escaped = false;
         var bad_utf8 = false;
         while (true) {
-            // Jump over plain ASCII 16 bytes at a time, straight to the next byte that
-            // needs a look (quote, backslash, control character or non-ASCII).
-            if (p.i + 16 <= json.len) {
-                const V = @Vector(16, u8);
-                const v: V = json[p.i..][0..16].*;
-                const signed: @Vector(16, i8) = @bitCast(v);
-                const control: u16 = @bitCast(signed < @as(@Vector(16, i8), @splat(0x20)));
-                const quote: u16 = @bitCast(v == @as(V, @splat('"')));
-                const backslash: u16 = @bitCast(v == @as(V, @splat('\\')));
-                const special = control | quote | backslash;
-                if (special == 0) {
-                    p.i += 16;
-                    continue;
-                }
-                p.i += @ctz(special);
-            }
+            // Jump over plain ASCII straight to the next byte that needs a look.
+            p.i = nextSpecial(json, p.i);
             if (p.i >= json.len) return p.fail(p.i, "EOF while parsing a string");
             const c = json[p.i];
             if (c == '"') break;
@@ -900,6 +904,38 @@ const Parser = struct {
         return v;
     }
 };
+
+/// Bytes a string scan must look at: a quote, a backslash, a control character or
+/// non-ASCII (negative as `i8`); one bit per byte of `v`.
+inline fn specialMask(v: @Vector(16, u8)) u16 {
+    const signed: @Vector(16, i8) = @bitCast(v);
+    const control: u16 = @bitCast(signed < @as(@Vector(16, i8), @splat(0x20)));
+    const quote: u16 = @bitCast(v == @as(@Vector(16, u8), @splat('"')));
+    const backslash: u16 = @bitCast(v == @as(@Vector(16, u8), @splat('\\')));
+    return control | quote | backslash;
+}
+
+/// Index of the first byte of `json` at or after `start` that `specialMask` flags, or
+/// `json.len` when there is none. 16 bytes at a time; the tail (records' metadata is
+/// short, so most strings end within 16 bytes of the end) is looked at in one step too,
+/// through the last 16 bytes of `json` or, when `json` is shorter, a padded copy.
+inline fn nextSpecial(json: []const u8, start: usize) usize {
+    var at = start;
+    while (at + 16 <= json.len) : (at += 16) {
+        const special = specialMask(json[at..][0..16].*);
+        if (special != 0) return at + @ctz(special);
+    }
+    if (at >= json.len) return json.len;
+    const special: u16 = if (json.len >= 16) blk: {
+        const base = json.len - 16;
+        break :blk specialMask(json[base..][0..16].*) >> @intCast(at - base);
+    } else blk: {
+        var tail: [16]u8 = @splat('a');
+        @memcpy(tail[0 .. json.len - at], json[at..]);
+        break :blk specialMask(tail);
+    };
+    return if (special != 0) at + @ctz(special) else json.len;
+}
 
 fn hexValue(c: u8) ?u16 {
     return switch (c) {
@@ -1799,5 +1835,52 @@ test "long strings: exact reservation and the vectorized runs agree with a naive
         var diag: Diagnostic = .{};
         try parseRecord(out.items, &fields, &parsed, &scratch, gpa, &diag);
         try testing.expectEqualStrings(text.items, parsed[0].string);
+    }
+}
+
+test "nextSpecial finds the byte a byte-by-byte scan finds, at every start and length" {
+    var prng = std.Random.DefaultPrng.init(17);
+    const random = prng.random();
+    const alphabet = "ab \"\\\x01\x1f\x7f\x80\xc3\xff~";
+    var buf: [48]u8 = undefined;
+    for (0..2000) |_| {
+        const len = random.uintLessThan(usize, buf.len + 1);
+        // Mostly plain bytes, so runs of all lengths occur before a special one.
+        for (buf[0..len]) |*b| b.* = if (random.uintLessThan(u8, 8) == 0) alphabet[random.uintLessThan(usize, alphabet.len)] else 'x';
+        const json = buf[0..len];
+        for (0..len + 1) |start| {
+            var want = start;
+            while (want < len) : (want += 1) {
+                const c = json[want];
+                if (c == '"' or c == '\\' or c < 0x20 or c >= 0x80) break;
+            }
+            try testing.expectEqual(want, nextSpecial(json, start));
+        }
+    }
+}
+
+test "parse: short records whose strings end in the last 16 bytes" {
+    // Every key and value ends near the end of the record: the tail scans.
+    try expectParsed("{\"a\":1,\"b\":2,\"c\":\"\",\"f\":0.5}", .{ .{ .int = 1 }, .{ .int = 2 }, .{ .string = "" }, .{ .float = 0.5 } });
+    try expectParsed("{\"a\":1,\"b\":2,\"c\":\"x\\\"\",\"f\":0.5}", .{ .{ .int = 1 }, .{ .int = 2 }, .{ .string = "x\"" }, .{ .float = 0.5 } });
+    try expectParsed("{\"a\":1,\"b\":2,\"c\":\"tr\xc3\xa4n\",\"f\":0.5}", .{ .{ .int = 1 }, .{ .int = 2 }, .{ .string = "tr\xc3\xa4n" }, .{ .float = 0.5 } });
+    try expectParseError("{\"a\":1,\"b\":2,\"c\":\"tra", .json, "EOF while parsing a string at line 1 column 21");
+    try expectParseError("{\"a\":1,\"b\":2,\"c\":\"t\x01\"", .json, "control character (\\u0000-\\u001F) found while parsing a string at line 1 column 20");
+    try expectParseError("{\"c\":\"ab", .json, "EOF while parsing a string at line 1 column 8");
+}
+
+test "eqlShort agrees with std.mem.eql at every length and differing byte" {
+    var a: [24]u8 = undefined;
+    var b: [24]u8 = undefined;
+    for (&a, 0..) |*x, i| x.* = @intCast('a' + i);
+    for (0..a.len + 1) |len| {
+        @memcpy(b[0..len], a[0..len]);
+        try testing.expect(eqlShort(a[0..len], b[0..len]));
+        if (len > 0) try testing.expect(!eqlShort(a[0..len], b[0 .. len - 1]));
+        for (0..len) |i| {
+            b[i] ^= 0x20;
+            try testing.expect(!eqlShort(a[0..len], b[0..len]));
+            b[i] ^= 0x20;
+        }
     }
 }
