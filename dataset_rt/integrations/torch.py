@@ -452,10 +452,12 @@ _POOL_BATCH_MIN_BYTES = 1 << 20
 # processes (queue feeder threads woken on both sides, the GIL handed over, a profiler
 # range) costs more CPU than building a batch of small records, on cores the workers
 # need. Bundles of 32 batches of 512 B records (4.5 MB) instead of 16 took 10-25% less
-# CPU per batch over all processes (2 workers, 2 cores); 64 saved little more and
-# doubles the ring, 128 cost more (a ring that large is colder in the caches).
+# CPU per batch over all processes (2 workers, 2 cores); once building a batch cost less
+# (round 8), up to 64 batches (51 of 512 B records, by the byte cap) instead of 32 took
+# 4-9% less again (a bundle costs the two sides about 200 us), for a ring 1.6 times as
+# large (63 MiB a worker for 512 B records, batch 256); 128 cost more in round 7.
 _BUNDLE_BYTES = 8 << 20
-_BUNDLE_MAX = 32
+_BUNDLE_MAX = 64
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 

@@ -291,7 +291,7 @@ def check_reused_memory() -> None:
 
 
 def check_bundled_handover() -> None:
-    """A worker hands small batches to the training process up to 32 per DataLoader item
+    """A worker hands small batches to the training process up to 64 per DataLoader item
     (a bundle; torch's round trip per item costs more CPU than building a small batch),
     and the loop still receives them one at a time in torch's order."""
     received: list[int] = []
@@ -311,8 +311,8 @@ def check_bundled_handover() -> None:
         received.clear()
         got = passes(loader(MIXED, **kwargs, batch_format="tensors"), 2, from_tensors)
         check("bundled hand-over: same batches", got == expected, (got[:1], expected[:1]))
-        # 64 batches a worker a pass: two bundles of 32 each (four of 16 before).
-        check("bundled hand-over: 32 batches an item", received == [32] * 8, received)
+        # 64 batches a worker a pass: one bundle (two of 32 before round 8).
+        check("bundled hand-over: 64 batches an item", received == [64] * 4, received)
     finally:
         drt_torch._unbundle = unbundle
 
