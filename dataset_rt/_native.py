@@ -1014,6 +1014,32 @@ class Batch:
             for pointer in (raw.payload_lens, raw.cache_ids, raw.sample_ids)
         )
 
+    def words_into(self, destination: Any, places: Sequence[tuple[int, int]]) -> bytes:
+        """Copy 8-byte arrays of the batch into the writable buffer ``destination`` (e.g.
+        a ``numpy.uint8`` array) and return its payload lengths (``count`` uint64) as
+        bytes. ``places``: ``(source, offset)`` pairs, ``source`` ``-1`` for the cache
+        ids, ``-2`` for the sample ids, else the index of an ``INT`` or ``FLOAT``
+        metadata column; each array lands at byte ``offset``. One buffer conversion and
+        a ``memmove`` an array: a fraction of what numpy views of each cost (the PyTorch
+        loader builds a batch's header with it). Raises ``ValueError`` (nothing copied)
+        when an array does not fit."""
+        raw = self._raw
+        n = int(raw.count)
+        target = ffi.from_buffer("uint8_t[]", destination, require_writable=True)
+        size = len(target)
+        for _, offset in places:
+            if offset < 0 or offset + 8 * n > size:
+                raise ValueError(f"{8 * n} bytes at {offset} do not fit a buffer of {size}")
+        for source, offset in places:
+            if source == -1:
+                pointer = raw.cache_ids
+            elif source == -2:
+                pointer = raw.sample_ids
+            else:
+                pointer = raw.columns[source].values
+            ffi.memmove(target + offset, pointer, 8 * n)
+        return ffi.buffer(raw.payload_lens, 8 * n)[:]
+
     def column_values(self, index: int, kind: int) -> list[Any]:
         """Metadata column ``index`` (of ``kind``) as a list of Python values."""
         raw = self._raw

@@ -452,10 +452,12 @@ _POOL_BATCH_MIN_BYTES = 1 << 20
 # processes (queue feeder threads woken on both sides, the GIL handed over, a profiler
 # range) costs more CPU than building a batch of small records, on cores the workers
 # need. Bundles of 32 batches of 512 B records (4.5 MB) instead of 16 took 10-25% less
-# CPU per batch over all processes (2 workers, 2 cores); 64 saved little more and
-# doubles the ring, 128 cost more (a ring that large is colder in the caches).
+# CPU per batch over all processes (2 workers, 2 cores); once building a batch cost less
+# (round 8), up to 64 batches (51 of 512 B records, by the byte cap) instead of 32 took
+# 4-9% less again (a bundle costs the two sides about 200 us), for a ring 1.6 times as
+# large (63 MiB a worker for 512 B records, batch 256); 128 cost more in round 7.
 _BUNDLE_BYTES = 8 << 20
-_BUNDLE_MAX = 32
+_BUNDLE_MAX = 64
 _SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
@@ -727,6 +729,28 @@ def _single_process(iterator: Any) -> Iterator[Any]:
     return source
 
 
+def _worker_items(iterator: Any) -> Iterator[Any]:
+    """The items torch's multi-process iterator ``iterator`` yields (the workers'
+    bundles), taken with its ``_next_data``, as ``_single_process`` takes the items of
+    the single-process iterator: torch's ``__next__`` adds a profiler range (two
+    dispatcher calls) and bookkeeping to each item, which only its length warning reads
+    (the loader's own plan says how many bundles come). Falls back to ``iterator``
+    itself if this torch keeps those parts elsewhere."""
+    next_data = getattr(iterator, "_next_data", None)
+    if next_data is None or getattr(iterator, "_sampler_iter", None) is None:
+        return iterator
+    return _drain(next_data)
+
+
+def _drain(next_data: Callable[[], Any]) -> Iterator[Any]:
+    """``next_data()`` until it raises ``StopIteration``."""
+    try:
+        while True:
+            yield next_data()
+    except StopIteration:
+        return
+
+
 def _unbundle(bundles: Iterator[Any], counts: list[int]) -> Iterator[Any]:
     """The batches of ``bundles`` (workers ``0 .. len(counts)`` with ``counts[w]``
     batches each) in the order torch yields one item per batch: worker 0, 1, ... in a
@@ -860,6 +884,9 @@ _MARGIN = 64 << 10
 # every batch path takes it.
 _CONTIGUOUS = int(_native.BatchFlag.CONTIGUOUS) | int(_native.BatchFlag.STORED_METADATA)
 _NOWHERE = np.empty(0, dtype=np.uint8)  # no destination: payloads stay in the reader
+# The string columns of a batch without any: one object (never changed), so a worker's
+# bundle pickles it once.
+_NO_STRINGS: dict[str, list[str]] = {}
 
 
 class _Packer:
@@ -900,45 +927,58 @@ class _Packer:
     def _head(self, count: int) -> tuple[Any, ...]:
         schema = [(name, _KIND_DTYPES[kind]) for _, name, kind in self._columns]
         head, numeric = _header(count, schema)
-        numbers = []
+        # The 8-byte arrays the native batch copies into the header (cache ids, sample
+        # ids, int and float columns: see ``Batch.words_into``); bool columns and
+        # strings are converted here.
+        places = [(-1, 8 * (count + 1)), (-2, 8 * (2 * count + 1))]
+        bools = []
         strings = []
         for index, name, kind in self._columns:
             dtype = _KIND_DTYPES[kind]
             if dtype is None:
                 strings.append((index, name))
+            elif dtype.itemsize == 8:
+                places.append((index, numeric[name][1]))
             else:
-                numbers.append((index, kind, numeric[name][1], dtype))
+                at = numeric[name][1]
+                bools.append((index, kind, slice(at, at + dtype.itemsize * count), dtype))
         if len(self._heads) >= _CACHED_LAYOUTS:
             self._heads.clear()
-        known = self._heads[count] = (head, numeric, numbers, strings)
+        known = self._heads[count] = (head, numeric, places, bools, strings)
         return known
 
-    def width(self, lengths: np.ndarray) -> int:
-        """The payload length when every one of ``lengths`` (uint64, at least one) is the
-        same, else -1 (compared as bytes with cached even lengths: far cheaper than
+    def width(self, lengths: bytes) -> int:
+        """The payload length when every one of ``lengths`` (uint64 as bytes, at least
+        one) is the same, else -1 (compared with cached even lengths: far cheaper than
         numpy's element-wise checks on a batch of small records)."""
-        count, width = len(lengths), int(lengths[0])
+        count, width = len(lengths) // 8, int.from_bytes(lengths[:8], "little")
         even = self._even.get((count, width)) or self._even_lengths(count, width)
-        return width if lengths.tobytes() == even[0] else -1
+        return width if lengths == even[0] else -1
 
-    def _even_lengths(self, count: int, width: int) -> tuple[bytes, np.ndarray]:
+    def _even_lengths(self, count: int, width: int) -> tuple[bytes, np.ndarray, tuple[Any, ...]]:
+        """Cached for batches of ``count`` payloads of ``width`` bytes: their lengths
+        (bytes), their offsets (uint64 as bytes, in a uint8 array) and their layout."""
         if len(self._even) >= _CACHED_LAYOUTS:
             self._even.clear()
         lengths = np.full(count, width, dtype=np.uint64).tobytes()
-        offsets = np.arange(count + 1, dtype=np.uint64) * np.uint64(width)
-        known = self._even[(count, width)] = (lengths, offsets)
+        offsets = (np.arange(count + 1, dtype=np.uint64) * np.uint64(width)).view(np.uint8)
+        head, numeric = (self._heads.get(count) or self._head(count))[:2]
+        # One layout object for every batch of this shape: a worker's bundle pickles it
+        # once (the pickler's memo) and the training process unpickles it once.
+        layout = (count, width, head, width * count, self._names, numeric)
+        known = self._even[(count, width)] = (lengths, offsets, layout)
         return known
 
     def next(self, wanted: int) -> TensorBatch | None:
         """The ``TensorBatch`` of the next ``wanted`` (> 0) samples, None at the end of
         the range. A read error after some of them raises here (not a short batch)."""
-        head, numeric, numbers, strings = self._heads.get(wanted) or self._head(wanted)
-        iterator, sink = self._iterator, self._sink
+        head, numeric, places, bools, strings = self._heads.get(wanted) or self._head(wanted)
+        iterator = self._iterator
         space = None
         destination = _NOWHERE
         if self.per_sample >= 0:
             expected = head + int(self.per_sample * wanted)
-            space = _reserve(int(expected * _SLACK) + _MARGIN, sink, expected)
+            space = _reserve(int(expected * _SLACK) + _MARGIN, self._sink, expected)
             destination = space.raw[head:]
         batch, placed = iterator.next_batch_into(wanted, _CONTIGUOUS, destination)
         count = batch.count
@@ -951,32 +991,39 @@ class _Packer:
             # the per-sample path would, not after a short batch.
             iterator.next_batch_into(wanted, _CONTIGUOUS, _NOWHERE)
             raise RuntimeError("a native batch ended early without an error")
-        lengths, cache_id, sample_id = batch.lengths_and_ids()
+        # Identities and int/float columns go straight into the header (memmoves).
+        lengths = batch.words_into(space.raw if placed else _NOWHERE, places if placed else ())
         width = self.width(lengths)
-        nbytes = width * count if width >= 0 else int(lengths.sum())
+        if width >= 0:
+            nbytes = width * count
+        else:
+            nbytes = int(np.frombuffer(lengths, dtype=np.uint64).sum())
         if placed:
             space.trim(head + nbytes)  # type: ignore[union-attr]
         else:
             if space is not None:
                 space.trim(0)
-            space = _reserve(head + nbytes, sink)
+            space = _reserve(head + nbytes, self._sink)
             batch.copy_payloads(space.raw[head : head + nbytes])
+            batch.words_into(space.raw, places)
         self.per_sample = nbytes / count
         raw = space.raw
-        words = raw[: 8 * (3 * count + 1)].view(np.uint64)
         if width >= 0:
-            words[: count + 1] = self._even[(count, width)][1]
+            _, offsets, layout = self._even[(count, width)]
+            raw[: 8 * (count + 1)] = offsets
         else:
+            layout = (count, width, head, nbytes, self._names, numeric)
+            words = raw[: 8 * (count + 1)].view(np.uint64)
             words[0] = 0
-            np.add.accumulate(lengths, out=words[1 : count + 1])
-        words[count + 1 : 2 * count + 1] = cache_id
-        words[2 * count + 1 :] = sample_id
-        for index, kind, at, dtype in numbers:
-            raw[at : at + dtype.itemsize * count].view(dtype)[:] = batch.column_array(index, kind)
+            np.add.accumulate(np.frombuffer(lengths, dtype=np.uint64), out=words[1:])
+        for index, kind, at, dtype in bools:
+            raw[at].view(dtype)[:] = batch.column_array(index, kind)
+        if not strings:
+            return space.batch(layout, _NO_STRINGS)
         values: dict[str, list[str]] = {}
         for index, name in strings:
             values[name] = batch.column_values(index, _native.Kind.STRING)
-        return space.batch((count, width, head, nbytes, self._names, numeric), values)
+        return space.batch(layout, values)
 
 
 _PREFETCH = 2  # torch's prefetch_factor in this worker (set when its iteration starts)
@@ -1286,7 +1333,7 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
         if self._drt_dataset.tensors and self.num_workers:
             # Workers send bundles of batches: flatten them in torch's order.
             counts = self._drt_dataset.worker_batches(pass_index)
-            inner = _unbundle(inner, counts)
+            inner = _unbundle(_worker_items(inner), counts)
         elif self._drt_dataset.tensors:
             inner = _single_process(inner)
         return self._drt_count(inner, pass_index)

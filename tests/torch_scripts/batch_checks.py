@@ -291,7 +291,7 @@ def check_reused_memory() -> None:
 
 
 def check_bundled_handover() -> None:
-    """A worker hands small batches to the training process up to 32 per DataLoader item
+    """A worker hands small batches to the training process up to 64 per DataLoader item
     (a bundle; torch's round trip per item costs more CPU than building a small batch),
     and the loop still receives them one at a time in torch's order."""
     received: list[int] = []
@@ -311,10 +311,63 @@ def check_bundled_handover() -> None:
         received.clear()
         got = passes(loader(MIXED, **kwargs, batch_format="tensors"), 2, from_tensors)
         check("bundled hand-over: same batches", got == expected, (got[:1], expected[:1]))
-        # 64 batches a worker a pass: two bundles of 32 each (four of 16 before).
-        check("bundled hand-over: 32 batches an item", received == [32] * 8, received)
+        # 64 batches a worker a pass: one bundle (two of 32 before round 8).
+        check("bundled hand-over: 64 batches an item", received == [64] * 4, received)
     finally:
         drt_torch._unbundle = unbundle
+
+
+def check_words_into() -> None:
+    """``Batch.words_into`` (how a batch's header is filled): the identities and the int
+    and float columns land at the offsets asked, exactly as numpy reads them from the
+    batch; the payload lengths come back as bytes; an array that does not fit raises
+    ValueError and copies nothing."""
+    import numpy as np
+
+    dataset = open_dataset(MIXED)
+    numbers = (_native.Kind.INT, _native.Kind.FLOAT)
+    wide = [i for i, (_, kind) in enumerate(dataset._columns) if kind in numbers]
+    with dataset._range_batches(0, 7) as reader:
+        batch, _ = reader._iterator.next_batch_into(7, drt_torch._CONTIGUOUS, drt_torch._NOWHERE)
+        n = batch.count
+        lengths, cache_id, sample_id = batch.lengths_and_ids()
+        places = [(-1, 8), (-2, 8 + 8 * n)]
+        places += [(i, 8 + 8 * n * (2 + k)) for k, i in enumerate(wide)]
+        out = np.zeros(8 + 8 * n * (2 + len(wide)), dtype=np.uint8)
+        got = batch.words_into(out, places)
+        check("words_into: lengths", got == lengths.tobytes(), (got, lengths))
+        words = out[8:].view(np.uint64)
+        check("words_into: cache ids", (words[:n] == cache_id).all(), words[:n])
+        check("words_into: sample ids", (words[n : 2 * n] == sample_id).all(), words[n : 2 * n])
+        for k, i in enumerate(wide):
+            expected = batch.column_array(i, dataset._columns[i][1])
+            column = out[8 + 8 * n * (2 + k) :][: 8 * n].view(expected.dtype)
+            check(f"words_into: column {i}", (column == expected).all(), (column, expected))
+        check("words_into: int and float columns seen", len(wide) >= 2, wide)
+        small = np.zeros(8 * n + 7, dtype=np.uint8)
+        try:
+            batch.words_into(small, [(-2, 0), (-1, 8)])
+            raised = False
+        except ValueError:
+            raised = True
+        check("words_into: too small raises, copies nothing", raised and not small.any(), small)
+
+
+def check_shared_layout() -> None:
+    """Batches of one shape (fixed-size records) share one layout object and one empty
+    strings dict, so a worker's bundle pickles them once: a bundle of 8 such batches
+    pickles to much less than 8 times one batch's entry."""
+    import pickle
+
+    dataset = open_dataset(FIXED)
+    batches = list(drt_torch._tensor_batches(dataset, 0, 40, 0, 0, 4, "pool"))
+    layouts = {id(b._layout) for b in batches[1:]}
+    strings = {id(b._strings) for b in batches}
+    check("shared layout: one object", len(layouts) == 1, [b._layout for b in batches])
+    check("shared layout: one strings dict", len(strings) == 1, strings)
+    entries = [(8 * i, 64, b._layout, b._strings) for i, b in enumerate(batches[1:9])]
+    one, eight = len(pickle.dumps(entries[:1])), len(pickle.dumps(entries))
+    check("shared layout: pickled once", eight < 3 * one, (one, eight))
 
 
 def check_payloads_in_place() -> None:
@@ -478,7 +531,7 @@ def check_width() -> None:
     }
     for _ in range(2):  # computed, then cached
         for lengths, width in cases.items():
-            got = packer.width(np.array(lengths, dtype=np.uint64))
+            got = packer.width(np.array(lengths, dtype=np.uint64).tobytes())
             check(f"width of {lengths}", got == width, got)
 
 
@@ -496,6 +549,8 @@ def main() -> None:
         check_validation,
         check_reused_memory,
         check_bundled_handover,
+        check_words_into,
+        check_shared_layout,
         check_payloads_in_place,
         check_rings_forgotten,
         check_killed_worker_leaves_nothing,
