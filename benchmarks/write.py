@@ -467,6 +467,7 @@ PORTABLE_RUNNER = [
     consume_source,
     cache_layout,
     plain_write_like,
+    recycle_pages,
     cpu_seconds,
     cpu_split,
     _median,

@@ -1,0 +1,74 @@
+"""The scripts the benchmarks run in dataset-rt 0.4.8's interpreter (``portable_source``
+plus a main) are self-contained: every global name their code uses is defined in the
+script or is a builtin. A helper left out of a runner list fails only in the reference's
+process, after minutes of our own runs (``benchmarks/write.py`` lost its reference
+columns that way once), so it is checked here without running anything."""
+
+from __future__ import annotations
+
+import builtins
+import importlib
+import symtable
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _module(name: str) -> ModuleType:
+    """The benchmark module `name` (benchmarks/ on the path, as the scripts run)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+def _scripts() -> Iterator[tuple[str, str]]:
+    common = _module("common")
+    write = _module("write")
+    read = _module("read")
+    metadata = _module("metadata")
+    yield "write.py reference", common.portable_source(write.PORTABLE_RUNNER) + write.REFERENCE_MAIN
+    yield (
+        "read.py reference",
+        common.portable_source([read.run_config, read.measure_reopen]) + read.REFERENCE_MAIN,
+    )
+    yield (
+        "read.py rss",
+        "from __future__ import annotations\n" + common.portable_source() + read.RSS_MAIN,
+    )
+    yield "metadata.py child", metadata.child_script()
+
+
+def _free_globals(table: symtable.SymbolTable) -> Iterator[str]:
+    """Names the code under ``table`` (functions, classes, nested) reads as globals."""
+    for child in table.get_children():
+        for symbol in child.get_symbols():
+            if symbol.is_referenced() and (symbol.is_global() and not symbol.is_declared_global()):
+                yield symbol.get_name()
+        yield from _free_globals(child)
+
+
+def _undefined(source: str) -> set[str]:
+    module = symtable.symtable(source, "<benchmark script>", "exec")
+    defined = {s.get_name() for s in module.get_symbols() if s.is_assigned() or s.is_imported()}
+    used = set(_free_globals(module))
+    used |= {s.get_name() for s in module.get_symbols() if s.is_referenced()}
+    return {n for n in used - defined if not hasattr(builtins, n)}
+
+
+def test_undefined_names_are_found() -> None:
+    """The check itself: a function calling a helper the script does not define fails."""
+    assert _undefined("def f():\n    return helper(1)\nf()\n") == {"helper"}
+    assert _undefined("def helper(x):\n    return x\ndef f():\n    return helper(1)\n") == set()
+
+
+@pytest.mark.parametrize(
+    "label", ["write.py reference", "read.py reference", "read.py rss", "metadata.py child"]
+)
+def test_reference_scripts_define_every_name_they_use(label: str) -> None:
+    scripts = dict(_scripts())
+    assert _undefined(scripts[label]) == set(), label
