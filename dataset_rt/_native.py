@@ -1498,6 +1498,7 @@ def row_getter(
     )
 
 
+@functools.lru_cache(maxsize=64)
 def _shape_unpacker(header: int, shape: tuple[int, ...]) -> Callable[[Any], tuple[bytes, ...]]:
     """The ``unpack_from`` of a packed row (``drt_lookup_get_row``) whose payload and
     string values have the lengths ``shape``, after its ``header`` bytes: one ``bytes``
