@@ -156,32 +156,30 @@ pub const Remote = struct {
 
     /// Opens `url`, retrying transient failures.
     fn openObject(r: *Remote, url: [:0]const u8) status.Error!Object {
-        var attempt: u32 = 0;
-        while (true) : (attempt += 1) {
-            var message: [512]u8 = @splat(0);
-            var obj: Object = .{ .handle = null, .size = 0 };
-            const rc = r.ops.open.?(r.ops.context, url.ptr, &obj.size, &obj.handle, &message, message.len);
-            if (try r.retryOrFail(rc, url, &message, attempt)) return obj;
-        }
+        var obj: Object = .{ .handle = null, .size = 0 };
+        try r.retried(url, r.ops.open.?, .{ r.ops.context, url.ptr, &obj.size, &obj.handle });
+        return obj;
     }
 
     /// Reads `buf.len` bytes at `offset` of an open object, retrying transient failures.
     fn readObject(r: *Remote, obj: Object, url: [:0]const u8, offset: u64, buf: []u8) status.Error!void {
-        var attempt: u32 = 0;
-        while (true) : (attempt += 1) {
-            var message: [512]u8 = @splat(0);
-            const rc = r.ops.read.?(r.ops.context, obj.handle, offset, buf.ptr, buf.len, &message, message.len);
-            if (try r.retryOrFail(rc, url, &message, attempt)) return;
-        }
+        try r.retried(url, r.ops.read.?, .{ r.ops.context, obj.handle, offset, buf.ptr, @as(u64, buf.len) });
     }
 
     /// Writes the `len` bytes at `offset` of an open object into `fd` at `offset` with
     /// `read_file`, retrying transient failures.
     fn readObjectToFile(r: *Remote, read_file: ReadFileFn, obj: Object, url: [:0]const u8, offset: u64, len: u64, fd: posix.fd_t) status.Error!void {
+        try r.retried(url, read_file, .{ r.ops.context, obj.handle, offset, len, fd });
+    }
+
+    /// Calls the transport function `call` with `args` and then a fresh message buffer
+    /// and its capacity (every transport function ends so), until it succeeds; transient
+    /// failures are retried with backoff, others fail (see `retryOrFail`).
+    fn retried(r: *Remote, url: [:0]const u8, call: anytype, args: anytype) status.Error!void {
         var attempt: u32 = 0;
         while (true) : (attempt += 1) {
             var message: [512]u8 = @splat(0);
-            const rc = read_file(r.ops.context, obj.handle, offset, len, fd, &message, message.len);
+            const rc = @call(.auto, call, args ++ .{ @as([*]u8, &message), @as(u64, message.len) });
             if (try r.retryOrFail(rc, url, &message, attempt)) return;
         }
     }
