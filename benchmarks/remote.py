@@ -3,6 +3,7 @@
     uv run python benchmarks/remote.py                 # W1 200,000 x 512 B, W2 1,000 x 1 MiB
     uv run python benchmarks/remote.py --quick         # W1 50,000, W2 300
     uv run python benchmarks/remote.py --w1 50000 --w2 200 --no-litdata --workers 4
+    uv run python benchmarks/remote.py --quick --w1 0 --no-litdata --rounds 5   # loaded machine
 
 The S3 server is moto's standalone server on 127.0.0.1 (``tests/remote_server.py``, a dev
 dependency), so the numbers measure the client side against one slow-ish Python server:
@@ -35,6 +36,12 @@ once locally and uploaded with ``write_cache`` to ``s3://bench/...``; then, in o
   state, which DataLoader worker processes would not see (its own prefetch threads
   still fetch in parallel). LitData rows print no rss (it runs in its own process).
 
+With ``--rounds N`` (N > 1), each workload ends with N more rounds of the whole-object raw
+fetch followed by a cold ordered read (a fresh shard cache each round), and one line of
+their medians and spreads: on a loaded machine one pass of each row is noise (a 2-core VM
+shared with other jobs gave cold ordered W2 at 37-90% of the raw fetch in one series),
+while the median of the per-round ratios of the two is what moved.
+
 Each line gives samples/s, MB/s and the share of the two raw fetches, then the CPU seconds per
 GB read of the client (this process, or LitData's process) and of the moto server (its
 process): on a 2-core machine the server and the client share the cores, so client CPU
@@ -51,6 +58,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -387,6 +395,8 @@ def _measure(work: Path, name: str, count: int, size: int, args, server, lit_env
         n = read_all(local, batch)
         seconds, client, server_cpu = clock.stop()
         row(f"local {mode}", n, nbytes, seconds, limit, (client, server_cpu))
+    if args.rounds > 1:
+        cold_rounds(work, url, count, nbytes, args, runtime, server_pid)
     if lit_env is not None:
         try:
             rates = litdata_rates(
@@ -416,6 +426,43 @@ def _measure(work: Path, name: str, count: int, size: int, args, server, lit_env
         )
 
 
+def spread(values: list[float], fmt: str) -> str:
+    """``median [min-max]`` of ``values``, each formatted with ``fmt``."""
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
+
+
+def cold_rounds(work: Path, url: str, count: int, nbytes: int, args, runtime, server_pid) -> None:
+    """``--rounds``: ``args.rounds`` times the whole-object raw fetch, then a cold ordered
+    read of ``url`` into a fresh shard cache (removed after the round); prints the
+    medians and spreads of the cold rate, its share of the raw fetch of the same round,
+    and the client's and server's CPU seconds per GB."""
+    import dataset_rt as drt
+
+    batch = 4096 if nbytes // max(count, 1) < 64 * 1024 else 64
+    config = drt.ReaderConfig(seed=1, shuffle=False, prefetch_size=batch * 2)
+    rates, shares, client, server = [], [], [], []
+    for r in range(args.rounds):
+        (raw_seconds, _, _), fetched = raw_fetch(url, args.fetchers, server_pid, True)
+        shard_cache = work / f"shard-cache-round-{r}"
+        os.environ["DATASET_RT_CACHE_DIR"] = str(shard_cache)
+        dataset = runtime.cached_dataset([url], reader_config=config)
+        clock = Clock(server_pid)
+        read_all(dataset, batch)
+        seconds, client_cpu, server_cpu = clock.stop()
+        del dataset
+        shutil.rmtree(shard_cache, ignore_errors=True)
+        rates.append(nbytes / seconds / 1e6)
+        shares.append((nbytes / seconds) / (fetched / raw_seconds))
+        client.append(client_cpu / (nbytes / 1e9))
+        server.append(server_cpu / (nbytes / 1e9))
+    print(
+        f"  {f'remote ordered cold, {args.rounds} rounds':<34} MB/s {spread(rates, ',.1f')}"
+        f"   share of raw whole {spread(shares, '.0%')}   cpu s/GB client "
+        f"{spread(client, '.2f')} server {spread(server, '.2f')}",
+        flush=True,
+    )
+
+
 def main() -> None:
     if "--litdata-side" in sys.argv:
         run_litdata_side(json.loads(sys.argv[sys.argv.index("--litdata-side") + 1]))
@@ -434,6 +481,12 @@ def main() -> None:
     parser.add_argument("--fetchers", type=int, default=8, help="raw fetch threads")
     parser.add_argument("--shard-mib", type=int, default=64, help="max_shard_bytes in MiB")
     parser.add_argument("--no-litdata", action="store_true")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="N > 1: N more rounds of raw fetch + cold ordered read, printed as medians",
+    )
     args = parser.parse_args()
     if args.quick:
         given = " ".join(sys.argv)
