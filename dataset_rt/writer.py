@@ -944,16 +944,19 @@ class _Ingest:
         columns = [(kind, v, o) for kind, (v, o) in zip(self.kinds, values)]
         if views:
             # One call per payload, its own buffer by pointer: the library writes large
-            # payloads from there (and hashes them as written), without a copy.
-            nbytes = 0
+            # payloads from there (and hashes them as written), without a copy. Row i of
+            # `bounds` is payload i's offsets [0, size] (a contiguous view: no array is
+            # built per payload).
+            bounds = np.zeros((count, 2), dtype=np.uint64)
+            bounds[:, 1] = offsets
+            append = self.writer.append
             for i, payload in enumerate(blob):
-                size = int(offsets[i])
                 one = [
                     (kind, v[i : i + 1], None) if o is None else (kind, v, o[i : i + 2])
                     for kind, v, o in columns
                 ]
-                self.writer.append(1, payload, np.array([0, size], dtype=np.uint64), one)
-                nbytes += size
+                append(1, payload, bounds[i], one)
+            nbytes = int(bounds[:, 1].sum())
         else:
             self.writer.append(count, blob, offsets, columns)
             nbytes = len(blob)
