@@ -863,11 +863,20 @@ class _Ingest:
             offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
             np.cumsum(np.fromiter(map(len, encoded), np.uint64, len(encoded)), out=offsets[1:])
             return b"".join(encoded), offsets
+        # Per value, ``bytes()`` costs ~94 instructions (callgrind, 4,096 small ints, with
+        # the conversion to int64), ``np.fromiter`` ~206 and ``np.array`` ~305 (it
+        # discovers each value's type first): small non-negative ints (class labels) and
+        # bools take ``bytes()``, other values ``np.fromiter``. Both raise OverflowError
+        # for an int outside int64, as ``np.array`` does.
         if kind == Kind.INT:
-            return np.array(values, dtype=np.int64), None
+            try:
+                small = bytes(values)
+            except ValueError:  # a value outside 0..255
+                return np.fromiter(values, dtype=np.int64, count=len(values)), None
+            return np.frombuffer(small, dtype=np.uint8).astype(np.int64), None
         if kind == Kind.FLOAT:
-            return np.array(values, dtype=np.float64), None
-        return np.array(values, dtype=np.uint8), None
+            return np.fromiter(values, dtype=np.float64, count=len(values)), None
+        return np.frombuffer(bytes(values), dtype=np.uint8), None
 
     def _flush(
         self,
