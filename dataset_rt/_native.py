@@ -1670,12 +1670,12 @@ class Writer(_Handle):
             entry.kind = kind
             entry.values = ffi.from_buffer(values)
             if offsets is not None:
-                entry.offsets = ffi.cast("uint64_t *", offsets.ctypes.data)
+                entry.offsets = ffi.from_buffer("uint64_t[]", offsets)
         status = lib.drt_writer_append(
             self._ptr,
             count,
             ffi.from_buffer(payloads),
-            ffi.cast("uint64_t *", payload_offsets.ctypes.data),
+            ffi.from_buffer("uint64_t[]", payload_offsets),
             native,
         )
         check(status, self._error)

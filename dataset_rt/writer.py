@@ -863,11 +863,20 @@ class _Ingest:
             offsets = np.zeros(len(encoded) + 1, dtype=np.uint64)
             np.cumsum(np.fromiter(map(len, encoded), np.uint64, len(encoded)), out=offsets[1:])
             return b"".join(encoded), offsets
+        # Per value, ``bytes()`` costs ~94 instructions (callgrind, 4,096 small ints, with
+        # the conversion to int64), ``np.fromiter`` ~206 and ``np.array`` ~305 (it
+        # discovers each value's type first): small non-negative ints (class labels) and
+        # bools take ``bytes()``, other values ``np.fromiter``. Both raise OverflowError
+        # for an int outside int64, as ``np.array`` does.
         if kind == Kind.INT:
-            return np.array(values, dtype=np.int64), None
+            try:
+                small = bytes(values)
+            except ValueError:  # a value outside 0..255
+                return np.fromiter(values, dtype=np.int64, count=len(values)), None
+            return np.frombuffer(small, dtype=np.uint8).astype(np.int64), None
         if kind == Kind.FLOAT:
-            return np.array(values, dtype=np.float64), None
-        return np.array(values, dtype=np.uint8), None
+            return np.fromiter(values, dtype=np.float64, count=len(values)), None
+        return np.frombuffer(bytes(values), dtype=np.uint8), None
 
     def _flush(
         self,
@@ -944,16 +953,19 @@ class _Ingest:
         columns = [(kind, v, o) for kind, (v, o) in zip(self.kinds, values)]
         if views:
             # One call per payload, its own buffer by pointer: the library writes large
-            # payloads from there (and hashes them as written), without a copy.
-            nbytes = 0
+            # payloads from there (and hashes them as written), without a copy. Row i of
+            # `bounds` is payload i's offsets [0, size] (a contiguous view: no array is
+            # built per payload).
+            bounds = np.zeros((count, 2), dtype=np.uint64)
+            bounds[:, 1] = offsets
+            append = self.writer.append
             for i, payload in enumerate(blob):
-                size = int(offsets[i])
                 one = [
                     (kind, v[i : i + 1], None) if o is None else (kind, v, o[i : i + 2])
                     for kind, v, o in columns
                 ]
-                self.writer.append(1, payload, np.array([0, size], dtype=np.uint64), one)
-                nbytes += size
+                append(1, payload, bounds[i], one)
+            nbytes = int(bounds[:, 1].sum())
         else:
             self.writer.append(count, blob, offsets, columns)
             nbytes = len(blob)

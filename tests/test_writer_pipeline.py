@@ -277,3 +277,48 @@ def test_bulk_path_refuses_other_key_sets_in_sample_order(
     [result] = runtime.write_cache(_KeySets(renamed, extra), tmp_path, writer_config=config)
     assert result == drt.CacheWriteError("keysets", message)
     assert not (tmp_path / "keysets").exists()
+
+
+def test_metadata_columns_keep_every_value_on_each_conversion_path(tmp_path: Path) -> None:
+    """Int columns of small non-negative values (converted with ``bytes()``), with values
+    outside 0..255 (``np.fromiter``: negatives, large, the int64 bounds; first or last in
+    a batch), bools and floats: the records and metadata.arrow hold exactly the values
+    the source yielded."""
+    import pyarrow as pa
+
+    big = [-(2**63), 2**63 - 1, -1, 256, 255, 0, 10**12]
+
+    def label(i: int) -> int:
+        if i < 700:
+            return i % 256  # whole batches of small values
+        if i % 97 == 0:
+            return big[(i // 97) % len(big)]
+        return i % 10
+
+    expected = [{"n": label(i), "b": i % 3 == 0, "x": i / 3 - 100.25} for i in range(2000)]
+    expected[-1]["n"] = 2**63 - 1  # last value of the last batch
+    expected[1000]["n"] = -5
+
+    class Source:
+        name = "conversions"
+
+        def __iter__(self):
+            for i, metadata in enumerate(expected):
+                yield drt.CacheInput(i.to_bytes(4, "little"), dict(metadata))
+
+    runtime = drt.DatasetRuntime(num_workers=2)
+    [result] = runtime.write_cache(
+        Source(), tmp_path, writer_config=drt.WriterConfig(prefetch_size=50, show_progress=False)
+    )
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    dataset = runtime.cached_dataset(
+        [result.path], reader_config=drt.ReaderConfig(seed=0, shuffle=False)
+    )
+    samples = list(dataset)
+    assert [s.metadata for s in samples] == expected
+    assert [type(s.metadata["n"]) for s in samples] == [int] * len(expected)
+    with pa.memory_map(str(result.path / "metadata.arrow")) as source:
+        table = pa.ipc.open_file(source).read_all()
+    assert table.column("n").to_pylist() == [m["n"] for m in expected]
+    assert table.column("b").to_pylist() == [m["b"] for m in expected]
+    assert table.column("x").to_pylist() == [m["x"] for m in expected]
