@@ -494,6 +494,9 @@ pub const Lookup = struct {
     /// and its metadata.arrow values (enough to overlap several memory latencies).
     const prefetch_distance = 8;
 
+    /// Records up to this long are loaded whole ahead of their split (`splitPlanned`).
+    const prefetch_record_bytes_max = 4096;
+
     /// Marks a planned record's payload that is still an offset in `raw`.
     const in_raw: u64 = 1 << 63;
 
@@ -589,7 +592,13 @@ pub const Lookup = struct {
         var cache_index: u32 = std.math.maxInt(u32);
         var c: *const Cache = undefined;
         var span: ?*SpanRead = null;
-        for (sorted) |key| {
+        for (sorted, 0..) |key, k| {
+            if (k + prefetch_distance < n) {
+                // Start loading an index row a few records ahead (random calls read rows
+                // far apart).
+                const ahead = layout.locOf(layout.identityOf(sorted[k + prefetch_distance]));
+                @prefetch(ds.caches[ahead.cache].index_map.ptr + index.row_bytes * @as(usize, @intCast(ahead.sample_id)), .{});
+            }
             const i = layout.positionOf(key);
             const identity = layout.identityOf(key);
             if (identity == previous) {
@@ -654,7 +663,10 @@ pub const Lookup = struct {
                 const ahead = records[k + prefetch_distance];
                 const s = spans[ahead.span];
                 const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
-                @prefetch(base + @as(usize, @intCast(ahead.at - s.at)), .{});
+                const first = base + @as(usize, @intCast(ahead.at - s.at));
+                // The whole of a small record: its payload is copied out next.
+                var line: usize = 0;
+                while (line < @min(ahead.len, prefetch_record_bytes_max)) : (line += 64) @prefetch(first + line, .{});
             }
             const s = spans[r.span];
             const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
