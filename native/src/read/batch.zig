@@ -413,10 +413,12 @@ pub const Buffers = struct {
     /// (`payloads[k]` is sample `locs[k]`'s, with a real address even when empty; stored
     /// metadata only, without `validate_cache`): the leading samples whose
     /// `metadata.arrow` rows lie in the first one's record batch and hold no null, their
-    /// rows gathered column by column (one kind dispatch per column, not per value) and
-    /// every array reserved once. Returns the samples added: 0 when the first sample's
-    /// row holds a null or batches parse the embedded JSON (the caller adds it with
-    /// `add`, which gives the same values and errors). Nothing is added when it fails.
+    /// rows gathered column by column (one kind dispatch per column, not per value; the
+    /// values read through unchecked pointers, which the file's validation at open keeps
+    /// in bounds: see `arrow.Column`) and every array reserved once. Returns the samples
+    /// added: 0 when the first sample's row holds a null or batches parse the embedded
+    /// JSON (the caller adds it with `add`, which gives the same values and errors).
+    /// Nothing is added when it fails. Only `get_items` (read/lookup.zig) calls it.
     pub fn addStoredRun(b: *Buffers, ds: *Dataset, locs: []const Loc, payloads: []const []const u8) status.Error!usize {
         std.debug.assert(locs.len == payloads.len);
         if (!b.stored_metadata or ds.options.validate_cache or locs.len == 0) return 0;
@@ -424,41 +426,104 @@ pub const Buffers = struct {
         const columns, _ = try b.storedRow(ds, locs[0]);
         const cache = locs[0].cache;
         const first_row = b.stored_first;
+        const rows = b.stored_end - first_row;
+        var nullable = false;
+        for (columns) |col| nullable = nullable or col.null_count > 0;
         var n: usize = 0;
         scan: while (n < locs.len) : (n += 1) {
             const loc = locs[n];
-            if (loc.cache != cache or loc.sample_id < first_row or loc.sample_id >= b.stored_end) break;
-            const row = loc.sample_id - first_row;
-            for (columns) |col| if (col.null_count > 0 and col.isNull(row)) break :scan;
-            prefetchRow(columns, row);
+            // Below `first_row` wraps around to a row past the batch.
+            const row = loc.sample_id -% first_row;
+            if (loc.cache != cache or row >= rows) break;
+            if (nullable) for (columns) |col| if (col.null_count > 0 and col.isNull(row)) break :scan;
         }
         if (n == 0) return 0;
+        const run = locs[0..n];
         // Room first, so that nothing below fails halfway.
         try b.reserve(gpa, ds.fields, n);
         for (columns, b.columns, ds.fields) |col, *out, f| if (f.kind == .string) {
             var bytes: u64 = 0;
-            for (locs[0..n]) |loc| bytes += stringEnd(col, loc.sample_id - first_row + 1) - stringEnd(col, loc.sample_id - first_row);
+            switch (col.type) {
+                .utf8 => for (run) |loc| {
+                    bytes += stringBounds(i32, col, loc.sample_id - first_row)[1];
+                },
+                .large_utf8 => for (run) |loc| {
+                    bytes += stringBounds(i64, col, loc.sample_id - first_row)[1];
+                },
+                else => unreachable,
+            }
             try out.bytes.ensureUnusedCapacity(gpa, @intCast(bytes));
         };
         for (columns, b.columns, ds.fields) |col, *out, f| {
             switch (f.kind) {
-                .bool => for (locs[0..n]) |loc| out.bytes.appendAssumeCapacity(@intFromBool(col.getBool(loc.sample_id - first_row))),
-                .int => for (locs[0..n]) |loc| out.ints.appendAssumeCapacity(col.getInt(loc.sample_id - first_row)),
-                .float => for (locs[0..n]) |loc| out.floats.appendAssumeCapacity(col.getFloat(loc.sample_id - first_row)),
-                .string => for (locs[0..n]) |loc| {
-                    out.bytes.appendSliceAssumeCapacity(col.getString(loc.sample_id - first_row));
-                    out.offsets.appendAssumeCapacity(out.bytes.items.len);
+                .bool => for (run) |loc| out.bytes.appendAssumeCapacity(@intFromBool(col.getBool(loc.sample_id - first_row))),
+                .int => gatherWords(i64, &out.ints, col, run, first_row),
+                .float => gatherWords(f64, &out.floats, col, run, first_row),
+                .string => switch (col.type) {
+                    .utf8 => gatherStrings(i32, out, col, run, first_row),
+                    .large_utf8 => gatherStrings(i64, out, col, run, first_row),
+                    else => unreachable,
                 },
             }
         }
         const cache_id = ds.caches[cache].cache_id;
-        for (locs[0..n], payloads[0..n]) |loc, p| {
+        for (run, payloads[0..n]) |loc, p| {
             b.payloads.appendAssumeCapacity(p.ptr);
             b.payload_lens.appendAssumeCapacity(p.len);
             b.cache_ids.appendAssumeCapacity(cache_id);
             b.sample_ids.appendAssumeCapacity(loc.sample_id);
         }
         return n;
+    }
+
+    /// How many samples ahead `addStoredRun` starts loading a column's value (a hint).
+    const gather_prefetch_distance = 16;
+
+    /// Appends the 8-byte values of rows `run[k].sample_id - first_row` of `col` (int64
+    /// or float64) to `list`, which has room for them.
+    fn gatherWords(comptime T: type, list: *std.ArrayList(T), col: arrow.Column, run: []const Loc, first_row: u64) void {
+        std.debug.assert(col.values.len >= 8 * col.len and list.unusedCapacitySlice().len >= run.len);
+        const dest = list.unusedCapacitySlice()[0..run.len];
+        const words: [*]align(1) const u64 = @ptrCast(col.values.ptr);
+        for (dest, run, 0..) |*v, loc, k| {
+            if (k + gather_prefetch_distance < run.len) @prefetch(&words[@intCast(run[k + gather_prefetch_distance].sample_id - first_row)], .{});
+            const row: usize = @intCast(loc.sample_id - first_row);
+            std.debug.assert(row < col.len);
+            v.* = @bitCast(std.mem.littleToNative(u64, words[row]));
+        }
+        list.items.len += run.len;
+    }
+
+    /// Appends the strings of rows `run[k].sample_id - first_row` of `col` (with
+    /// `Offset` offsets) to `out` (bytes and offsets), which has room for them.
+    fn gatherStrings(comptime Offset: type, out: *ColumnBuffer, col: arrow.Column, run: []const Loc, first_row: u64) void {
+        std.debug.assert(out.offsets.unusedCapacitySlice().len >= run.len);
+        const ends = out.offsets.unusedCapacitySlice()[0..run.len];
+        var used = out.bytes.items.len;
+        const room = out.bytes.allocatedSlice();
+        for (ends, run, 0..) |*end, loc, k| {
+            if (k + gather_prefetch_distance < run.len) {
+                @prefetch(col.offsets.ptr + @sizeOf(Offset) * @as(usize, @intCast(run[k + gather_prefetch_distance].sample_id - first_row)), .{});
+            }
+            const start, const len = stringBounds(Offset, col, loc.sample_id - first_row);
+            @memcpy(room[used..][0..len], col.values.ptr[start..][0..len]);
+            used += len;
+            end.* = used;
+        }
+        out.bytes.items.len = used;
+        out.offsets.items.len += run.len;
+    }
+
+    /// (start, length) of row `row`'s string in `col.values`; the offsets were checked
+    /// (in bounds, monotonic) when the file was opened.
+    inline fn stringBounds(comptime Offset: type, col: arrow.Column, row: u64) [2]usize {
+        std.debug.assert(row < col.len and col.offsets.len >= @sizeOf(Offset) * (col.len + 1));
+        const offsets: [*]align(1) const Offset = @ptrCast(col.offsets.ptr);
+        const r: usize = @intCast(row);
+        const start: usize = @intCast(std.mem.littleToNative(Offset, offsets[r]));
+        const end: usize = @intCast(std.mem.littleToNative(Offset, offsets[r + 1]));
+        std.debug.assert(start <= end and end <= col.values.len);
+        return .{ start, end - start };
     }
 
     /// `n` more bytes of the caller's `dest` for a contiguous payload, or null (nothing

@@ -37,20 +37,74 @@ const plan = @import("plan.zig");
 const record = @import("record.zig");
 const Dataset = dataset_mod.Dataset;
 const Loc = dataset_mod.Loc;
+const Cache = @import("../store/cache.zig").Cache;
 const index = @import("../format/index.zig");
 const schema = @import("../format/schema.zig");
 const metadata_json = @import("../format/metadata_json.zig");
 
-/// A planned call with at most this many identities sorts 128-bit keys holding the
-/// identity and its position (32 bits); larger calls are split into such parts.
+/// A planned call with at most this many identities sorts keys holding the identity and
+/// its position (at most 32 bits); larger calls are split into such parts.
 const planned_count_max = std.math.maxInt(u32);
 
 /// Reads shorter than this are copied from the shard's mapping (see the top comment).
 const mapped_read_max = 16 << 10;
 
 /// One positioned read of a planned call: `len` bytes at `offset` of a shard, into
-/// `reads[at..]`, or left where they are in the shard's mapping (`mapped`).
-const SpanRead = struct { cache: u32, shard_id: u64, offset: u64, len: u64, at: u64, mapped: ?[*]const u8 = null };
+/// `reads[at..]`, or left where they are in the shard's mapping (`mapped`). `lz4`: the
+/// shard's payloads are compressed.
+const SpanRead = struct { cache: u32, shard_id: u64, offset: u64, len: u64, at: u64, lz4: bool, mapped: ?[*]const u8 = null };
+
+/// One distinct record of a planned call: planned, its read (index into `span_reads`)
+/// and its `len` bytes at `at` of the call's reads (`SpanRead.at` counts the same way);
+/// once read and split, its JSON and payload as (address, length). A payload
+/// decompressed into `raw` holds its offset there until `raw` stops growing (`in_raw`
+/// set in the length), then its address.
+const PlannedRecord = struct {
+    span: u32,
+    at: u64,
+    len: u64,
+    json: [2]u64 = undefined,
+    payload: [2]u64 = undefined,
+};
+
+/// How a planned call packs an identity and its position into one integer key: the
+/// position in the low `position_bits`, above it the sample id (`sample_id_bits`), above
+/// that the cache index. Sorting the keys sorts by (cache, sample id), then position.
+/// With the bit counts of the dataset's widest cache index and sample id, most calls fit
+/// in 64 bits; the others use 128 (a 32-bit position, a 64-bit sample id).
+fn KeyLayout(comptime K: type) type {
+    return struct {
+        position_bits: std.math.Log2Int(K),
+        sample_id_bits: std.math.Log2Int(K),
+
+        const Self = @This();
+
+        fn keyOf(l: Self, loc: Loc, position: usize) K {
+            return ((@as(K, loc.cache) << l.sample_id_bits | loc.sample_id) << l.position_bits) | @as(K, @intCast(position));
+        }
+
+        fn positionOf(l: Self, k: K) usize {
+            return @intCast(k & ((@as(K, 1) << l.position_bits) - 1));
+        }
+
+        /// The (cache, sample id) part, equal for equal identities.
+        fn identityOf(l: Self, k: K) K {
+            return k >> l.position_bits;
+        }
+
+        fn locOf(l: Self, identity_bits: K) Loc {
+            return .{
+                .cache = @intCast(identity_bits >> l.sample_id_bits),
+                .sample_id = @intCast(identity_bits & ((@as(K, 1) << l.sample_id_bits) - 1)),
+            };
+        }
+    };
+}
+
+/// Bits needed to hold `x` (0 for 0).
+fn bitsFor(x: u64) u7 {
+    return @intCast(64 - @clz(x));
+}
 
 pub const Lookup = struct {
     ds: *Dataset,
@@ -63,17 +117,21 @@ pub const Lookup = struct {
     jsons: std.ArrayList([2]u64) = .empty,
     /// Each identity's location, resolved once per call.
     locs: std.ArrayList(Loc) = .empty,
-    /// Planned calls: the identities' sort keys, each record's place in `reads`, the
-    /// coalesced reads and the bytes they read.
+    /// Planned calls: the identities' sort keys (`KeyLayout`): 64-bit when the call's
+    /// layout fits (`keys64`), else 128-bit (`keys`); each with the radix sort's second
+    /// buffer (see `radixSort`).
+    keys64: std.ArrayList(u64) = .empty,
+    keys64_scratch: std.ArrayList(u64) = .empty,
     keys: std.ArrayList(u128) = .empty,
-    /// The radix sort's second buffer (see `sortKeys`).
     keys_scratch: std.ArrayList(u128) = .empty,
-    record_at: std.ArrayList(u64) = .empty,
-    /// Each identity's coalesced read (index into `span_reads`) and record length (so
-    /// pass 4, in the caller's random order, never reads the index again).
-    record_span: std.ArrayList(u32) = .empty,
-    record_len: std.ArrayList(u64) = .empty,
+    /// Each identity's distinct record (index into `records`), in the caller's order.
+    record_of: std.ArrayList(u32) = .empty,
+    /// The call's distinct records in (cache, sample id) order, the coalesced reads and
+    /// the bytes they read (`reads`; mapped spans stay in their mapping).
+    records: std.ArrayList(PlannedRecord) = .empty,
     span_reads: std.ArrayList(SpanRead) = .empty,
+    /// Each identity's payload, in the caller's order (what `finishBatch` batches).
+    payloads: std.ArrayList([]const u8) = .empty,
     reads: std.ArrayList(u8) = .empty,
     /// Shard windows mapped on first small read (see the top comment).
     maps: files_mod.Maps = .{ .random = true, .budget = files_mod.lookup_mapped_bytes_max },
@@ -81,6 +139,9 @@ pub const Lookup = struct {
     /// call started: windows used since then are pinned.
     map_stamp: u64 = 0,
     call_stamp: u64 = 0,
+    /// The window of the last mapped read (`mapped`): sorted reads mostly fall in the
+    /// window of the previous one, which is then known without asking `maps`.
+    last_window: LastWindow = .{},
     batch: batch_mod.Buffers,
     /// `getRow`'s field values (one per schema field) and the unescaped string bytes
     /// they may point into.
@@ -96,6 +157,19 @@ pub const Lookup = struct {
     /// `getRegisteredRow`'s destination (drt_lookup_set_row_buffer): caller memory, borrowed while
     /// registered; empty when none is.
     row_buffer: []u8 = &.{},
+    /// Bits of the widest sample id and cache index of the dataset (`KeyLayout`).
+    sample_id_bits: u7 = 0,
+    cache_bits: u7 = 0,
+
+    /// A mapped window of a shard: `bytes` are its bytes from `start`; `stamp` is the
+    /// `map_stamp` of the `maps.get` that returned it (0: none).
+    const LastWindow = struct {
+        cache: u32 = 0,
+        shard_id: u64 = 0,
+        start: u64 = 0,
+        bytes: []const u8 = &.{},
+        stamp: u64 = 0,
+    };
 
     pub fn open(ds: *Dataset) status.Error!*Lookup {
         try ds.runtime.checkPid();
@@ -105,7 +179,15 @@ pub const Lookup = struct {
         const values = try gpa.alloc(schema.Value, ds.fields.len);
         errdefer gpa.free(values);
         const lk = try gpa.create(Lookup);
-        lk.* = .{ .ds = ds.retain(), .batch = batch, .values = values };
+        var sample_id_max: u64 = 0;
+        for (ds.caches) |*c| sample_id_max = @max(sample_id_max, c.sampleCount() -| 1);
+        lk.* = .{
+            .ds = ds.retain(),
+            .batch = batch,
+            .values = values,
+            .sample_id_bits = bitsFor(sample_id_max),
+            .cache_bits = bitsFor(ds.caches.len -| 1),
+        };
         return lk;
     }
 
@@ -249,8 +331,12 @@ pub const Lookup = struct {
     /// Validates a record's place in its shard (the manifest's length), as a read of it
     /// would fail.
     fn checkRow(ds: *const Dataset, loc: Loc) status.Error!index.Row {
-        const c = &ds.caches[loc.cache];
-        const row = c.row(loc.sample_id);
+        return checkRowOf(&ds.caches[loc.cache], loc.sample_id);
+    }
+
+    /// `checkRow` for sample `sample_id` of cache `c`.
+    inline fn checkRowOf(c: *const Cache, sample_id: u64) status.Error!index.Row {
+        const row = c.row(sample_id);
         const shard_len = c.manifest.shards[@intCast(row.shard_id)].byte_len;
         if (row.offset > shard_len or row.byte_len > shard_len - row.offset) {
             return status.fail(error.Io, "I/O error: failed to fill whole buffer: {s}", .{c.shard_paths[@intCast(row.shard_id)]});
@@ -269,16 +355,32 @@ pub const Lookup = struct {
 
     /// `mappedAt` without counting the read (the caller counts it).
     fn mapped(lk: *Lookup, cache: u32, shard_id: u64, len: u64, offset: u64) ?[]const u8 {
-        if (len >= mapped_read_max) return null;
+        if (len >= mapped_read_max or len == 0) return null;
+        // The last window, when this call mapped it: this call's windows are pinned
+        // (not unmapped before the next call), so its bytes are still mapped.
+        const w = &lk.last_window;
+        if (w.stamp >= lk.call_stamp and w.cache == cache and w.shard_id == shard_id and
+            offset >= w.start and offset - w.start < @min(files_mod.window_bytes, w.bytes.len) and len <= w.bytes.len - (offset - w.start))
+        {
+            return w.bytes[@intCast(offset - w.start)..][0..@intCast(len)];
+        }
         const ds = lk.ds;
         if (ds.caches[cache].readsRanges(shard_id, .lookup)) return null; // see readAt
         const shard_len = ds.caches[cache].manifest.shards[@intCast(shard_id)].byte_len;
         lk.map_stamp += 1;
-        return lk.maps.get(ds.gpa, .{ .cache = cache, .shard_id = shard_id }, shard_len, offset, len, &lk.files, Dataset.ShardOpener{ .ds = ds }, .{
+        const bytes = lk.maps.get(ds.gpa, .{ .cache = cache, .shard_id = shard_id }, shard_len, offset, len, &lk.files, Dataset.ShardOpener{ .ds = ds }, .{
             .now = lk.map_stamp,
             .pinned_from = lk.call_stamp,
             .resident_only = false,
-        });
+        }) orelse return null;
+        // `maps.last` is the window that served the range (see `Maps.last`); a read in
+        // its first `window_bytes` is served by it as `maps.get` would serve it.
+        const window = &lk.maps.windows[lk.maps.last];
+        std.debug.assert(window.key.cache == cache and window.key.shard_id == shard_id);
+        const start = window.number * files_mod.window_bytes;
+        std.debug.assert(@intFromPtr(bytes.ptr) == @intFromPtr(window.bytes.ptr) + (offset - start));
+        lk.last_window = .{ .cache = cache, .shard_id = shard_id, .start = start, .bytes = window.bytes, .stamp = lk.map_stamp };
+        return bytes;
     }
 
     /// Reads `buf.len` bytes at `offset` of a shard, counted as one lookup read. The
@@ -333,67 +435,70 @@ pub const Lookup = struct {
             }
             try lk.spans.append(gpa, .{ payload_at, lk.raw.items.len - payload_at });
         }
-        return lk.finishBatch(contiguous, false);
+        // `raw` no longer grows: the payloads' addresses.
+        lk.payloads.clearRetainingCapacity();
+        try lk.payloads.ensureTotalCapacity(gpa, lk.spans.items.len);
+        const raw = lk.raw.items;
+        for (lk.spans.items, lk.jsons.items) |p, j| {
+            // An empty payload gets its JSON's address, as `Buffers.add` gives it.
+            const start: usize = @intCast(if (p[1] == 0) j[0] else p[0]);
+            lk.payloads.appendAssumeCapacity(raw[start..][0..@intCast(p[1])]);
+        }
+        return lk.finishBatch(contiguous, .in_order);
     }
 
-    /// Pass 2 of both paths: parse and batch in the caller's order, now that `raw` (and
-    /// the planned reads) no longer move. `jsons` and `spans` hold (start, len) in `raw`;
-    /// with `absolute` (planned calls), `jsons` and the `spans` whose length has the
-    /// `in_reads` bit hold addresses instead (bytes left where they were read or mapped).
-    fn finishBatch(lk: *Lookup, contiguous: bool, absolute: bool) status.Error!batch_mod.View {
+    /// Where `finishBatch` finds each sample's JSON: (start, len) in `raw` (`jsons`), or
+    /// its planned record's (`records`, `record_of`).
+    const Source = enum { in_order, planned };
+
+    /// The last pass of both paths: batch the samples in the caller's order (`locs`,
+    /// `payloads`, the JSON of `source`), now that no buffer they are in moves.
+    fn finishBatch(lk: *Lookup, contiguous: bool, source: Source) status.Error!batch_mod.View {
         const ds = lk.ds;
         const gpa = ds.gpa;
         const n = lk.locs.items.len;
-        std.debug.assert(lk.jsons.items.len == n and lk.spans.items.len == n);
-        const raw = lk.raw.items;
+        std.debug.assert(lk.payloads.items.len == n);
         try lk.batch.reset(gpa, ds.fields);
         const locs = lk.locs.items;
-        const jsons = lk.jsons.items;
-        const spans = lk.spans.items;
+        const payloads = lk.payloads.items;
         var i: usize = 0;
         while (i < n) {
             if (lk.batch.stored_metadata) {
-                // Stored metadata: in runs (`Buffers.addStoredRun`), a step of samples at
-                // a time; a sample it leaves (a null in its row) goes through `add`.
-                var payloads: [run_step][]const u8 = undefined;
-                const step = @min(run_step, n - i);
-                for (payloads[0..step], i..) |*payload, k| payload.* = payloadOf(raw, jsons[k], spans[k], absolute);
-                const added = try lk.batch.addStoredRun(ds, locs[i..][0..step], payloads[0..step]);
+                // Stored metadata: in runs (`Buffers.addStoredRun`); a sample it leaves
+                // (a null in its row) goes through `add`.
+                const added = try lk.batch.addStoredRun(ds, locs[i..], payloads[i..]);
                 if (added > 0) {
                     i += added;
                     continue;
                 }
             } else if (i + prefetch_distance < n) lk.batch.prefetch(ds, locs[i + prefetch_distance]);
-            try lk.batch.add(ds, locs[i], jsonOf(raw, jsons[i], absolute), payloadOf(raw, jsons[i], spans[i], absolute));
+            try lk.batch.add(ds, locs[i], lk.jsonOf(source, i), payloads[i]);
             i += 1;
         }
-        std.debug.assert(lk.raw.items.ptr == raw.ptr and lk.raw.items.len == raw.len);
         if (contiguous) try lk.batch.pack(gpa, 0);
         return lk.batch.view(ds.fields, contiguous);
     }
 
-    /// A sample's JSON in `finishBatch`: (start, len) in `raw`, or an address with `absolute`.
-    fn jsonOf(raw: []const u8, j: [2]u64, absolute: bool) []const u8 {
-        return if (absolute) at(j[0])[0..@intCast(j[1])] else raw[@intCast(j[0])..][0..@intCast(j[1])];
+    /// Sample `i`'s JSON in `finishBatch`.
+    fn jsonOf(lk: *const Lookup, source: Source, i: usize) []const u8 {
+        return switch (source) {
+            .in_order => lk.raw.items[@intCast(lk.jsons.items[i][0])..][0..@intCast(lk.jsons.items[i][1])],
+            .planned => blk: {
+                const j = lk.records.items[lk.record_of.items[i]].json;
+                break :blk at(j[0])[0..@intCast(j[1])];
+            },
+        };
     }
-
-    /// A sample's payload in `finishBatch` (see there); an empty one gets its JSON's
-    /// address, as `Buffers.add` gives it.
-    fn payloadOf(raw: []const u8, j: [2]u64, p: [2]u64, absolute: bool) []const u8 {
-        const len: usize = @intCast(p[1] & ~in_reads);
-        if (len == 0) return jsonOf(raw, j, absolute)[0..0];
-        return if (p[1] & in_reads != 0) at(p[0])[0..len] else raw[@intCast(p[0])..][0..len];
-    }
-
-    /// Samples `finishBatch` hands `Buffers.addStoredRun` at a time.
-    const run_step = 64;
 
     /// How many identities ahead a call in random order starts loading a record's bytes
     /// and its metadata.arrow values (enough to overlap several memory latencies).
     const prefetch_distance = 8;
 
-    /// Marks a payload span of a planned call that is an address, not in `raw`.
-    const in_reads: u64 = 1 << 63;
+    /// Records up to this long are loaded whole ahead of their split (`splitPlanned`).
+    const prefetch_record_bytes_max = 4096;
+
+    /// Marks a planned record's payload that is still an offset in `raw`.
+    const in_raw: u64 = 1 << 63;
 
     fn at(addr: u64) [*]const u8 {
         return @ptrFromInt(@as(usize, @intCast(addr)));
@@ -406,66 +511,127 @@ pub const Lookup = struct {
     /// Several identities, planned: validated in the caller's order, then each distinct
     /// record read once, in (cache, sample id) order, adjacent records coalesced.
     fn getPlanned(lk: *Lookup, cache_ids: []const u64, sample_ids: []const u64, contiguous: bool) status.Error!batch_mod.View {
+        const n = cache_ids.len;
+        std.debug.assert(n >= 2 and n <= planned_count_max);
+        const position_bits = bitsFor(n - 1);
+        if (@as(u8, position_bits) + lk.sample_id_bits + lk.cache_bits <= 64) {
+            const layout: KeyLayout(u64) = .{ .position_bits = @intCast(position_bits), .sample_id_bits = @intCast(lk.sample_id_bits) };
+            try lk.planKeys(u64, layout, &lk.keys64, &lk.keys64_scratch, cache_ids, sample_ids);
+        } else {
+            const layout: KeyLayout(u128) = .{ .position_bits = 32, .sample_id_bits = 64 };
+            try lk.planKeys(u128, layout, &lk.keys, &lk.keys_scratch, cache_ids, sample_ids);
+        }
+        try lk.readPlanned();
+        try lk.splitPlanned();
+        // The batch in the caller's order, from the records now that no buffer moves.
+        const gpa = lk.ds.gpa;
+        lk.payloads.clearRetainingCapacity();
+        try lk.payloads.ensureTotalCapacity(gpa, n);
+        const records = lk.records.items;
+        for (lk.record_of.items) |r| {
+            const p = records[r].payload;
+            lk.payloads.appendAssumeCapacity(at(p[0])[0..@intCast(p[1])]);
+        }
+        return lk.finishBatch(contiguous, .planned);
+    }
+
+    /// Passes 1 and 2 of a planned call: identities located in the caller's order (its
+    /// errors first), their keys sorted, then in (cache, sample id) order each distinct
+    /// record checked against its shard and given its place in the coalesced reads.
+    fn planKeys(
+        lk: *Lookup,
+        comptime K: type,
+        layout: KeyLayout(K),
+        keys_list: *std.ArrayList(K),
+        scratch_list: *std.ArrayList(K),
+        cache_ids: []const u64,
+        sample_ids: []const u64,
+    ) status.Error!void {
         const ds = lk.ds;
         const gpa = ds.gpa;
         const n = cache_ids.len;
-        std.debug.assert(n <= planned_count_max);
-        // Pass 1: identities (errors in the caller's order) and sort keys.
-        lk.keys.clearRetainingCapacity();
-        try lk.keys.ensureTotalCapacity(gpa, n);
-        lk.locs.clearRetainingCapacity();
+        try keys_list.ensureTotalCapacity(gpa, n);
+        keys_list.items.len = n; // every entry is set below
         try lk.locs.ensureTotalCapacity(gpa, n);
-        for (cache_ids, sample_ids, 0..) |cid, sid, i| {
-            const loc = try lk.locate(cid, sid);
-            lk.locs.appendAssumeCapacity(loc);
-            lk.keys.appendAssumeCapacity(@as(u128, loc.cache) << 96 | @as(u128, sid) << 32 | @as(u128, @intCast(i)));
+        lk.locs.items.len = n;
+        const keys = keys_list.items;
+        // `locate`, with the last cache's id, index and sample count in registers.
+        var last_id: u64 = lk.last_cache_id;
+        var last: u32 = lk.last_cache orelse std.math.maxInt(u32);
+        var last_count: u64 = if (lk.last_cache) |ci| ds.caches[ci].sampleCount() else 0;
+        for (cache_ids, sample_ids, lk.locs.items, keys, 0..) |cid, sid, *loc, *key, i| {
+            if (cid == last_id and sid < last_count) {
+                loc.* = .{ .cache = last, .sample_id = sid };
+            } else {
+                loc.* = try lk.locate(cid, sid);
+                last_id = cid;
+                last = loc.cache;
+                last_count = ds.caches[last].sampleCount();
+            }
+            key.* = layout.keyOf(loc.*, i);
         }
-        try lk.sortKeys();
-        // Pass 2: plan the reads: one per run of adjacent records of one shard.
-        try lk.record_at.ensureTotalCapacity(gpa, n);
-        lk.record_at.items.len = n; // every entry is set below
-        const record_at = lk.record_at.items;
-        try lk.record_span.ensureTotalCapacity(gpa, n);
-        lk.record_span.items.len = n; // every entry is set below
-        const record_span = lk.record_span.items;
-        try lk.record_len.ensureTotalCapacity(gpa, n);
-        lk.record_len.items.len = n; // every entry is set below
-        const record_len = lk.record_len.items;
-        var previous_len: u64 = 0;
+        try scratch_list.ensureTotalCapacity(gpa, n);
+        scratch_list.items.len = n;
+        if (radixSort(K, keys, scratch_list.items, layout.position_bits) == .scratch) {
+            std.mem.swap(std.ArrayList(K), keys_list, scratch_list);
+        }
+        const sorted = keys_list.items;
+
+        try lk.record_of.ensureTotalCapacity(gpa, n);
+        lk.record_of.items.len = n; // every entry is set below
+        const record_of = lk.record_of.items;
+        lk.records.clearRetainingCapacity();
+        try lk.records.ensureTotalCapacity(gpa, n);
         lk.span_reads.clearRetainingCapacity();
+        try lk.span_reads.ensureTotalCapacity(gpa, n); // at most one per record: never moves
         var total: u64 = 0;
-        var previous: ?u128 = null;
-        var previous_at: u64 = 0;
-        for (lk.keys.items) |key| {
-            const i: usize = @intCast(key & std.math.maxInt(u32));
-            const identity = key >> 32;
-            if (previous != null and previous.? == identity) {
-                record_at[i] = previous_at; // the same record again: read once
-                record_span[i] = @intCast(lk.span_reads.items.len - 1);
-                record_len[i] = previous_len;
+        // No key's identity is all ones (the position takes at least one bit).
+        var previous: K = std.math.maxInt(K);
+        // The cache of the previous record (keys are sorted by cache first) and the
+        // coalesced read it ended.
+        var cache_index: u32 = std.math.maxInt(u32);
+        var c: *const Cache = undefined;
+        var span: ?*SpanRead = null;
+        for (sorted, 0..) |key, k| {
+            if (k + prefetch_distance < n) {
+                // Start loading an index row a few records ahead (random calls read rows
+                // far apart).
+                const ahead = layout.locOf(layout.identityOf(sorted[k + prefetch_distance]));
+                @prefetch(ds.caches[ahead.cache].index_map.ptr + index.row_bytes * @as(usize, @intCast(ahead.sample_id)), .{});
+            }
+            const i = layout.positionOf(key);
+            const identity = layout.identityOf(key);
+            if (identity == previous) {
+                record_of[i] = @intCast(lk.records.items.len - 1); // the same record again: read once
                 continue;
             }
             previous = identity;
-            const loc: Loc = .{ .cache = @intCast(identity >> 64), .sample_id = @truncate(identity) };
-            const row = try checkRow(ds, loc);
-            const last = if (lk.span_reads.items.len > 0) &lk.span_reads.items[lk.span_reads.items.len - 1] else null;
-            if (last != null and last.?.cache == loc.cache and last.?.shard_id == row.shard_id and
-                last.?.offset + last.?.len == row.offset and last.?.len < plan.coalesce_bytes_max)
-            {
-                last.?.len += row.byte_len;
-            } else {
-                try lk.span_reads.append(gpa, .{ .cache = loc.cache, .shard_id = row.shard_id, .offset = row.offset, .len = row.byte_len, .at = total });
+            const loc = layout.locOf(identity);
+            if (loc.cache != cache_index) {
+                cache_index = loc.cache;
+                c = &ds.caches[loc.cache];
             }
-            previous_at = total;
-            record_at[i] = total;
-            record_span[i] = @intCast(lk.span_reads.items.len - 1);
-            record_len[i] = row.byte_len;
-            previous_len = row.byte_len;
+            const row = try checkRowOf(c, loc.sample_id);
+            if (span != null and span.?.cache == loc.cache and span.?.shard_id == row.shard_id and
+                span.?.offset + span.?.len == row.offset and span.?.len < plan.coalesce_bytes_max)
+            {
+                span.?.len += row.byte_len;
+            } else {
+                const lz4 = c.manifest.shards[@intCast(row.shard_id)].compression == .lz4;
+                span = lk.span_reads.addOneAssumeCapacity();
+                span.?.* = .{ .cache = loc.cache, .shard_id = row.shard_id, .offset = row.offset, .len = row.byte_len, .at = total, .lz4 = lz4 };
+            }
+            record_of[i] = @intCast(lk.records.items.len);
+            lk.records.appendAssumeCapacity(.{ .span = @intCast(lk.span_reads.items.len - 1), .at = total, .len = row.byte_len });
             total += row.byte_len;
         }
-        // Pass 3: read (the buffer is sized once, so it never moves afterwards); small
-        // spans stay in the shard's mapping.
         try record.growUninit(&lk.reads, gpa, @intCast(total));
+    }
+
+    /// Pass 3 of a planned call: each coalesced read from the shard's mapping (small
+    /// ones) or into `reads`, which was sized once and never moves afterwards.
+    fn readPlanned(lk: *Lookup) status.Error!void {
+        const ds = lk.ds;
         // The mapped reads are counted once for the call (what was read, also on failure).
         var mapped_reads: u64 = 0;
         var mapped_bytes: u64 = 0;
@@ -479,84 +645,112 @@ pub const Lookup = struct {
                 try lk.readAt(s.cache, s.shard_id, lk.reads.items[@intCast(s.at)..][0..@intCast(s.len)], s.offset);
             }
         }
-        // Pass 4: split each record in the caller's order; LZ4 payloads into `raw`.
-        const reads = lk.reads.items;
-        lk.raw.clearRetainingCapacity();
-        lk.spans.clearRetainingCapacity();
-        lk.jsons.clearRetainingCapacity();
-        try lk.spans.ensureTotalCapacity(gpa, n);
-        try lk.jsons.ensureTotalCapacity(gpa, n);
-        const span_reads = lk.span_reads.items;
-        for (lk.locs.items, record_at, record_span, record_len, 0..) |loc, record_start, si, byte_len, i| {
-            // Random order: start loading the record a few identities ahead.
-            if (i + prefetch_distance < n) {
-                const ahead = span_reads[record_span[i + prefetch_distance]];
-                const ahead_base: [*]const u8 = ahead.mapped orelse reads[@intCast(ahead.at)..].ptr;
-                @prefetch(ahead_base + @as(usize, @intCast(record_at[i + prefetch_distance] - ahead.at)), .{});
-            }
-            const c = &ds.caches[loc.cache];
-            const s = span_reads[si];
-            const within: usize = @intCast(record_start - s.at);
-            const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
-            const bytes = base[within..][0..@intCast(byte_len)];
-            const rec = try shard.split(bytes);
-            lk.jsons.appendAssumeCapacity(.{ address(rec.json), rec.json.len });
-            switch (c.manifest.shards[@intCast(s.shard_id)].compression) {
-                .none => lk.spans.appendAssumeCapacity(.{ address(rec.stored_payload), rec.stored_payload.len | in_reads }),
-                .lz4 => {
-                    const payload_at = lk.raw.items.len;
-                    const len = try record.appendDecompressed(&lk.raw, gpa, rec.stored_payload);
-                    lk.spans.appendAssumeCapacity(.{ payload_at, len });
-                },
-            }
-        }
-        std.debug.assert(lk.reads.items.ptr == reads.ptr);
-        return lk.finishBatch(contiguous, true);
     }
 
-    /// Sorts `keys` (cache << 96 | sample id << 32 | position) by identity: nothing to
-    /// do when they are in order already (a caller's sorted request), else a stable
-    /// least-significant-digit radix sort over the bytes that differ (those of the
-    /// largest sample id and cache index asked for: 3 passes for a cache of 10M samples),
-    /// which is several times faster than a comparison sort of 128-bit keys. Positions
-    /// of one identity keep their order (nothing depends on it).
-    fn sortKeys(lk: *Lookup) status.Error!void {
-        const keys = lk.keys.items;
-        var sorted = true;
-        var all: u128 = 0; // the bits set in any identity
-        for (keys, 0..) |k, j| {
-            all |= k;
-            if (j > 0 and keys[j - 1] >> 32 > k >> 32) sorted = false;
-        }
-        if (sorted) return;
-        try lk.keys_scratch.ensureTotalCapacity(lk.ds.gpa, keys.len);
-        lk.keys_scratch.items.len = keys.len;
-        var src = keys;
-        var dst = lk.keys_scratch.items;
-        var counts: [256]u32 = undefined;
-        var shift: u7 = 32; // the position (low 32 bits) is not sorted on
-        while (true) : (shift += 8) {
-            if (all >> shift == 0) break;
-            if ((all >> shift) & 0xff != 0) {
-                @memset(&counts, 0);
-                for (src) |k| counts[@as(u8, @truncate(k >> shift))] += 1;
-                var sum: u32 = 0;
-                for (&counts) |*c| {
-                    const here = c.*;
-                    c.* = sum;
-                    sum += here;
-                }
-                for (src) |k| {
-                    const d: u8 = @truncate(k >> shift);
-                    dst[counts[d]] = k;
-                    counts[d] += 1;
-                }
-                std.mem.swap([]u128, &src, &dst);
+    /// Pass 4 of a planned call: each distinct record split where it was read (in
+    /// (cache, sample id) order, so mostly forward through memory); LZ4 payloads
+    /// decompressed into `raw`, whose addresses are taken once it stops growing.
+    fn splitPlanned(lk: *Lookup) status.Error!void {
+        const gpa = lk.ds.gpa;
+        const reads = lk.reads.items;
+        const spans = lk.span_reads.items;
+        lk.raw.clearRetainingCapacity();
+        var decompressed = false;
+        const records = lk.records.items;
+        for (records, 0..) |*r, k| {
+            if (k + prefetch_distance < records.len) {
+                // Start loading a record a few ahead (records lie apart in random calls).
+                const ahead = records[k + prefetch_distance];
+                const s = spans[ahead.span];
+                const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
+                const first = base + @as(usize, @intCast(ahead.at - s.at));
+                // The whole of a small record: its payload is copied out next.
+                var line: usize = 0;
+                while (line < @min(ahead.len, prefetch_record_bytes_max)) : (line += 64) @prefetch(first + line, .{});
             }
-            if (shift == 120) break;
+            const s = spans[r.span];
+            const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
+            const rec = try @call(.always_inline, shard.split, .{base[@intCast(r.at - s.at)..][0..@intCast(r.len)]});
+            r.json = .{ address(rec.json), rec.json.len };
+            if (s.lz4) {
+                const payload_at = lk.raw.items.len;
+                const len = try record.appendDecompressed(&lk.raw, gpa, rec.stored_payload);
+                r.payload = .{ payload_at, len | in_raw };
+                decompressed = true;
+            } else if (rec.stored_payload.len == 0) {
+                // An empty payload gets its JSON's address, as `Buffers.add` gives it.
+                r.payload = .{ address(rec.json), 0 };
+            } else {
+                r.payload = .{ address(rec.stored_payload), rec.stored_payload.len };
+            }
         }
-        if (src.ptr != keys.ptr) @memcpy(keys, src);
+        if (!decompressed) return;
+        const raw = lk.raw.items;
+        for (lk.records.items) |*r| {
+            if (r.payload[1] & in_raw == 0) continue;
+            const len = r.payload[1] & ~in_raw;
+            r.payload = .{ if (len == 0) r.json[0] else address(raw[@intCast(r.payload[0])..]), len };
+        }
+        std.debug.assert(lk.reads.items.ptr == reads.ptr);
     }
+
+    /// Sorts `keys` by the bits above the low `skip` (a key's identity, see `KeyLayout`),
+    /// stably, with `scratch` (as long) as the second buffer, and says which of the two
+    /// holds the result. Nothing is done when they are in order already (a caller's
+    /// sorted request); else a least-significant-digit radix sort over the bits that
+    /// differ between keys, in digits of up to 11 bits (two passes for the sample ids of
+    /// a cache of 4M samples), several times faster than a comparison sort. Positions of
+    /// one identity keep their order (nothing depends on it).
+    fn radixSort(comptime K: type, keys: []K, scratch: []K, skip: std.math.Log2Int(K)) enum { keys, scratch } {
+        std.debug.assert(scratch.len == keys.len);
+        if (keys.len < 2) return .keys;
+        var sorted = true;
+        var any: K = 0; // bits set in some key
+        var every: K = std.math.maxInt(K); // bits set in all keys
+        var previous = keys[0] >> skip;
+        for (keys) |k| {
+            any |= k;
+            every &= k;
+            const identity = k >> skip;
+            sorted = sorted and previous <= identity;
+            previous = identity;
+        }
+        if (sorted) return .keys;
+        const differ = (any ^ every) >> skip;
+        std.debug.assert(differ != 0); // else the keys were sorted
+        const low: u8 = @as(u8, skip) + @ctz(differ);
+        const high: u8 = @as(u8, skip) + @bitSizeOf(K) - @clz(differ);
+        const passes = std.math.divCeil(u8, high - low, digit_bits_max) catch unreachable;
+        const digit_bits: u8 = std.math.divCeil(u8, high - low, passes) catch unreachable;
+        var src = keys;
+        var dst = scratch;
+        var counts: [1 << digit_bits_max]u32 = undefined;
+        var shift = low;
+        while (shift < high) : (shift += digit_bits) {
+            const bits: u8 = @min(digit_bits, high - shift);
+            const mask: K = (@as(K, 1) << @intCast(bits)) - 1;
+            const sh: std.math.Log2Int(K) = @intCast(shift);
+            const buckets = counts[0 .. @as(usize, 1) << @intCast(bits)];
+            @memset(buckets, 0);
+            for (src) |k| buckets[@intCast((k >> sh) & mask)] += 1;
+            var sum: u32 = 0;
+            for (buckets) |*c| {
+                const here = c.*;
+                c.* = sum;
+                sum += here;
+            }
+            for (src) |k| {
+                const d: usize = @intCast((k >> sh) & mask);
+                dst[buckets[d]] = k;
+                buckets[d] += 1;
+            }
+            std.mem.swap([]K, &src, &dst);
+        }
+        return if (src.ptr == keys.ptr) .keys else .scratch;
+    }
+
+    /// The widest digit `radixSort` sorts on in one pass (its counts take 8 KiB).
+    const digit_bits_max = 11;
 
     pub fn close(lk: *Lookup) void {
         const ds = lk.ds;
@@ -568,11 +762,13 @@ pub const Lookup = struct {
         lk.spans.deinit(gpa);
         lk.jsons.deinit(gpa);
         lk.locs.deinit(gpa);
+        lk.keys64.deinit(gpa);
+        lk.keys64_scratch.deinit(gpa);
         lk.keys.deinit(gpa);
         lk.keys_scratch.deinit(gpa);
-        lk.record_at.deinit(gpa);
-        lk.record_span.deinit(gpa);
-        lk.record_len.deinit(gpa);
+        lk.record_of.deinit(gpa);
+        lk.records.deinit(gpa);
+        lk.payloads.deinit(gpa);
         lk.span_reads.deinit(gpa);
         lk.reads.deinit(gpa);
         lk.maps.deinit(gpa);
@@ -722,31 +918,59 @@ test "lookup: an unknown cache id or sample id fails with error.Index and the re
     try expectGet(&env, lk, &.{ .{ .cache = 1, .sample_id = 9 }, .{ .cache = 0, .sample_id = 119 } }, false);
 }
 
-test "lookup: the radix sort orders keys like a comparison sort, stable per identity" {
+fn expectRadixSort(comptime K: type, layout: KeyLayout(K), locs: []const Loc) !void {
     const gpa = testing.allocator;
-    var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{});
-    defer env.close();
-    const lk = try Lookup.open(env.ds);
-    defer lk.close();
+    const keys = try gpa.alloc(K, locs.len);
+    defer gpa.free(keys);
+    const scratch = try gpa.alloc(K, locs.len);
+    defer gpa.free(scratch);
+    for (keys, locs, 0..) |*k, loc, i| k.* = layout.keyOf(loc, i);
+    const want = try gpa.dupe(K, keys);
+    defer gpa.free(want);
+    // Identity, then position: a stable sort by identity.
+    std.sort.pdq(K, want, {}, std.sort.asc(K));
+    for (0..2) |_| { // the second time sorted already
+        const sorted = switch (Lookup.radixSort(K, keys, scratch, layout.position_bits)) {
+            .keys => keys,
+            .scratch => scratch,
+        };
+        try testing.expectEqualSlices(K, want, sorted);
+        if (sorted.ptr != keys.ptr) @memcpy(keys, sorted);
+    }
+    for (want, 0..) |k, j| {
+        const i = layout.positionOf(k);
+        try testing.expectEqual(locs[i], layout.locOf(layout.identityOf(k)));
+        if (j > 0) try testing.expect(layout.identityOf(want[j - 1]) <= layout.identityOf(k));
+    }
+}
+
+test "lookup: the radix sort orders keys like a comparison sort, stable per identity, in 64 and 128 bits" {
+    const gpa = testing.allocator;
     var prng = std.Random.DefaultPrng.init(5);
     const r = prng.random();
-    // Narrow and wide sample ids, several caches, many repeats; already sorted input.
-    for ([_]u64{ 1, 300, 1 << 20, 1 << 40, std.math.maxInt(u64) }) |sid_max| {
+    // Narrow and wide sample ids, several caches, many repeats, a single identity.
+    for ([_]u64{ 0, 1, 300, 1 << 20, 1 << 40, std.math.maxInt(u64) }) |sid_max| {
         for ([_]u32{ 1, 3, 70000 }) |cache_max| {
-            for ([_]usize{ 2, 100, 5000 }) |n| {
-                lk.keys.clearRetainingCapacity();
-                for (0..n) |i| {
-                    const cache = r.uintLessThan(u32, cache_max);
-                    const sid = r.uintAtMost(u64, sid_max);
-                    try lk.keys.append(gpa, @as(u128, cache) << 96 | @as(u128, sid) << 32 | @as(u128, @intCast(i)));
+            for ([_]usize{ 2, 3, 100, 5000 }) |n| {
+                const locs = try gpa.alloc(Loc, n);
+                defer gpa.free(locs);
+                for (locs) |*loc| loc.* = .{ .cache = r.uintLessThan(u32, cache_max), .sample_id = r.uintAtMost(u64, sid_max) };
+                try expectRadixSort(u128, .{ .position_bits = 32, .sample_id_bits = 64 }, locs);
+                // The narrow layout a lookup picks when it fits.
+                const position_bits = bitsFor(n - 1);
+                const sample_id_bits = bitsFor(sid_max);
+                if (@as(u8, position_bits) + sample_id_bits + bitsFor(cache_max - 1) <= 64) {
+                    try expectRadixSort(u64, .{ .position_bits = @intCast(position_bits), .sample_id_bits = @intCast(sample_id_bits) }, locs);
                 }
-                const want = try gpa.dupe(u128, lk.keys.items);
-                defer gpa.free(want);
-                std.sort.pdq(u128, want, {}, std.sort.asc(u128));
-                try lk.sortKeys();
-                try testing.expectEqualSlices(u128, want, lk.keys.items);
-                try lk.sortKeys(); // sorted already
-                try testing.expectEqualSlices(u128, want, lk.keys.items);
+                // Sorted input, and one identity repeated.
+                std.sort.pdq(Loc, locs, {}, struct {
+                    fn lt(_: void, a: Loc, b: Loc) bool {
+                        return a.cache < b.cache or (a.cache == b.cache and a.sample_id < b.sample_id);
+                    }
+                }.lt);
+                try expectRadixSort(u128, .{ .position_bits = 32, .sample_id_bits = 64 }, locs);
+                @memset(locs, locs[0]);
+                try expectRadixSort(u128, .{ .position_bits = 32, .sample_id_bits = 64 }, locs);
             }
         }
     }
