@@ -315,10 +315,29 @@ pub const Maps = struct {
             return null;
         };
         if (random) posix.madvise(bytes.ptr, bytes.len, posix.MADV.RANDOM) catch {};
-        // Refused (for example for a file this user could not write: the kernel then
-        // reports only pages mapped here): nothing counts as resident.
-        posix.mincore(@constCast(bytes.ptr), len, resident.ptr) catch @memset(resident, 0);
+        // A window whose pages are all cached (ordered reads of warm data: nearly every
+        // one) is known so from one `cachestat`, several times cheaper than `mincore`'s
+        // lookup of each page; otherwise `mincore` says which pages are. Refused (for
+        // example for a file this user could not write: the kernel then reports only
+        // pages mapped here): nothing counts as resident.
+        if (allCached(handle.fd, start, len, pages)) {
+            @memset(resident, 1);
+        } else {
+            posix.mincore(@constCast(bytes.ptr), len, resident.ptr) catch @memset(resident, 0);
+        }
         return .{ .bytes = bytes, .resident = resident };
+    }
+
+    /// Whether all `pages` pages of `[start, start + len)` of `fd` are in the page cache,
+    /// by `cachestat(2)` (Linux 6.5); false when it is not available or fails.
+    fn allCached(fd: posix.fd_t, start: u64, len: usize, pages: usize) bool {
+        if (comptime @import("builtin").os.tag != .linux) return false;
+        const linux = std.os.linux;
+        const range = extern struct { off: u64, len: u64 }{ .off = start, .len = len };
+        var stat: extern struct { cache: u64, dirty: u64, writeback: u64, evicted: u64, recently_evicted: u64 } = .{ .cache = 0, .dirty = 0, .writeback = 0, .evicted = 0, .recently_evicted = 0 };
+        const rc = linux.syscall4(.cachestat, @bitCast(@as(isize, fd)), @intFromPtr(&range), @intFromPtr(&stat), 0);
+        if (linux.E.init(rc) != .SUCCESS) return false;
+        return stat.cache == pages;
     }
 
     fn unmap(m: *Maps, gpa: std.mem.Allocator, w: *Window) void {

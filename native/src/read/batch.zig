@@ -22,6 +22,7 @@
 //! - With `validate_cache`, every sample's parsed values equal its `metadata.arrow` row.
 
 const std = @import("std");
+const builtin = @import("builtin");
 const status = @import("../base/status.zig");
 const schema = @import("../format/schema.zig");
 const metadata_json = @import("../format/metadata_json.zig");
@@ -390,22 +391,34 @@ pub const Buffers = struct {
                     const start = stringEnd(col, r);
                     const base = out.bytes.items.len;
                     out.bytes.appendSliceAssumeCapacity(col.values[@intCast(start)..@intCast(stringEnd(col, r + n))]);
-                    for (1..n + 1) |k| out.offsets.appendAssumeCapacity(base + (stringEnd(col, r + k) - start));
+                    appendStringEnds(&out.offsets, col, r, n, base, start);
                 },
             }
         }
+        // Each array written through its unused capacity (reserved above), its length
+        // set once: no per-append capacity check.
         const cache_id = ds.caches[cache].cache_id;
+        const ptrs = b.payloads.unusedCapacitySlice()[0..n];
+        const lens = b.payload_lens.unusedCapacitySlice()[0..n];
+        const offsets = b.payload_offsets.unusedCapacitySlice()[0..n];
+        const cache_ids = b.cache_ids.unusedCapacitySlice()[0..n];
+        const sample_ids = b.sample_ids.unusedCapacitySlice()[0..n];
         var at: usize = 0;
-        for (payloads[0..n], 0..) |p, k| {
+        for (payloads[0..n], ptrs, lens, offsets, cache_ids, sample_ids, first..) |p, *ptr, *len, *offset, *cache_id_out, *sample_id, id| {
             @memcpy(space[at..][0..p.len], p);
             // The pointer is rebased by `view` (a contiguous batch); any real address.
-            b.payloads.appendAssumeCapacity(space.ptr);
-            b.payload_lens.appendAssumeCapacity(p.len);
-            b.payload_offsets.appendAssumeCapacity(at0 + at);
-            b.cache_ids.appendAssumeCapacity(cache_id);
-            b.sample_ids.appendAssumeCapacity(first + k);
+            ptr.* = space.ptr;
+            len.* = p.len;
+            offset.* = at0 + at;
+            cache_id_out.* = cache_id;
+            sample_id.* = id;
             at += p.len;
         }
+        b.payloads.items.len += n;
+        b.payload_lens.items.len += n;
+        b.payload_offsets.items.len += n;
+        b.cache_ids.items.len += n;
+        b.sample_ids.items.len += n;
         return n;
     }
 
@@ -636,13 +649,30 @@ fn stringEnd(col: arrow.Column, row: u64) u64 {
     };
 }
 
+/// Appends to `offsets` (which has room for them) the ends of string rows
+/// `row..row + n` of `col`, rebased from the column's `start` to `base`: one kind
+/// dispatch for the run instead of one per row (see `stringEnd`).
+fn appendStringEnds(offsets: *std.ArrayList(u64), col: arrow.Column, row: usize, n: usize, base: u64, start: u64) void {
+    const out = offsets.unusedCapacitySlice()[0..n];
+    switch (col.type) {
+        .utf8 => for (out, row + 1..) |*o, r| {
+            o.* = base + (@as(u64, @intCast(std.mem.readInt(i32, col.offsets[r * 4 ..][0..4], .little))) - start);
+        },
+        .large_utf8 => for (out, row + 1..) |*o, r| {
+            o.* = base + (@as(u64, @intCast(std.mem.readInt(i64, col.offsets[r * 8 ..][0..8], .little))) - start);
+        },
+        else => unreachable,
+    }
+    offsets.items.len += n;
+}
+
 /// Appends the little-endian 8-byte values in `bytes` (unaligned) to `list`, which has
 /// room for them.
 fn appendWords(comptime T: type, list: *std.ArrayList(T), bytes: []const u8) void {
     std.debug.assert(bytes.len % 8 == 0 and list.unusedCapacitySlice().len >= bytes.len / 8);
     const n = bytes.len / 8;
     const dest = list.unusedCapacitySlice()[0..n];
-    if (comptime @import("builtin").cpu.arch.endian() == .little) {
+    if (comptime builtin.cpu.arch.endian() == .little) {
         @memcpy(std.mem.sliceAsBytes(dest), bytes);
     } else {
         for (dest, 0..) |*v, k| v.* = @bitCast(std.mem.readInt(u64, bytes[k * 8 ..][0..8], .little));

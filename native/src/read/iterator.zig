@@ -93,6 +93,10 @@ const prefetch_record_bytes = 1024;
 /// cost more than their second copy).
 const direct_record_min = 64 << 10;
 
+/// Records at most in one run of `Iter.takeAdjacent` (its scratch arrays hold this many;
+/// the run's bytes are bounded by `files_mod.window_overlap` too).
+const adjacent_records_max = 256;
+
 /// A record read into a caller's payload buffer (`Iter.planDest`) has at most this many
 /// bytes of header and JSON, read from the page cache when it is planned.
 const dest_head_max = 64 << 10;
@@ -370,6 +374,8 @@ pub const Iter = struct {
     /// (tests check which path ran).
     mapped_records: u64 = 0,
     inline_reads: u64 = 0,
+    /// Of `mapped_records`, those taken in runs by `takeAdjacent` (tests check it ran).
+    adjacent_records: u64 = 0,
     /// Records at least this long may be read straight into a batch's destination
     /// (`takeDirect`; tests lower it, the fixtures' records are small), and how many were.
     direct_min: u64 = direct_record_min,
@@ -386,6 +392,10 @@ pub const Iter = struct {
     lookahead: LookAhead = .{},
     /// The reads of `takeDirect` (one per sample, at most `prefetch_size`).
     direct: []DirectRead,
+    /// `takeAdjacent`'s scratch (allocated once, `adjacent_records_max` each): the run's
+    /// record lengths, then its payloads.
+    adjacent_lens: []u64,
+    adjacent_payloads: [][]const u8,
     /// Caller buffers for payloads read next (`givePayloadBuffers`): those not yet
     /// assigned to a record are `dests.items[dest_head..]`, in the order given.
     dests: std.ArrayList([]u8) = .empty,
@@ -426,6 +436,10 @@ pub const Iter = struct {
         const direct = try gpa.alloc(DirectRead, prefetch);
         errdefer gpa.free(direct);
         @memset(direct, .{});
+        const adjacent_lens = try gpa.alloc(u64, adjacent_records_max);
+        errdefer gpa.free(adjacent_lens);
+        const adjacent_payloads = try gpa.alloc([]const u8, adjacent_records_max);
+        errdefer gpa.free(adjacent_payloads);
         const it = try gpa.create(Iter);
         errdefer gpa.destroy(it);
         var backend = io.Io.init(ds.io_kind, @intCast(prefetch), &ds.runtime.pool);
@@ -443,6 +457,8 @@ pub const Iter = struct {
             .loc_ring = loc_ring,
             .slots = slots,
             .direct = direct,
+            .adjacent_lens = adjacent_lens,
+            .adjacent_payloads = adjacent_payloads,
             .batch = batch,
             .budget = budget,
             // A quarter of the budget per read keeps several reads in flight (both cores
@@ -952,6 +968,16 @@ pub const Iter = struct {
         // then their bytes, then copy them out, so the misses of a step overlap.
         run: while (it.delivered < end) {
             if (bytes_max) |m| if (bytes >= m) break;
+            if (bytes_max == null) {
+                // Unbounded batches only: a bounded batch ends after the step in which
+                // its bytes reach the bound, so its steps stay `mapped_step` records.
+                const adjacent, const adjacent_bytes = try it.takeAdjacent(end);
+                if (adjacent > 0) {
+                    taken += adjacent;
+                    bytes += adjacent_bytes;
+                    continue;
+                }
+            }
             const n: usize = @intCast(@min(mapped_step, end - it.delivered));
             it.locateStep(it.delivered, locs[0..n]);
             for (locs[0..n]) |loc| {
@@ -1002,6 +1028,84 @@ pub const Iter = struct {
         _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
         it.mapped_records += taken;
         return taken;
+    }
+
+    /// `takeMapped`'s path for an ordered window over the physical samples (no shuffle, no
+    /// table of identities) with stored metadata (no `validate_cache`): the next samples,
+    /// up to plan index `end`, while they are consecutive samples of one cache whose
+    /// records lie back to back in one uncompressed local shard (each one `mappedRecord`
+    /// would serve), from one `Maps.get` of their whole range (at most
+    /// `files_mod.window_overlap` bytes and `adjacent_records_max` records), split here
+    /// and added with one `Buffers.addCopyRun`. Per run, not per record: one window
+    /// lookup and residency check, one kind dispatch per column, every array reserved
+    /// once. Returns the samples taken and their records' bytes; 0 when the first sample
+    /// is not so (or its record does not split, or its metadata row holds a null):
+    /// `takeMapped`'s steps then take it, reporting any failure as before. Only running
+    /// out of memory fails.
+    fn takeAdjacent(it: *Iter, end: u64) error{OutOfMemory}!struct { u64, u64 } {
+        std.debug.assert(it.used == 0 and it.planned == it.delivered and it.delivered < end);
+        const ds = it.ds;
+        const table = it.table;
+        if (ds.options.shuffle or table.cache.len != 0) return .{ 0, 0 };
+        if (!it.batch.stored_metadata or ds.options.validate_cache) return .{ 0, 0 };
+        const k0 = it.delivered;
+        const p0 = it.schedule.position(k0);
+        const loc = ds.locate(table, p0);
+        const c = &ds.caches[loc.cache];
+        // Consecutive plan indexes are consecutive samples while the positions do not
+        // leave the schedule's block or wrap, and the rows stay in the table and the cache.
+        var n_max: u64 = @min(end - k0, adjacent_records_max, table.len - p0 % table.len, c.sampleCount() - loc.sample_id);
+        n_max = @min(n_max, std.math.maxInt(u64) - p0);
+        if (it.schedule.block_len != 0) n_max = @min(n_max, it.schedule.block_len - k0 % it.schedule.block_len);
+        const first = c.row(loc.sample_id);
+        if (!it.smallLocal(c, first)) return .{ 0, 0 };
+        const entry = &c.manifest.shards[@intCast(first.shard_id)];
+        if (entry.compression != .none) return .{ 0, 0 };
+        const lens = it.adjacent_lens;
+        var range_end = first.offset;
+        var n: usize = 0;
+        while (n < n_max) : (n += 1) {
+            const row = if (n == 0) first else c.row(loc.sample_id + n);
+            // `smallLocal` (its shard test is the first row's) and `Row.within`.
+            if (row.shard_id != first.shard_id or row.offset != range_end) break;
+            if (row.byte_len == 0 or row.byte_len >= it.map_max) break;
+            if (!row.within(entry.byte_len)) break;
+            if (range_end + row.byte_len - first.offset > files_mod.window_overlap) break;
+            range_end += row.byte_len;
+            lens[n] = row.byte_len;
+        }
+        if (n == 0) return .{ 0, 0 };
+        const key: files_mod.Key = .{ .cache = loc.cache, .shard_id = first.shard_id };
+        // Stamped with the first record's plan index; `pinned_from` as in `mappedAdjacent`
+        // (the copies are done before this returns).
+        const bytes = it.maps.get(ds.gpa, key, entry.byte_len, first.offset, range_end - first.offset, &it.files, Dataset.ShardOpener{ .ds = ds }, .{
+            .now = it.planned,
+            .pinned_from = it.planned,
+            .resident_only = true,
+        }) orelse return .{ 0, 0 };
+        // `shard.split` of each record, inline; the first that does not split ends the run.
+        const payloads = it.adjacent_payloads;
+        var at: usize = 0;
+        var split: usize = 0;
+        while (split < n) : (split += 1) {
+            const len: usize = @intCast(lens[split]);
+            if (len < shard.header_bytes) break;
+            const json_len = std.mem.readInt(u64, bytes[at..][0..shard.header_bytes], .little);
+            if (json_len > len - shard.header_bytes) break;
+            payloads[split] = bytes[at + shard.header_bytes + @as(usize, @intCast(json_len)) .. at + len];
+            at += len;
+        }
+        const added = it.batch.addCopyRun(ds, loc.cache, loc.sample_id, payloads[0..split]) catch |err| switch (err) {
+            error.OutOfMemory => return error.OutOfMemory,
+            // Nothing was added; `addCopy` meets the same failure for this record.
+            else => return .{ 0, 0 },
+        };
+        var added_bytes: u64 = 0;
+        for (lens[0..added]) |len| added_bytes += len;
+        it.delivered += added;
+        it.planned += added;
+        it.adjacent_records += added;
+        return .{ added, added_bytes };
     }
 
     /// `ds.locate` of the plan indexes `first..first + locs.len`. An ordered window over
@@ -1264,6 +1368,8 @@ pub const Iter = struct {
         it.dests.deinit(gpa);
         gpa.free(it.slots);
         gpa.free(it.direct);
+        gpa.free(it.adjacent_lens);
+        gpa.free(it.adjacent_payloads);
         gpa.free(it.loc_ring);
         it.batch.deinit(gpa);
         it.table.release();
@@ -1363,22 +1469,23 @@ fn expectBatchesInto(backend: io.Kind) !void {
         for ([_]bool{ false, true }) |shuffle| {
             var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle });
             defer env.close();
-            // Records from shard mappings, through the slots, or read straight into
-            // `dest` (`takeDirect`, with stored metadata as the batch APIs ask for).
-            for ([_]enum { mapped, slots, direct }{ .mapped, .slots, .direct }) |path| {
+            // Records from shard mappings (one at a time, or with stored metadata as the
+            // batch APIs ask for, in runs: `takeAdjacent`), through the slots, or read
+            // straight into `dest` (`takeDirect`, with stored metadata).
+            for ([_]enum { mapped, adjacent, slots, direct }{ .mapped, .adjacent, .slots, .direct }) |path| {
                 var direct_reads: u64 = 0;
+                var adjacent_records: u64 = 0;
                 for ([_]u64{ 1, 7, 100 }) |max_count| {
                     // No room, room for about half a batch, room for every batch.
                     for ([_]usize{ 0, 700, dest.len }) |room| {
                         errdefer std.debug.print("prefetch {d} shuffle {} path {s} max_count {d} room {d}\n", .{ prefetch, shuffle, @tagName(path), max_count, room });
                         const it = try env.openIter();
                         defer it.close();
-                        if (path != .mapped) it.map_max = 0;
-                        if (path == .direct) {
-                            it.direct_min = 1;
-                            it.batch.stored_metadata = true;
-                        }
+                        if (path == .slots or path == .direct) it.map_max = 0;
+                        if (path == .direct) it.direct_min = 1;
+                        if (path == .direct or path == .adjacent) it.batch.stored_metadata = true;
                         defer direct_reads += it.direct_reads;
+                        defer adjacent_records += it.adjacent_records;
                         var k: u64 = 0;
                         var placed: u64 = 0;
                         while (true) {
@@ -1401,8 +1508,11 @@ fn expectBatchesInto(backend: io.Kind) !void {
                         if (room == dest.len) try testing.expect(placed > 0);
                     }
                 }
-                // The uncompressed caches' records went straight into `dest`.
+                // The uncompressed caches' records went straight into `dest`; ordered
+                // windows took runs of mapped records.
                 if (path == .direct) try testing.expect(direct_reads > 0);
+                if (path == .adjacent) try testing.expectEqual(!shuffle, adjacent_records > 0);
+                if (path != .adjacent) try testing.expectEqual(@as(u64, 0), adjacent_records);
             }
         }
     }
@@ -1714,12 +1824,15 @@ fn expectCorruptRecordDeferred(backend: io.Kind, corruption: Corruption) !void {
         for ([_]bool{ false, true }) |shuffle| {
             var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = prefetch, .shuffle = shuffle, .seed = 3 });
             defer env.close();
-            for (shapes) |shape| for ([_]bool{ false, true }) |mapped| {
+            for (shapes) |shape| for ([_]bool{ false, true }) |mapped| for ([_]bool{ false, true }) |stored| {
                 const max_count, const contiguous = shape;
-                errdefer std.debug.print("{s}: prefetch {d} shuffle {} mapped {} max_count {d} contiguous {}\n", .{ @tagName(corruption), prefetch, shuffle, mapped, max_count, contiguous });
+                errdefer std.debug.print("{s}: prefetch {d} shuffle {} mapped {} stored {} max_count {d} contiguous {}\n", .{ @tagName(corruption), prefetch, shuffle, mapped, stored, max_count, contiguous });
                 const it = try env.openIter();
                 defer it.close();
                 if (!mapped) it.map_max = 0;
+                // Stored metadata (the batch APIs'): ordered contiguous batches take mapped
+                // records in runs (`takeAdjacent`), which end before the corrupt one.
+                it.batch.stored_metadata = stored;
                 // Where the corrupt sample first appears in this window, if it does.
                 var first_bad: ?u64 = null;
                 for (0..it.schedule.count) |j| {
