@@ -340,8 +340,9 @@ class CachedDataset:
         into the batch's memory (sized from the previous batch; the dataset's first
         batch, and one larger than foreseen, is copied twice): small records from the
         shard mapping or a read buffer, large uncompressed ones (64 KiB or more) read
-        by the I/O backend's threads straight into it. Batches of 8 MiB or more are built in
-        a pool the dataset keeps (about three of its largest batches, at most 1 GiB;
+        straight into it by the I/O backend's threads (on ``io_uring`` shared with the
+        calling thread, which waits for the batch anyway). Batches of 8 MiB or more are
+        built in a pool the dataset keeps (about three of its largest batches, at most 1 GiB;
         pages faulted in once, not per batch): ``data`` is a view of it, whose space comes
         back for a later batch when ``data`` and every view of it are gone (a
         ``memoryview`` or a buffer handed to C keeps it, as the buffer protocol does). A

@@ -151,6 +151,30 @@ pub const Io = union(Kind) {
         std.debug.assert(read.isDone());
     }
 
+    /// Completes reads that have finished, without waiting (io_uring reaps its ready
+    /// completions on this thread; the pool's workers complete reads themselves).
+    pub fn poll(io: *Io) status.Error!void {
+        switch (io.*) {
+            .io_uring => |*u| try u.poll(),
+            .threads => {},
+        }
+    }
+
+    /// Reads the backend keeps in flight while the calling thread runs the rest of a
+    /// batch of reads itself (`Shared`), or null when the backend takes them all.
+    /// io_uring: page-cache hits punted to io-wq in one burst are copied by one kernel
+    /// worker (io-wq wakes the same idle worker for each and starts another only when
+    /// none is idle), so the consumer, which would only wait, copies too; a few reads
+    /// are kept in flight so the worker never starves between the consumer's reads.
+    /// The thread pool already copies on every worker: the consumer would only compete
+    /// with them for the cores.
+    fn sharedAhead(io: *const Io) ?usize {
+        return switch (io.*) {
+            .io_uring => uring_shared_ahead,
+            .threads => null,
+        };
+    }
+
     /// Takes `read` back: dequeued if it has not started, else waited for. Afterwards the
     /// backend no longer touches it (it is idle or done).
     pub fn cancel(io: *Io, read: *Read) void {
@@ -161,6 +185,68 @@ pub const Io = union(Kind) {
         std.debug.assert(read.state.load(.acquire) != .queued);
     }
 };
+
+/// `Io.sharedAhead` for io_uring: enough that the io-wq worker has the next read queued
+/// while the consumer runs one (a read each, about the same time), few enough that the
+/// consumer keeps about half.
+const uring_shared_ahead = 4;
+
+/// A batch of reads, `@field(item, field)` of each item of a slice, run to completion
+/// in any order, shared between the backend and the calling thread (which would only
+/// wait for the whole batch: a contiguous batch's payloads). The backend takes reads
+/// from the front, as they are prepared (`feed`), while it has fewer than
+/// `Io.sharedAhead` in flight; `finish` has the calling thread run reads from the back
+/// (`runInline`), topping the backend up between them, until the two meet, then waits
+/// for the backend's. On io_uring both cores copy where io-wq alone would use one; the
+/// thread pool takes every read as it comes (its workers already use the cores). Each
+/// read's hook runs once, on whichever thread ran it; results are the same either way.
+pub fn Shared(comptime T: type, comptime field: []const u8) type {
+    return struct {
+        const Self = @This();
+        ahead: usize,
+        /// items[0..front] were handed to the backend (or done already);
+        /// items[oldest..front] may still be in flight.
+        front: usize = 0,
+        oldest: usize = 0,
+
+        pub fn init(io: *const Io) Self {
+            return .{ .ahead = io.sharedAhead() orelse std.math.maxInt(usize) };
+        }
+
+        /// Hands the backend reads of `items[front..end]` (prepared, idle or done) while
+        /// it has fewer than `ahead` in flight. `items` only grows between calls.
+        pub fn feed(s: *Self, io: *Io, items: []T, end: usize) status.Error!void {
+            std.debug.assert(s.front <= end and end <= items.len);
+            if (s.front == end) return;
+            if (s.front - s.oldest >= s.ahead) {
+                try io.poll();
+                while (s.oldest < s.front and @field(items[s.oldest], field).isDone()) s.oldest += 1;
+            }
+            var queued = false;
+            while (s.front < end and s.front - s.oldest < s.ahead) : (s.front += 1) {
+                const read = &@field(items[s.front], field);
+                if (read.isDone()) continue;
+                try io.queue(read);
+                queued = true;
+            }
+            if (queued) try io.submit();
+        }
+
+        /// Runs every read of `items` (all prepared) to completion and returns once each
+        /// is done. On a backend failure the caller cancels the reads still queued.
+        pub fn finish(s: *Self, io: *Io, items: []T) status.Error!void {
+            var back = items.len;
+            while (true) {
+                try s.feed(io, items, back);
+                if (s.front >= back) break;
+                back -= 1;
+                const read = &@field(items[back], field);
+                if (!read.isDone()) runInline(read);
+            }
+            for (items[0..s.front]) |*item| try io.wait(&@field(item, field));
+        }
+    };
+}
 
 /// Runs a prepared, idle `read` to completion on the calling thread (`readAll`, then its
 /// hook), without a backend: for a read the caller is about to wait for anyway (an
@@ -277,6 +363,81 @@ test "io_uring backend: reads, short reads, completion order, cancel, errors" {
 
 test "threads backend: reads, short reads, completion order, cancel, errors" {
     try expectBackendReads(.threads);
+}
+
+/// Shared: every read done once with the right bytes, whichever thread ran it; a read
+/// done before (skipped) is left alone; on io_uring the calling thread ran some reads.
+fn expectSharedReads(kind: Kind) !void {
+    const rt = try runtime.Runtime.open(testing.allocator, 2);
+    defer rt.release();
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    var data: [64 * 1024]u8 = undefined;
+    for (&data, 0..) |*b, i| b.* = @truncate(i *% 13 +% 5);
+    try tmp.dir.writeFile(.{ .sub_path = "f", .data = &data });
+    const file = try tmp.dir.openFile("f", .{});
+    defer file.close();
+
+    const Item = struct {
+        read: Read = .{ .complete = onComplete },
+        completions: u32 = 0,
+        thread: std.Thread.Id = 0,
+        fn onComplete(r: *Read) void {
+            const p: *@This() = @fieldParentPtr("read", r);
+            p.completions += 1;
+            p.thread = std.Thread.getCurrentId();
+        }
+    };
+    var io = Io.init(kind, 16, &rt.pool);
+    defer io.deinit();
+    if (io.kind() != kind) return error.SkipZigTest; // io_uring refused here
+    var bufs: [16][1000]u8 = undefined;
+    var items: [16]Item = [_]Item{.{}} ** 16;
+    const skipped = 5;
+    for (0..3) |round| {
+        for (&items, &bufs, 0..) |*item, *b, i| {
+            item.read.prepare(file.handle, b, i * 3000 + round);
+            if (i == skipped) {
+                item.read.result = .ok;
+                item.read.skip();
+            }
+        }
+        var shared = Shared(Item, "read").init(&io);
+        // Fed as prepared (a batch's reads are), in uneven steps.
+        try shared.feed(&io, &items, 3);
+        try shared.feed(&io, &items, 3);
+        try shared.feed(&io, &items, 11);
+        try shared.finish(&io, &items);
+        var here: usize = 0;
+        for (items, bufs, 0..) |item, b, i| {
+            try testing.expect(item.read.isDone());
+            try testing.expectEqual(Result.ok, item.read.result);
+            if (i == skipped) {
+                try testing.expectEqual(@as(u32, 0), item.completions);
+                continue;
+            }
+            try testing.expectEqual(@as(u32, @intCast(round + 1)), item.completions);
+            try testing.expectEqualSlices(u8, data[i * 3000 + round ..][0..1000], &b);
+            if (item.thread == std.Thread.getCurrentId()) here += 1;
+        }
+        switch (kind) {
+            // The last read is always the calling thread's (the backend keeps only a few
+            // ahead); the pool's workers run every read.
+            .io_uring => try testing.expect(here >= 1 and items[15].thread == std.Thread.getCurrentId()),
+            .threads => try testing.expectEqual(@as(usize, 0), here),
+        }
+    }
+    // None of them.
+    var none = Shared(Item, "read").init(&io);
+    try none.finish(&io, items[0..0]);
+}
+
+test "Shared: io_uring and the calling thread share reads" {
+    try expectSharedReads(.io_uring);
+}
+
+test "Shared: the thread pool runs every read" {
+    try expectSharedReads(.threads);
 }
 
 test "readAll fills the buffer or says why not" {

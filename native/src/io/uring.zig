@@ -82,6 +82,12 @@ pub const Uring = struct {
         }
     }
 
+    /// Handles the completions that are ready, without waiting.
+    pub fn poll(u: *Uring) status.Error!void {
+        if (u.in_flight == 0) return;
+        try u.reap(0);
+    }
+
     pub fn wait(u: *Uring, read: *Read) status.Error!void {
         while (!read.isDone()) try u.reap(1);
     }

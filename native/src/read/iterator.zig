@@ -1219,8 +1219,12 @@ pub const Iter = struct {
         const end = @min(it.schedule.count, it.delivered + @min(wanted, it.direct.len));
         const first = it.batch.count();
         var n: usize = 0;
+        // The backend starts reads as they are prepared; this thread runs the rest.
+        var shared = io.Shared(DirectRead, "read").init(&it.io);
+        // Reads that hold a descriptor: `n`, or `n + 1` while the next one is set up.
+        var held: usize = 0;
         // No read may still target `dest` once this returns.
-        errdefer for (it.direct[0..n]) |*d| {
+        errdefer for (it.direct[0..held]) |*d| {
             it.io.cancel(&d.read);
             it.releaseDirect(d);
         };
@@ -1263,6 +1267,7 @@ pub const Iter = struct {
             }
             const d = &it.direct[n];
             d.file = handle;
+            held = n + 1;
             d.cache = loc.cache;
             d.shard_id = row.shard_id;
             d.read.prepare(handle.fd, space, row.offset + shard.header_bytes + json_len);
@@ -1270,12 +1275,14 @@ pub const Iter = struct {
                 // Nothing to read: done, and ok.
                 d.read.result = .ok;
                 d.read.skip();
-            } else try it.io.queue(&d.read);
+            }
+            try shared.feed(&it.io, it.direct[0 .. n + 1], n + 1);
         }
-        try it.io.submit();
+        // This thread would only wait for the reads: on io_uring it runs some of them
+        // itself, so two cores copy where io-wq would use one.
+        try shared.finish(&it.io, it.direct[0..n]);
         var ok: usize = n;
         for (it.direct[0..n], 0..) |*d, k| {
-            try it.io.wait(&d.read);
             if (ok == n and d.read.result != .ok) ok = k;
         }
         var failure: ?status.Error = null;
@@ -1288,7 +1295,7 @@ pub const Iter = struct {
             };
         }
         for (it.direct[0..n]) |*d| it.releaseDirect(d);
-        n = 0; // nothing left for the errdefer
+        held = 0; // nothing left for the errdefer
         if (failure) |err| {
             it.batch.truncate(ds.fields, first + ok);
             if (it.batch.count() == 0) return err;
