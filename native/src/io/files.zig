@@ -4,15 +4,19 @@
 //! RLIMIT_NOFILE). And `Maps`: a reader's read-only mappings of shard windows, within a
 //! byte budget, for small reads of page-cache-resident records.
 //!
+//! And `Hints`: kernel read-ahead advice (`POSIX_FADV_WILLNEED`) for the byte ranges an
+//! ordered iterator reads next, within its byte budget.
+//!
 //! Invariants:
-//! - An entry is pinned while a read on it may be in flight and is never closed then: a
-//!   read whose entry is pinned by another file gets an uncached descriptor of its own,
-//!   closed on release.
+//! - An entry is pinned while a read or a hint job on it may be in flight and is never
+//!   closed then: a read whose entry is pinned by another file gets an uncached
+//!   descriptor of its own, closed on release.
 //! - Only the owning thread touches the table, so pins need no atomics.
 
 const std = @import("std");
 const posix = std.posix;
 const status = @import("../base/status.zig");
+const runtime = @import("../base/runtime.zig");
 
 /// Descriptors a reader keeps open at most.
 pub const open_files_max = 64;
@@ -74,6 +78,182 @@ pub const Files = struct {
         }
     }
 };
+
+/// Kernel read-ahead hints for byte ranges a reader will read soon
+/// (`posix_fadvise(POSIX_FADV_WILLNEED)`): the kernel starts reading them into the page
+/// cache and the call returns without waiting for the disk, so the disk works on them
+/// while the reader's own reads are still in flight. Cold ordered reads then find their
+/// bytes read, or being read, well ahead, instead of a read-ahead window that the
+/// kernel sizes from a few concurrent reads.
+///
+/// The caller walks its plan in order and `add`s each upcoming record's range, tagged
+/// with the plan index just past the record; adjacent ranges of one file are advised in
+/// one call of up to `chunk_max` bytes. Advised chunks count until planning reaches their
+/// end (`reached`), and `room` says whether more may be advised within a byte bound, so
+/// what is advised and not yet planned stays under the caller's budget.
+///
+/// With a `pool`, each call runs as a job on a pool worker (allocating the page-cache
+/// pages of a range costs the caller's thread ~0.15 ms per MiB otherwise); each chunk's
+/// job pins its file's descriptor until the owner sees it done (`reached`). A job whose
+/// range ends in a page already in the page cache advises nothing and says so
+/// (`resident_seen`), so warm data costs a probe, not a walk of its pages. Only the
+/// owning thread calls these functions. `deinit` takes back or waits for every job.
+pub const Hints = struct {
+    /// Advised chunks planning has not passed yet, oldest first: a ring, whose entry `i`
+    /// is advised by `jobs[i]`.
+    chunks: [chunks_max]Chunk = undefined,
+    jobs: [chunks_max]Job = [_]Job{.{}} ** chunks_max,
+    head: usize = 0,
+    count: usize = 0,
+    /// Bytes of `chunks`.
+    bytes: u64 = 0,
+    /// The range being gathered, not advised yet.
+    gathering: ?Chunk = null,
+    /// Plan indexes below this were walked (added or skipped).
+    cursor: u64 = 0,
+    /// Bytes advised at most per call.
+    chunk_max: u64 = hint_chunk_max,
+    /// Where advice runs; null: on the calling thread.
+    pool: ?*runtime.Pool = null,
+    /// Calls made and bytes advised so far (tests check what was advised).
+    calls: u64 = 0,
+    advised_bytes: u64 = 0,
+    /// The last job seen done found its range in the page cache (`Job.resident`).
+    resident_seen: bool = false,
+
+    pub const chunks_max = 16;
+
+    pub const Chunk = struct {
+        key: Key,
+        offset: u64,
+        len: u64,
+        /// The plan index just past the chunk's last record.
+        end: u64,
+    };
+
+    /// One chunk's advice on a pool worker. `state`: idle, queued (the worker may run
+    /// it), done (ran; `handle` still pinned until `reap`).
+    const Job = struct {
+        job: runtime.Job = .{ .run = run },
+        handle: ?Files.Handle = null,
+        offset: u64 = 0,
+        len: u64 = 0,
+        /// Set by `run`: the range's last byte was in the page cache already, so it was
+        /// not advised (data read before: the records after it likely are too).
+        resident: bool = false,
+        state: std.atomic.Value(u32) = .init(idle),
+
+        const idle = 0;
+        const queued = 1;
+        const done = 2;
+
+        fn run(job: *runtime.Job) void {
+            const j: *Job = @fieldParentPtr("job", job);
+            var last: [1]u8 = undefined;
+            j.resident = readResident(j.handle.?.fd, &last, j.offset + j.len - 1);
+            if (!j.resident) willNeed(j.handle.?.fd, j.offset, j.len);
+            j.state.store(done, .release);
+            std.Thread.Futex.wake(&j.state, 1);
+        }
+    };
+
+    /// Forgets the chunks whose records are all planned (`end <= planned`), and unpins
+    /// the descriptors of jobs that ran.
+    pub fn reached(h: *Hints, files: *Files, planned: u64) void {
+        while (h.count > 0 and h.chunks[h.head].end <= planned) {
+            h.bytes -= h.chunks[h.head].len;
+            h.head = (h.head + 1) % chunks_max;
+            h.count -= 1;
+        }
+        for (&h.jobs) |*j| {
+            if (j.state.load(.acquire) == Job.done) h.finish(files, j);
+        }
+    }
+
+    fn finish(h: *Hints, files: *Files, j: *Job) void {
+        h.resident_seen = j.resident;
+        if (j.handle) |handle| files.release(handle);
+        j.handle = null;
+        j.state.store(Job.idle, .monotonic);
+    }
+
+    /// Whether a record of `len` bytes may be added within `budget` bytes advised and
+    /// not yet planned: room for two more chunks (the one gathered and a new one) whose
+    /// jobs are free.
+    pub fn room(h: *const Hints, budget: u64, len: u64) bool {
+        const gathering = if (h.gathering) |g| g.len else 0;
+        if (h.count + 2 > chunks_max or h.bytes + gathering +| len > budget) return false;
+        for (0..2) |k| {
+            if (h.jobs[(h.head + h.count + k) % chunks_max].state.load(.acquire) != Job.idle) return false;
+        }
+        return true;
+    }
+
+    /// Adds `len` (> 0) bytes at `offset` of `key`, whose record ends before plan index
+    /// `end`: joined to the range being gathered when it follows it in the same file and
+    /// the result stays within `chunk_max`, else that range is advised first.
+    /// Precondition: `room` said yes.
+    pub fn add(h: *Hints, files: *Files, opener: anytype, key: Key, offset: u64, len: u64, end: u64) void {
+        if (h.gathering) |*g| {
+            if (std.meta.eql(g.key, key) and g.offset + g.len == offset and g.len + len <= h.chunk_max) {
+                g.len += len;
+                g.end = end;
+                return;
+            }
+            h.flush(files, opener);
+        }
+        h.gathering = .{ .key = key, .offset = offset, .len = len, .end = end };
+    }
+
+    /// Advises the range being gathered, if any.
+    pub fn flush(h: *Hints, files: *Files, opener: anytype) void {
+        const g = h.gathering orelse return;
+        h.gathering = null;
+        std.debug.assert(h.count < chunks_max);
+        const at = (h.head + h.count) % chunks_max;
+        const j = &h.jobs[at];
+        std.debug.assert(j.state.load(.monotonic) == Job.idle);
+        h.chunks[at] = g;
+        h.count += 1;
+        h.bytes += g.len;
+        const handle = files.acquire(g.key, opener) catch return;
+        h.calls += 1;
+        h.advised_bytes += g.len;
+        if (h.pool) |pool| {
+            j.* = .{ .handle = handle, .offset = g.offset, .len = g.len, .state = .init(Job.queued) };
+            pool.submit(&j.job);
+        } else {
+            willNeed(handle.fd, g.offset, g.len);
+            files.release(handle);
+        }
+    }
+
+    /// Takes back the jobs no worker started, waits for the others, and unpins every
+    /// descriptor. The hints may be used again afterwards (nothing is advised).
+    pub fn deinit(h: *Hints, files: *Files) void {
+        for (&h.jobs) |*j| {
+            if (j.state.load(.acquire) == Job.queued) {
+                if (h.pool.?.cancel(&j.job)) j.state.store(Job.done, .monotonic);
+                while (j.state.load(.acquire) == Job.queued) std.Thread.Futex.wait(&j.state, Job.queued);
+            }
+            if (j.state.load(.acquire) == Job.done) h.finish(files, j);
+        }
+        h.head = 0;
+        h.count = 0;
+        h.bytes = 0;
+        h.gathering = null;
+    }
+};
+
+/// A hinted range joins the next one up to this many bytes (one `fadvise` call).
+pub const hint_chunk_max = 4 << 20;
+
+/// Asks the kernel to read `[offset, offset + len)` of `fd` into the page cache in the
+/// background (`POSIX_FADV_WILLNEED`). A hint: failures are ignored.
+pub fn willNeed(fd: posix.fd_t, offset: u64, len: u64) void {
+    if (offset > std.math.maxInt(i64) or len > std.math.maxInt(i64)) return;
+    _ = std.os.linux.fadvise(fd, @intCast(offset), @intCast(len), std.os.linux.POSIX_FADV.WILLNEED);
+}
 
 /// Mapped windows: a shard is mapped in windows of `window_bytes` (each window also maps
 /// `window_overlap` bytes of the next, so a record shorter than that which starts in a
@@ -527,4 +707,94 @@ test "readResident reads page-cache-resident bytes, and refuses what is past the
     if (readResident(f.handle, &buf, 3)) try std.testing.expectEqualStrings("3456", &buf);
     try std.testing.expect(!readResident(f.handle, &buf, 8));
     try std.testing.expect(!readResident(f.handle, buf[0..0], 0));
+}
+
+test "hints: adjacent ranges join up to chunk_max, advice stays within the budget, planning frees room" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.writeFile(.{ .sub_path = "a", .data = "0123456789" ** 100 });
+    var opener: TestOpener = .{ .dir = tmp.dir };
+    var fs: Files = .{};
+    defer fs.deinit();
+    var h: Hints = .{ .chunk_max = 300 };
+    defer h.deinit(&fs);
+    const k0: Key = .{ .cache = 0, .shard_id = 0 };
+    const k1: Key = .{ .cache = 0, .shard_id = 1 };
+    const budget = 500;
+    // Records of 100 bytes back to back in k0 (plan indexes 0..3), then one in k1.
+    for (0..3) |i| {
+        try std.testing.expect(h.room(budget, 100));
+        h.add(&fs, &opener, k0, i * 100, 100, i + 1);
+    }
+    try std.testing.expectEqual(@as(u64, 0), h.calls); // still gathering: 300 bytes
+    // A fourth would pass chunk_max: the first chunk is advised, a new one starts.
+    h.add(&fs, &opener, k0, 300, 100, 4);
+    try std.testing.expectEqual(@as(u64, 1), h.calls);
+    try std.testing.expectEqual(@as(u64, 300), h.advised_bytes);
+    // Another file: not joined.
+    h.add(&fs, &opener, k1, 400, 100, 5);
+    try std.testing.expectEqual(@as(u64, 2), h.calls);
+    // 500 bytes advised or gathered: nothing more fits in the budget.
+    try std.testing.expect(!h.room(budget, 1));
+    h.flush(&fs, &opener);
+    try std.testing.expectEqual(@as(u64, 3), h.calls);
+    try std.testing.expectEqual(@as(u64, 500), h.bytes);
+    // Planning passes the first chunk's records (not the second's): its bytes are free.
+    h.reached(&fs, 3);
+    try std.testing.expectEqual(@as(u64, 200), h.bytes);
+    try std.testing.expect(h.room(budget, 300));
+    try std.testing.expect(!h.room(budget, 301));
+    h.reached(&fs, 5);
+    try std.testing.expectEqual(@as(u64, 0), h.bytes);
+    try std.testing.expectEqual(@as(usize, 0), h.count);
+}
+
+test "hints on a pool: each job pins its descriptor until reaped, deinit takes back or waits for every job" {
+    const rt = try runtime.Runtime.open(std.testing.allocator, 1);
+    defer rt.release();
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.writeFile(.{ .sub_path = "a", .data = "x" ** 4096 });
+    var opener: TestOpener = .{ .dir = tmp.dir };
+    var fs: Files = .{};
+    // Files.deinit asserts that no entry is pinned: every job was reaped.
+    defer fs.deinit();
+    var h: Hints = .{ .chunk_max = 1, .pool = &rt.pool };
+    defer h.deinit(&fs);
+    const key: Key = .{ .cache = 0, .shard_id = 0 };
+    // One chunk per byte: as many jobs as there is room for.
+    var end: u64 = 0;
+    while (h.room(1 << 20, 1)) : (end += 1) h.add(&fs, &opener, key, end, 1, end + 1);
+    h.flush(&fs, &opener);
+    try std.testing.expectEqual(@as(u64, Hints.chunks_max), end);
+    try std.testing.expectEqual(end, h.calls);
+    // Wait until every job ran: then reaching their ends unpins all and frees the ring.
+    for (&h.jobs) |*j| {
+        while (j.state.load(.acquire) == Hints.Job.queued) std.Thread.Futex.wait(&j.state, Hints.Job.queued);
+    }
+    h.reached(&fs, end);
+    try std.testing.expectEqual(@as(usize, 0), h.count);
+    for (fs.entries) |e| try std.testing.expectEqual(@as(u32, 0), e.pins);
+    try std.testing.expect(h.room(1 << 20, 1));
+    // Queued and maybe running jobs at deinit: taken back or waited for, none left pinned.
+    h.add(&fs, &opener, key, 0, 1, end + 1);
+    h.add(&fs, &opener, key, 1, 1, end + 2);
+    h.flush(&fs, &opener);
+    h.deinit(&fs);
+    for (fs.entries) |e| try std.testing.expectEqual(@as(u32, 0), e.pins);
+    for (&h.jobs) |*j| try std.testing.expectEqual(@as(u32, Hints.Job.idle), j.state.load(.acquire));
+}
+
+test "willNeed is only a hint: a bad descriptor or a range past the end is ignored" {
+    willNeed(-1, 0, 4096);
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.writeFile(.{ .sub_path = "a", .data = "abc" });
+    const f = try tmp.dir.openFile("a", .{});
+    defer f.close();
+    willNeed(f.handle, 1 << 40, 1 << 20);
+    willNeed(f.handle, std.math.maxInt(u64), 1);
+    var buf: [3]u8 = undefined;
+    try std.testing.expectEqual(@as(usize, 3), try f.preadAll(&buf, 0));
+    try std.testing.expectEqualStrings("abc", &buf);
 }

@@ -409,6 +409,9 @@ pub const Iter = struct {
     /// (which count in the byte budget as the ring's buffers do).
     dest_slots: usize = 0,
     dest_bytes: u64 = 0,
+    /// Kernel read-ahead hints for the records planned next (ordered reads, see
+    /// `hintAhead`).
+    hints: files_mod.Hints = .{},
 
     /// An iterator over the next window of the dataset's stream (reserved now).
     pub fn open(ds: *Dataset) status.Error!*Iter {
@@ -467,6 +470,7 @@ pub const Iter = struct {
         };
         for (slots) |*s| s.it = it;
         for (direct) |*d| d.it = it;
+        it.hints.pool = &ds.runtime.pool;
         return it;
     }
 
@@ -517,6 +521,11 @@ pub const Iter = struct {
         const limit = if (it.started) window_limit else @min(window_limit, it.planned + 1);
         it.lookahead.advance(ds, it.table, it.schedule, it.planned);
         var reads: usize = 0;
+        // Whether a record went to the backend through the slots (its bytes were not all
+        // in the page cache, or it is large), and whether planning is among records
+        // advised before: then the records after them may be advised too (`hintAhead`).
+        var slot_reads = false;
+        const hinted = it.planned < it.hints.cursor;
         while (it.planned < limit and it.used < it.slots.len and reads < reads_max) : (reads += 1) {
             const slot = &it.slots[(it.head + it.used) % it.slots.len];
             std.debug.assert(slot.read.state.load(.monotonic) != .queued and slot.file == null);
@@ -554,6 +563,7 @@ pub const Iter = struct {
                 slot.fail(err);
                 break :blk false;
             };
+            slot_reads = slot_reads or needs_read;
             if (!needs_read) {
                 slot.read.skip();
             } else if (!it.started or (it.used == 1 and slot.span.len < inline_read_max)) {
@@ -564,6 +574,35 @@ pub const Iter = struct {
             } else try it.io.queue(&slot.read);
         }
         try it.io.submit();
+        if (slot_reads or hinted) it.hintAhead(slot_reads);
+    }
+
+    /// Ordered reads: advises the kernel to read ahead the records planned next
+    /// (`files_mod.Hints`), as many as fit in the byte budget past the ones planned, so
+    /// the disk always has a budget's worth of requests beyond the reads in flight.
+    /// Shuffled reads advise nothing (their next records are scattered, and a record is
+    /// read alone as soon as it is planned). Advice never changes what is read.
+    /// `slot_reads`: this fill sent records to the backend through the slots; without
+    /// any, planning only entered records advised before, and advice goes on only while
+    /// the pool finds them outside the page cache (warm data stops it at once).
+    fn hintAhead(it: *Iter, slot_reads: bool) void {
+        if (it.coalesce == 0) return;
+        const ds = it.ds;
+        it.hints.reached(&it.files, it.planned);
+        if (!slot_reads and it.hints.resident_seen) return;
+        var k = @max(it.hints.cursor, it.planned);
+        const opener = Dataset.ShardOpener{ .ds = ds };
+        while (k < it.schedule.count) : (k += 1) {
+            const loc = ds.locate(it.table, it.schedule.position(k));
+            const c = &ds.caches[loc.cache];
+            const row = c.row(loc.sample_id);
+            if (row.byte_len == 0 or row.shard_id >= c.manifest.shards.len or c.readsRanges(row.shard_id, .iterator)) continue;
+            if (!row.within(c.manifest.shards[@intCast(row.shard_id)].byte_len)) continue;
+            if (!it.hints.room(it.budget, row.byte_len)) break;
+            it.hints.add(&it.files, opener, .{ .cache = loc.cache, .shard_id = row.shard_id }, row.offset, row.byte_len, k + 1);
+        }
+        it.hints.flush(&it.files, opener);
+        it.hints.cursor = k;
     }
 
     /// A record the mapping paths (`mappedRecord`, `readRecord`, `mappedAdjacent`) may
@@ -1368,6 +1407,7 @@ pub const Iter = struct {
             it.releaseDirect(d);
         }
         it.io.deinit();
+        it.hints.deinit(&it.files);
         it.files.deinit();
         it.maps.deinit(gpa);
         for (it.slots) |*s| s.deinit(gpa);
