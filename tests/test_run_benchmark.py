@@ -107,7 +107,14 @@ def reference() -> ReferenceEnv:
 
 
 def last_json(proc: subprocess.CompletedProcess[str]) -> Any:
-    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-6000:])
+    if proc.returncode != 0:
+        # pytest.fail, not an assertion message: pytest shortens those, and a rank's
+        # crash (a native panic, its stack) must reach the CI log whole.
+        pytest.fail(
+            f"exit status {proc.returncode}\n--- stdout (end)\n{proc.stdout[-3000:]}"
+            f"\n--- stderr (end)\n{proc.stderr[-12000:]}",
+            pytrace=False,
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
