@@ -20,6 +20,7 @@ Needs the ``benchmark`` extra (torch, pydantic-settings, psutil).
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import hashlib
 import multiprocessing
@@ -712,6 +713,9 @@ def run_rank(config: BenchmarkConfig) -> None:
     """Run this process as one rank of a torchrun job (``RANK``, ``WORLD_SIZE``, ...
     set): join the process group (gloo on CPU, NCCL on CUDA), benchmark, and on global
     rank 0 write the report to ``config.output`` and print it as one JSON line."""
+    # A native abort in a rank (torchrun reports only its signal) prints every thread's
+    # Python stack to the rank's stderr.
+    faulthandler.enable()
     topology = Topology()  # type: ignore[call-arg]  # fields come from the environment
     if config.ranks not in (1, topology.world_size):
         raise ValueError(
@@ -743,5 +747,7 @@ def run_rank(config: BenchmarkConfig) -> None:
             config.output.parent.mkdir(parents=True, exist_ok=True)
             config.output.write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
             print(report.model_dump_json(), flush=True)
+        # No rank tears the group down while another still uses it.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
