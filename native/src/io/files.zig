@@ -62,6 +62,12 @@ pub const Files = struct {
         return .{ .fd = fd, .entry = h };
     }
 
+    /// Whether the descriptor of `key` is cached (`acquire` would open nothing).
+    pub fn has(fs: *const Files, key: Key) bool {
+        const entry = &fs.entries[key.slot()];
+        return entry.fd >= 0 and std.meta.eql(entry.key, key);
+    }
+
     pub fn release(fs: *Files, handle: Handle) void {
         if (handle.entry) |h| {
             std.debug.assert(fs.entries[h].pins > 0);

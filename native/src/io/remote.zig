@@ -685,6 +685,14 @@ const Origin = struct {
         while (o.isRunning(shard_id)) o.fetched.wait(&o.mutex);
     }
 
+    /// Whether opening shard `shard_id` returns without waiting in `awaitFetch` (no fetch
+    /// ahead of it runs now; another process's download is not seen).
+    fn ready(o: *Origin, shard_id: u64) bool {
+        o.mutex.lock();
+        defer o.mutex.unlock();
+        return !o.isRunning(shard_id);
+    }
+
     /// Under `mutex`. Drops the oldest pin when the table is full.
     fn addPin(o: *Origin, shard_id: u64, fd: posix.fd_t, bytes: u64) void {
         if (o.isPinned(shard_id)) return posix.close(fd);
@@ -990,6 +998,7 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, poo
             .settled = settledCache,
             .prefetch_range = prefetchRange,
             .ranges = rangesShard,
+            .ready = readyShard,
             .read_range = readRangeShard,
         },
     });
@@ -1014,6 +1023,11 @@ fn openCacheShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) sta
     const fd = try origin.remote.openShard(c.url.?, &c.manifest.shards[@intCast(shard_id)], origin.pool);
     if (origin.readahead > 0) origin.readAhead(c, shard_id);
     return fd;
+}
+
+fn readyShard(context: *anyopaque, _: *const cache.Cache, shard_id: u64) bool {
+    const origin: *Origin = @ptrCast(@alignCast(context));
+    return origin.ready(shard_id);
 }
 
 fn prefetchShard(context: *anyopaque, c: *const cache.Cache, shard_id: u64) bool {
@@ -1528,7 +1542,7 @@ test "range reads ahead: fetched on their own threads, taken by the reader, stal
     shuffled.close();
 }
 
-test "a reader that reaches a shard being fetched ahead waits for that fetch: one download, no requests of its own" {
+test "a reader that reaches a shard being fetched ahead waits for that fetch (the shard is not ready): one download, no requests of its own" {
     const gpa = testing.allocator;
     var b = try Bucket.init();
     defer b.deinit();
@@ -1553,6 +1567,8 @@ test "a reader that reaches a shard being fetched ahead waits for that fetch: on
             done.store(true, .release);
         }
     };
+    // An iterator would deliver its reads in flight before opening shard 0 (not ready).
+    try testing.expect(!c.shardReady(0) and c.shardReady(1));
     var fd: posix.fd_t = -1;
     var done: std.atomic.Value(bool) = .init(false);
     const reads = b.store.reads.load(.monotonic);
@@ -1570,6 +1586,7 @@ test "a reader that reaches a shard being fetched ahead waits for that fetch: on
         origin.fetched.broadcast();
     }
     thread.join();
+    try testing.expect(c.shardReady(0));
     try testing.expect(fd >= 0);
     defer posix.close(fd);
     try testing.expect(b.store.reads.load(.monotonic) > reads);

@@ -58,7 +58,8 @@ const status = @import("../base/status.zig");
 const shard = @import("../format/shard.zig");
 const manifest = @import("../format/manifest.zig");
 const index = @import("../format/index.zig");
-const Cache = @import("../store/cache.zig").Cache;
+const cache_mod = @import("../store/cache.zig");
+const Cache = cache_mod.Cache;
 const io = @import("../io/backend.zig");
 const files_mod = @import("../io/files.zig");
 const dataset_mod = @import("dataset.zig");
@@ -530,6 +531,8 @@ pub const Iter = struct {
             const slot = &it.slots[(it.head + it.used) % it.slots.len];
             std.debug.assert(slot.read.state.load(.monotonic) != .queued and slot.file == null);
             const loc = ds.locate(it.table, it.schedule.position(it.planned));
+            // Reads in flight are delivered before waiting for a shard's download.
+            if (it.used > 0 and !it.shardReady(loc)) break;
             if (it.planMapped(slot, loc, limit)) {
                 it.planned += slot.span.count;
                 it.used += 1;
@@ -577,11 +580,22 @@ pub const Iter = struct {
         if (slot_reads or hinted) it.hintAhead(slot_reads);
     }
 
+    /// Whether the shard of the record at `loc` opens without waiting for a download
+    /// under way (`Cache.shardReady`; its descriptor cached here, or a local cache).
+    fn shardReady(it: *const Iter, loc: Loc) bool {
+        const c = &it.ds.caches[loc.cache];
+        if (c.source == null) return true;
+        const shard_id = c.row(loc.sample_id).shard_id;
+        if (shard_id >= c.manifest.shards.len) return true; // (the read reports it)
+        return it.files.has(.{ .cache = loc.cache, .shard_id = shard_id }) or c.shardReady(shard_id);
+    }
+
     /// Ordered reads: advises the kernel to read ahead the records planned next
     /// (`files_mod.Hints`), as many as fit in the byte budget past the ones planned, so
     /// the disk always has a budget's worth of requests beyond the reads in flight.
     /// Shuffled reads advise nothing (their next records are scattered, and a record is
-    /// read alone as soon as it is planned). Advice never changes what is read.
+    /// read alone as soon as it is planned), and neither do records of remote caches.
+    /// Advice never changes what is read.
     /// `slot_reads`: this fill sent records to the backend through the slots; without
     /// any, planning only entered records advised before, and advice goes on only while
     /// the pool finds them outside the page cache (warm data stops it at once).
@@ -596,7 +610,9 @@ pub const Iter = struct {
             const loc = ds.locate(it.table, it.schedule.position(k));
             const c = &ds.caches[loc.cache];
             const row = c.row(loc.sample_id);
-            if (row.byte_len == 0 or row.shard_id >= c.manifest.shards.len or c.readsRanges(row.shard_id, .iterator)) continue;
+            // Remote caches: their shards reach the page cache as they download, and
+            // opening one here would wait for its download.
+            if (c.source != null or row.byte_len == 0 or row.shard_id >= c.manifest.shards.len) continue;
             if (!row.within(c.manifest.shards[@intCast(row.shard_id)].byte_len)) continue;
             if (!it.hints.room(it.budget, row.byte_len)) break;
             it.hints.add(&it.files, opener, .{ .cache = loc.cache, .shard_id = row.shard_id }, row.offset, row.byte_len, k + 1);
@@ -706,6 +722,8 @@ pub const Iter = struct {
             }
             var mapped: usize = 0;
             while (mapped < n) : (mapped += 1) {
+                // The run's records are delivered before waiting for a shard's download.
+                if (count + mapped > 0 and !it.shardReady(locs[mapped])) break;
                 if (it.mappedRecord(locs[mapped], base + mapped)) |found| {
                     images[mapped], compressions[mapped] = found;
                 } else {
@@ -1829,6 +1847,84 @@ test "iterator (io_uring): closing early with reads in flight leaks nothing" {
 
 test "iterator (threads): closing early with reads in flight leaks nothing" {
     try expectEarlyCloseLeaksNothing(.threads);
+}
+
+/// A remote cache's shard source over a local fixture: shard `k` is "ready" (not being
+/// downloaded) when `k <= ready_upto`, and `open` notes how many samples the consumer had
+/// been given when each shard was first opened.
+const ReadySource = struct {
+    ready_upto: u64,
+    delivered: u64 = 0,
+    opened_at: [64]?u64 = @splat(null),
+
+    fn source(f: *ReadySource) cache_mod.ShardSource {
+        return .{ .context = f, .open = open, .ready = ready };
+    }
+
+    fn open(context: *anyopaque, c: *const Cache, shard_id: u64) status.Error!std.posix.fd_t {
+        const f: *ReadySource = @ptrCast(@alignCast(context));
+        if (f.opened_at[@intCast(shard_id)] == null) f.opened_at[@intCast(shard_id)] = f.delivered;
+        return std.posix.openZ(c.shard_paths[@intCast(shard_id)], .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch error.Io;
+    }
+
+    fn ready(context: *anyopaque, _: *const Cache, shard_id: u64) bool {
+        const f: *ReadySource = @ptrCast(@alignCast(context));
+        return shard_id <= f.ready_upto;
+    }
+};
+
+/// Ordered reads of a remote cache whose shards are not ready (each being downloaded):
+/// the iterator delivers the records it has in flight before it opens (waits for) the
+/// next shard, so each shard opens when every sample before it was delivered (or is in
+/// the contiguous batch being filled);
+/// with every shard ready the window opens shards ahead. Samples equal expected.json
+/// either way.
+fn expectReadyShards(backend: io.Kind) !void {
+    for ([_]bool{ false, true }) |contiguous| for ([_]u64{ mapped_record_max, 0 }) |map_max| {
+        for ([_]u64{ 0, std.math.maxInt(u64) }) |ready_upto| {
+            var env = try helpers.Env.openFixtures(testing.allocator, &.{"plain_many_shards"}, .{ .backend = backend, .prefetch_size = 64 });
+            defer env.close();
+            const c = &env.ds.caches[0];
+            const shard_count = c.manifest.shards.len;
+            try testing.expect(shard_count > 2 and shard_count <= 64);
+            var f: ReadySource = .{ .ready_upto = ready_upto };
+            c.source = f.source();
+            defer c.source = null;
+            const it = try env.openIter();
+            defer it.close();
+            it.map_max = map_max; // 0: every record through the backend's reads
+            var k: u64 = 0;
+            while (true) {
+                f.delivered = k;
+                const view = try it.nextBatch(3, contiguous);
+                if (view.count == 0) break;
+                for (0..@intCast(view.count)) |i| try env.expectSample(view, i, env.expectedLoc(it, k + i));
+                k += view.count;
+            }
+            try testing.expectEqual(env.total(), k);
+            // Samples in the shards before each shard (ordered: sample ids in shard order).
+            var before: [64]u64 = @splat(0);
+            for (0..@intCast(c.sampleCount())) |sid| {
+                for (@intCast(c.row(sid).shard_id + 1)..shard_count) |s| before[s] += 1;
+            }
+            // (A contiguous batch is full: the one holding a shard's first sample opens it.)
+            const batch_start: u64 = if (contiguous) 3 else 1;
+            var ahead = false;
+            for (f.opened_at[0..shard_count], before[0..shard_count]) |at, want| {
+                if (ready_upto == 0) try testing.expectEqual(want - want % batch_start, at.?) else ahead = ahead or at.? + batch_start <= want;
+            }
+            // (Contiguous batches of mapped records plan nothing ahead.)
+            if (ready_upto != 0 and !(contiguous and map_max > 0)) try testing.expect(ahead);
+        }
+    };
+}
+
+test "iterator (io_uring): a shard being downloaded is waited for only after the reads in flight" {
+    try expectReadyShards(.io_uring);
+}
+
+test "iterator (threads): a shard being downloaded is waited for only after the reads in flight" {
+    try expectReadyShards(.threads);
 }
 
 const Corruption = enum {

@@ -79,6 +79,10 @@ pub const ShardSource = struct {
     /// Whether `reader` reads shard `shard_id` now by byte ranges (`read_range`) rather
     /// than through `open`. Cheap when the answer is no for a whole cache.
     ranges: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, reader: Reader) bool = null,
+    /// Whether `open` of shard `shard_id` would return without waiting for a download
+    /// that is under way (a fetch ahead of it runs now): an iterator with reads in flight
+    /// delivers those first instead of waiting. A hint only; null: always.
+    ready: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64) bool = null,
     /// Reads `buf.len` bytes at `offset` of shard `shard_id` (a range inside the
     /// manifest's length) from object storage into `buf`.
     read_range: ?*const fn (context: *anyopaque, c: *const Cache, shard_id: u64, offset: u64, buf: []u8) status.Error!void = null,
@@ -260,6 +264,14 @@ pub const Cache = struct {
             error.FileNotFound => c.replacedError(),
             else => status.failIo(err, c.shard_paths[@intCast(shard_id)]),
         };
+    }
+
+    /// Whether `openShard(shard_id)` returns without waiting for a download under way
+    /// (`ShardSource.ready`). Always true for a local cache.
+    pub fn shardReady(c: *const Cache, shard_id: u64) bool {
+        const src = c.source orelse return true;
+        const ready = src.ready orelse return true;
+        return ready(src.context, c, shard_id);
     }
 
     /// Whether `reader` reads the records of shard `shard_id` with `readRange` (a remote
