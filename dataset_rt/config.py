@@ -333,7 +333,9 @@ class ReaderConfig(_WithExtensions):
         default="auto",
         description=(
             "Extension: shard read backend; 'auto' uses io_uring where the kernel "
-            "allows it and threads otherwise. Omitted from dumps when 'auto'."
+            "allows it and threads otherwise, and on io_uring hands reads of 256 KiB or "
+            "more whose bytes are in the page cache to the worker threads while no read "
+            "waits on the ring. Omitted from dumps when 'auto'."
         ),
     )
     sampling: Sampling = Field(

@@ -8,6 +8,7 @@ same samples in the same order as the default configuration.
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import textwrap
@@ -83,6 +84,29 @@ def test_every_configuration_reads_the_same_stream(
                 dataset = open_dataset(prefetch_size=prefetch_size, prefetch_bytes=prefetch_bytes)
                 got = _stream(dataset, mode)
                 assert got == expected, (prefetch_size, prefetch_bytes, mode)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_auto_backend_reads_the_same_stream(runtime, mixed_cache: Path, shuffle: bool) -> None:
+    """``io_backend="auto"`` on io_uring hands the large reads of records in the page cache
+    to the thread pool and leaves the rest to the ring: the same samples in the same order
+    as the thread pool alone, per sample and in batches. Uncompressed and just written, the
+    large records are in the page cache, so (where the kernel has ``cachestat``, 6.5) some
+    reads went to the pool."""
+
+    def open_dataset(backend: str, **options: Any) -> Any:
+        config = drt.ReaderConfig(seed=5, shuffle=shuffle, io_backend=backend, **options)
+        return runtime.cached_dataset([mixed_cache], reader_config=config)
+
+    expected = _stream(open_dataset("threads"), 0)
+    for prefetch_size in (1, 64):
+        for mode in (0, 7):
+            dataset = open_dataset("auto", prefetch_size=prefetch_size)
+            assert _stream(dataset, mode) == expected, (prefetch_size, mode)
+            kernel = tuple(int(x) for x in platform.release().split(".")[:2])
+            if dataset.io_backend == "io_uring" and "budget-none" in str(mixed_cache):
+                if kernel >= (6, 5):
+                    assert dataset.io_stats["pool_reads"] > 0, dataset.io_stats
 
 
 def test_prefetch_bytes_validation_and_dumps() -> None:

@@ -23,7 +23,8 @@ const threads = @import("threads.zig");
 /// A backend that runs.
 pub const Kind = enum { io_uring, threads };
 
-/// What a configuration asks for; `auto` is io_uring where the kernel allows it.
+/// What a configuration asks for; `auto` is io_uring where the kernel allows it, handing
+/// large page-cache-resident reads to the thread pool (`uring.Uring.warm`).
 pub const Choice = enum { auto, io_uring, threads };
 
 /// The backend for `choice` in this process, or error.InvalidArgument when io_uring is
@@ -60,7 +61,8 @@ pub const Read = struct {
     /// must not block on other reads.
     complete: *const fn (read: *Read) void,
     state: std.atomic.Value(State) = .init(.idle),
-    /// The threads backend's pool job and its waiter (set when queued).
+    /// The pool job of a read the thread pool runs, and its waiter (set when queued to
+    /// the pool, by either backend; null otherwise).
     job: runtime.Job = .{ .run = threads.runJob },
     waiter: ?*threads.Threads = null,
 
@@ -74,6 +76,7 @@ pub const Read = struct {
         r.offset = offset;
         r.done_bytes = 0;
         r.result = .pending;
+        r.waiter = null;
         r.state.store(.idle, .monotonic);
     }
 
@@ -105,11 +108,23 @@ pub const Io = union(Kind) {
     /// A backend of `kind` that can keep `reads_max` reads in flight. io_uring falls back
     /// to the thread pool when the ring cannot be created (ENOMEM from locked-memory
     /// limits, a seccomp filter installed after the probe): same results, other engine.
-    pub fn init(wanted: Kind, reads_max: u32, pool: *runtime.Pool) Io {
+    /// `choice` `auto`: an io_uring backend hands large reads whose bytes are all in the
+    /// page cache to the thread pool (`uring.Uring.warm`).
+    pub fn init(wanted: Kind, reads_max: u32, pool: *runtime.Pool, choice: Choice) Io {
         return switch (wanted) {
-            .io_uring => if (uring.Uring.init(reads_max)) |u| .{ .io_uring = u } else |_| .{ .threads = threads.Threads.init(pool) },
+            .io_uring => if (uring.Uring.init(reads_max)) |ring| blk: {
+                var u = ring;
+                if (choice == .auto) u.warm = threads.Threads.init(pool);
+                break :blk .{ .io_uring = u };
+            } else |_| .{ .threads = threads.Threads.init(pool) },
             .threads => .{ .threads = threads.Threads.init(pool) },
         };
+    }
+
+    /// The backend that ran `read` (done): the thread pool for a read an io_uring
+    /// backend handed to it (`uring.Uring.warm`), else this one.
+    pub fn ranBy(io: *const Io, read: *const Read) Kind {
+        return if (read.waiter != null) .threads else io.kind();
     }
 
     /// Precondition: nothing queued (cancel every read first).
@@ -318,7 +333,7 @@ fn expectBackendReads(kind: Kind) !void {
             p.completions += 1;
         }
     };
-    var io = Io.init(kind, 8, &rt.pool);
+    var io = Io.init(kind, 8, &rt.pool, .auto);
     defer io.deinit();
     if (io.kind() != kind) return error.SkipZigTest; // io_uring refused here
     var bufs: [8][1000]u8 = undefined;
@@ -388,7 +403,7 @@ fn expectSharedReads(kind: Kind) !void {
             p.thread = std.Thread.getCurrentId();
         }
     };
-    var io = Io.init(kind, 16, &rt.pool);
+    var io = Io.init(kind, 16, &rt.pool, .auto);
     defer io.deinit();
     if (io.kind() != kind) return error.SkipZigTest; // io_uring refused here
     var bufs: [16][1000]u8 = undefined;
@@ -480,4 +495,81 @@ test "runInline completes a read on the calling thread and runs its hook" {
     runInline(&probe.read);
     try testing.expectEqual(Result.eof, probe.read.result);
     try testing.expectEqual(@as(u32, 2), probe.completions);
+}
+
+test "io_uring with io_backend auto: large reads in the page cache go to the thread pool while the ring is idle, the rest to the ring" {
+    const rt = try runtime.Runtime.open(testing.allocator, 2);
+    defer rt.release();
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const part: usize = uring.warm_min_bytes;
+    const data = try testing.allocator.alloc(u8, 4 * part);
+    defer testing.allocator.free(data);
+    for (data, 0..) |*b, i| b.* = @truncate(i *% 29 +% 3);
+    try tmp.dir.writeFile(.{ .sub_path = "f", .data = data });
+    const file = try tmp.dir.openFile("f", .{});
+    defer file.close();
+    const files = @import("files.zig");
+
+    const Probe = struct {
+        read: Read = .{ .complete = onComplete },
+        completions: u32 = 0,
+        fn onComplete(r: *Read) void {
+            const p: *@This() = @fieldParentPtr("read", r);
+            p.completions += 1;
+        }
+    };
+    const bufs = try testing.allocator.alloc(u8, 4 * part);
+    defer testing.allocator.free(bufs);
+    for ([_]Choice{ .auto, .io_uring }) |choice| {
+        var io = Io.init(.io_uring, 8, &rt.pool, choice);
+        defer io.deinit();
+        if (io.kind() != .io_uring) return error.SkipZigTest; // io_uring refused here
+        if (!files.rangeCached(file.handle, 0, data.len)) return error.SkipZigTest; // no cachestat
+        var probes: [4]Probe = [_]Probe{.{}} ** 4;
+        // Three reads of the lane's minimum, all in the page cache, and one just under it.
+        for (&probes, 0..) |*p, i| {
+            const len = if (i == 3) part - 1 else part;
+            p.read.prepare(file.handle, bufs[i * part ..][0..len], i * part);
+            try io.queue(&p.read);
+        }
+        try io.submit();
+        for (&probes) |*p| try io.wait(&p.read);
+        for (&probes, 0..) |*p, i| {
+            try testing.expectEqual(Result.ok, p.read.result);
+            try testing.expectEqual(@as(u32, 1), p.completions);
+            try testing.expectEqualSlices(u8, data[i * part ..][0..p.read.buf.len], p.read.buf);
+            const pooled = choice == .auto and i < 3;
+            try testing.expectEqual(if (pooled) Kind.threads else Kind.io_uring, io.ranBy(&p.read));
+        }
+        // Behind a read in flight on the ring, a large resident read stays on the ring.
+        probes[3].read.prepare(file.handle, bufs[3 * part ..][0 .. part - 1], 3 * part);
+        try io.queue(&probes[3].read);
+        probes[0].read.prepare(file.handle, bufs[0..part], 0);
+        try io.queue(&probes[0].read);
+        try io.submit();
+        try io.wait(&probes[0].read);
+        try io.wait(&probes[3].read);
+        try testing.expectEqual(Kind.io_uring, io.ranBy(&probes[0].read));
+        try testing.expectEqualSlices(u8, data[0..part], bufs[0..part]);
+        // Taken back, wherever it went.
+        probes[0].read.prepare(file.handle, bufs[0..part], 0);
+        try io.queue(&probes[0].read);
+        io.cancel(&probes[0].read);
+        try testing.expect(probes[0].read.state.load(.acquire) != .queued);
+    }
+    // Out of the page cache (where the file system lets it go): the ring reads it.
+    try posix.fdatasync(file.handle);
+    _ = std.os.linux.fadvise(file.handle, 0, 0, std.os.linux.POSIX_FADV.DONTNEED);
+    if (!files.rangeCached(file.handle, 0, part)) {
+        var io = Io.init(.io_uring, 8, &rt.pool, .auto);
+        defer io.deinit();
+        var probe: Probe = .{};
+        probe.read.prepare(file.handle, bufs[0..part], 0);
+        try io.queue(&probe.read);
+        try io.submit();
+        try io.wait(&probe.read);
+        try testing.expectEqual(Kind.io_uring, io.ranBy(&probe.read));
+        try testing.expectEqualSlices(u8, data[0..part], bufs[0..part]);
+    }
 }

@@ -690,6 +690,17 @@ test "residentRange: a page not resident makes every range touching it not resid
     try std.testing.expect(w.residentRange(2 * page, page + 10));
 }
 
+/// Whether every page of `[offset, offset + len)` of `fd` is in the page cache now, by one
+/// `cachestat(2)` (Linux 6.5); false for an empty range, or when `cachestat` is not
+/// available or fails.
+pub fn rangeCached(fd: posix.fd_t, offset: u64, len: u64) bool {
+    if (len == 0 or offset > std.math.maxInt(i64) - len) return false;
+    const page = std.heap.pageSize();
+    const start = offset / page * page;
+    const span = offset + len - start;
+    return Maps.allCached(fd, start, @intCast(span), @intCast((span + page - 1) / page));
+}
+
 /// Reads `buf.len` bytes at `offset` of `fd` only if they are all in the page cache now
 /// (`preadv2` with `RWF_NOWAIT`: never waits for the disk). False, with `buf` unspecified,
 /// when they are not, on a short read, or when the kernel refuses the flag: the caller

@@ -3,20 +3,26 @@
 //! waiter reaps completions, continues short reads where they stopped, and runs each
 //! read's completion hook on the reaping thread. Reads of 64 KiB and more are punted to
 //! io-wq (IOSQE_ASYNC), so their copies use the other cores even when the data is in
-//! the page cache. Everything that churns between Zig
-//! versions or kernels (std's IoUring API, errnos) stays in this file.
+//! the page cache. With `warm` (io_backend `auto`), a read of `warm_min_bytes` or more
+//! whose bytes are all in the page cache when it is queued, while no read is in flight on
+//! the ring, goes to the thread pool instead. Everything that churns between Zig versions or kernels (std's IoUring API,
+//! errnos) stays in this file.
 //!
 //! Invariants:
 //! - `in_flight` counts SQEs queued or submitted and not yet reaped; it never exceeds the
 //!   ring's capacity, because each read has at most one SQE at a time and the caller
 //!   keeps at most `reads_max` reads queued.
 //! - Only the owning thread touches the ring (no locks).
+//! - A read handed to `warm` has `waiter` set (and never an SQE); a read on the ring has
+//!   none (`Read.prepare` clears it): `wait` and `cancel` go where the read is.
 
 const std = @import("std");
 const linux = std.os.linux;
 const posix = std.posix;
 const status = @import("../base/status.zig");
 const backend = @import("backend.zig");
+const threads = @import("threads.zig");
+const files = @import("files.zig");
 const Read = backend.Read;
 
 /// Whether this process may use io_uring at all (kernel support, seccomp, limits).
@@ -25,6 +31,10 @@ pub fn available() bool {
     ring.deinit();
     return true;
 }
+
+/// `Uring.warm` takes reads of at least this many bytes: below, a pool hand-off and the
+/// `cachestat` cost about what a second core's copy saves.
+pub const warm_min_bytes = 256 << 10;
 
 pub const Uring = struct {
     ring: linux.IoUring,
@@ -35,6 +45,15 @@ pub const Uring = struct {
     /// page-cache-resident data run on the other cores while the consumer works. Small
     /// reads stay inline (a punt costs more than their copy).
     async_min_bytes: u64 = 64 << 10,
+    /// io_backend `auto`: the thread pool, which takes the reads of `warm_min_bytes` or
+    /// more whose bytes are all in the page cache (one `cachestat` each) while the ring
+    /// has none in flight. io-wq gives a burst of such reads to one kernel worker (it
+    /// wakes the same idle worker for each), so one core copies; the pool's workers copy
+    /// on every core. Reads that wait for the disk stay on the ring (many in flight, no
+    /// worker blocked on each), and so do resident ones queued while such reads are in
+    /// flight (shuffled cold reads measured slower when the pool's copies competed with
+    /// the io-wq workers that start the disk reads).
+    warm: ?threads.Threads = null,
 
     /// A ring with room for `reads_max` reads (rounded up to a power of two, at most 4096).
     pub fn init(reads_max: u32) error{Unavailable}!Uring {
@@ -49,6 +68,14 @@ pub const Uring = struct {
     }
 
     pub fn queue(u: *Uring, read: *Read) status.Error!void {
+        if (u.warm) |*pool| {
+            if (read.buf.len >= warm_min_bytes) {
+                // Reads the kernel finished are reaped first: only those still waiting
+                // keep the ring busy.
+                if (u.in_flight > 0) try u.reap(0);
+                if (u.in_flight == 0 and files.rangeCached(read.fd, read.offset, read.buf.len)) return pool.queue(read);
+            }
+        }
         try u.queueRest(read);
     }
 
@@ -89,11 +116,13 @@ pub const Uring = struct {
     }
 
     pub fn wait(u: *Uring, read: *Read) status.Error!void {
+        if (read.waiter) |pool| return pool.wait(read);
         while (!read.isDone()) try u.reap(1);
     }
 
     /// io_uring reads cannot be taken back cheaply: wait for the read instead.
     pub fn cancel(u: *Uring, read: *Read) void {
+        if (read.waiter) |pool| return pool.cancel(read);
         while (read.state.load(.acquire) == .queued) u.reap(1) catch {
             // io_uring_enter itself fails: nothing more can be reaped from this ring. Stop
             // waiting; the owner tears the ring down next (closing it ends its requests).

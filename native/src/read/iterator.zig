@@ -113,7 +113,7 @@ const DirectRead = struct {
 
     fn onRead(read: *io.Read) void {
         const d: *DirectRead = @fieldParentPtr("read", read);
-        if (read.result == .ok) d.it.ds.countRead(d.it.io.kind(), read.buf.len);
+        if (read.result == .ok) d.it.ds.countRead(d.it.io.ranBy(read), read.buf.len);
     }
 };
 
@@ -184,7 +184,7 @@ const Slot = struct {
         const ds = s.it.ds;
         switch (read.result) {
             .ok => {
-                ds.countRead(s.it.io.kind(), s.span.len);
+                ds.countRead(s.it.io.ranBy(read), s.span.len);
                 // A caller's buffer holds the payload; the record was split when planned.
                 if (!s.dest) s.decode(ds) catch |err| s.fail(err);
                 return;
@@ -446,7 +446,7 @@ pub const Iter = struct {
         errdefer gpa.free(adjacent_payloads);
         const it = try gpa.create(Iter);
         errdefer gpa.destroy(it);
-        var backend = io.Io.init(ds.io_kind, @intCast(prefetch), &ds.runtime.pool);
+        var backend = io.Io.init(ds.io_kind, @intCast(prefetch), &ds.runtime.pool, ds.options.io_backend);
         errdefer backend.deinit();
         const table: *Table, const schedule: Schedule = if (explicit) |e| .{ ds.snapshotTable(), e } else blk: {
             const window = ds.reserveWindow();
