@@ -5,8 +5,8 @@
 //! io-wq (IOSQE_ASYNC), so their copies use the other cores even when the data is in
 //! the page cache. With `warm` (io_backend `auto`), a read of `warm_min_bytes` or more
 //! whose bytes are all in the page cache when it is queued, while no read is in flight on
-//! the ring, goes to the thread pool instead. Everything that churns between Zig versions or kernels (std's IoUring API,
-//! errnos) stays in this file.
+//! the ring, goes to the thread pool instead. Everything that churns between Zig versions
+//! or kernels (std's IoUring API, errnos) stays in this file.
 //!
 //! Invariants:
 //! - `in_flight` counts SQEs queued or submitted and not yet reaped; it never exceeds the
