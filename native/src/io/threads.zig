@@ -1,7 +1,8 @@
 //! The portable backend: each read is a job on the runtime's worker pool, which runs the
 //! positioned-read loop and then the read's completion hook (so decoding runs on the
 //! pool, in parallel). Used where io_uring is refused (old kernels, seccomp, qemu) or
-//! chosen (`io_backend="threads"`).
+//! chosen (`io_backend="threads"`); under `auto`, the io_uring backend also hands it its
+//! large page-cache-resident reads (`uring.Uring.warm`).
 //!
 //! Invariant: a read that ran leaves `.queued` only under `mutex`, so a waiter that checked
 //! the state under the lock cannot miss the broadcast. (`cancel` of a read no worker took
