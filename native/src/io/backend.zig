@@ -313,6 +313,16 @@ fn errnoOf(err: posix.PReadError) posix.E {
 
 const testing = std.testing;
 
+/// A test read that counts its completions.
+const Probe = struct {
+    read: Read = .{ .complete = onComplete },
+    completions: u32 = 0,
+    fn onComplete(r: *Read) void {
+        const p: *@This() = @fieldParentPtr("read", r);
+        p.completions += 1;
+    }
+};
+
 /// The same test body runs against both backends.
 fn expectBackendReads(kind: Kind) !void {
     const rt = try runtime.Runtime.open(testing.allocator, 2);
@@ -325,14 +335,6 @@ fn expectBackendReads(kind: Kind) !void {
     const file = try tmp.dir.openFile("f", .{});
     defer file.close();
 
-    const Probe = struct {
-        read: Read = .{ .complete = onComplete },
-        completions: u32 = 0,
-        fn onComplete(r: *Read) void {
-            const p: *@This() = @fieldParentPtr("read", r);
-            p.completions += 1;
-        }
-    };
     var io = Io.init(kind, 8, &rt.pool, .auto);
     defer io.deinit();
     if (io.kind() != kind) return error.SkipZigTest; // io_uring refused here
@@ -474,14 +476,6 @@ test "runInline completes a read on the calling thread and runs its hook" {
     try tmp.dir.writeFile(.{ .sub_path = "f", .data = "0123456789" });
     const file = try tmp.dir.openFile("f", .{});
     defer file.close();
-    const Probe = struct {
-        read: Read = .{ .complete = onComplete },
-        completions: u32 = 0,
-        fn onComplete(r: *Read) void {
-            const p: *@This() = @fieldParentPtr("read", r);
-            p.completions += 1;
-        }
-    };
     var probe: Probe = .{};
     var buf: [4]u8 = undefined;
     probe.read.prepare(file.handle, &buf, 2);
@@ -511,14 +505,6 @@ test "io_uring with io_backend auto: large reads in the page cache go to the thr
     defer file.close();
     const files = @import("files.zig");
 
-    const Probe = struct {
-        read: Read = .{ .complete = onComplete },
-        completions: u32 = 0,
-        fn onComplete(r: *Read) void {
-            const p: *@This() = @fieldParentPtr("read", r);
-            p.completions += 1;
-        }
-    };
     const bufs = try testing.allocator.alloc(u8, 4 * part);
     defer testing.allocator.free(bufs);
     for ([_]Choice{ .auto, .io_uring }) |choice| {
