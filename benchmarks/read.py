@@ -45,6 +45,7 @@ from common import (
     print_table,
     resident_fraction,
     sample_digest,
+    tree_read_bps,
 )
 
 FULL = {"w1": 200_000, "w2": 1_000}
@@ -125,6 +126,7 @@ def run_config(
     d: Any, rt: Any, cfg: dict[str, Any], spec: dict[str, Any], backend: str | None
 ) -> dict[str, Any]:
     """Verify one configuration in an untimed pass, then time it; returns a result dict."""
+    import os as _os
     from array import array as _array
 
     wl = cfg["wl"]
@@ -254,6 +256,11 @@ def run_config(
         warmup = 1
     best, times, total = best_of(consume, spec["repeat"], warmup, setup, spec["budget_s"])
     samples = len(perm) if mode in ("get_item", "get_items") else spec["n"][wl]
+    # Large records, warm: what a plain loop reads of the same files, as the page cache
+    # holds them now (see tree_read_bps).
+    files_bps = None
+    if wl == "w2" and not cfg["cold"]:
+        files_bps = tree_read_bps(_os.path.join(path, "shards"))
     return {
         "best_s": best,
         "times": times,
@@ -262,6 +269,7 @@ def run_config(
         "backend": used_backend,
         "verify": verify,
         "resident_after_drop": max(resident) if resident else None,
+        "files_bps": files_bps,
     }
 
 
@@ -828,6 +836,26 @@ def run(
         [False, False, True, True, True, True, True, True, False, False, False],
     )
     print()
+    files_notes = [
+        f"{cfg['label']} [{backend}]: {res['files_bps'] / 1e6:,.0f} MB/s"
+        for cfg in configs
+        for backend in BACKENDS
+        if (res := ours[(cfg["key"], backend)]).get("files_bps")
+    ]
+    files_notes += [
+        f"{cfg['label']} [reference]: {res['files_bps'] / 1e6:,.0f} MB/s"
+        for cfg in configs
+        if (res := ref_results.get(cfg["key"]) or {}).get("files_bps")
+    ]
+    if files_notes:
+        print(
+            "Plain 4 MiB preadv of the W2 shard files right after each warm row (the page "
+            "cache as the reads before left it; the limit above reads a freshly written "
+            "file):"
+        )
+        for note in files_notes:
+            print(f"- {note}")
+        print()
     print(
         "ref and ratio are in the row's unit (samples/s for W1, MB/s for W2); ratio = ours / ref."
     )
