@@ -256,11 +256,9 @@ def run_config(
         warmup = 1
     best, times, total = best_of(consume, spec["repeat"], warmup, setup, spec["budget_s"])
     samples = len(perm) if mode in ("get_item", "get_items") else spec["n"][wl]
-    # Large records, warm: what a plain loop reads of the same files, as the page cache
-    # holds them now (see tree_read_bps).
-    files_bps = None
-    if wl == "w2" and not cfg["cold"]:
-        files_bps = tree_read_bps(_os.path.join(path, "shards"))
+    # Warm: what a plain loop reads of the same files, as the page cache holds them now
+    # (see tree_read_bps).
+    files_bps = None if cfg["cold"] else tree_read_bps(_os.path.join(path, "shards"))
     return {
         "best_s": best,
         "times": times,
@@ -849,9 +847,9 @@ def run(
     ]
     if files_notes:
         print(
-            "Plain 4 MiB preadv of the W2 shard files right after each warm row (the page "
-            "cache as the reads before left it; the limit above reads a freshly written "
-            "file):"
+            "Plain 4 MiB preadv of the workload's shard files right after each warm row "
+            "(the page cache as the reads before left it; the page-cache limit above reads "
+            "a freshly written file, whose pages sit in large folios):"
         )
         for note in files_notes:
             print(f"- {note}")
