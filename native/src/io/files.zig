@@ -702,14 +702,25 @@ pub fn rangeCached(fd: posix.fd_t, offset: u64, len: u64) bool {
 }
 
 /// Reads `buf.len` bytes at `offset` of `fd` only if they are all in the page cache now
-/// (`preadv2` with `RWF_NOWAIT`: never waits for the disk). False, with `buf` unspecified,
-/// when they are not, on a short read, or when the kernel refuses the flag: the caller
-/// then reads them the ordinary way, which reports any error.
+/// (`preadv2` with `RWF_NOWAIT`: never waits for the disk). A file system that cannot
+/// read so (tmpfs, some network file systems: `EOPNOTSUPP`) is asked with `cachestat`
+/// (`rangeCached`) instead, then read the ordinary way: pages evicted in between are read
+/// from the disk (or swap). False, with `buf` unspecified, when the bytes are not all
+/// cached, on a short read, or on any error: the caller then reads them the ordinary way,
+/// which reports it.
 pub fn readResident(fd: posix.fd_t, buf: []u8, offset: u64) bool {
     if (buf.len == 0 or offset > std.math.maxInt(i64)) return false;
     const iov = [1]posix.iovec{.{ .base = buf.ptr, .len = buf.len }};
     const rc = std.os.linux.preadv2(fd, &iov, 1, @intCast(offset), std.os.linux.RWF.NOWAIT);
-    return std.os.linux.E.init(rc) == .SUCCESS and rc == buf.len;
+    switch (std.os.linux.E.init(rc)) {
+        .SUCCESS => return rc == buf.len,
+        .OPNOTSUPP => {
+            if (!rangeCached(fd, offset, buf.len)) return false;
+            const n = posix.pread(fd, buf, offset) catch return false;
+            return n == buf.len;
+        },
+        else => return false,
+    }
 }
 
 test "readResident reads page-cache-resident bytes, and refuses what is past the end" {
@@ -724,6 +735,25 @@ test "readResident reads page-cache-resident bytes, and refuses what is past the
     if (readResident(f.handle, &buf, 3)) try std.testing.expectEqualStrings("3456", &buf);
     try std.testing.expect(!readResident(f.handle, &buf, 8));
     try std.testing.expect(!readResident(f.handle, buf[0..0], 0));
+}
+
+test "readResident on tmpfs, which refuses RWF_NOWAIT: cachestat, then an ordinary read" {
+    var shm = std.fs.openDirAbsolute("/dev/shm", .{}) catch return error.SkipZigTest;
+    defer shm.close();
+    var name_buf: [64]u8 = undefined;
+    const name = try std.fmt.bufPrint(&name_buf, "dataset_rt-test-{d}", .{std.os.linux.getpid()});
+    shm.writeFile(.{ .sub_path = name, .data = "0123456789" }) catch return error.SkipZigTest;
+    defer shm.deleteFile(name) catch {};
+    const f = try shm.openFile(name, .{});
+    defer f.close();
+    var buf: [4]u8 = undefined;
+    const iov = [1]posix.iovec{.{ .base = &buf, .len = buf.len }};
+    const rc = std.os.linux.preadv2(f.handle, &iov, 1, 0, std.os.linux.RWF.NOWAIT);
+    if (std.os.linux.E.init(rc) != .OPNOTSUPP) return error.SkipZigTest; // it reads with the flag
+    // Without cachestat (before Linux 6.5) nothing counts as cached.
+    try std.testing.expectEqual(rangeCached(f.handle, 3, 4), readResident(f.handle, &buf, 3));
+    if (rangeCached(f.handle, 3, 4)) try std.testing.expectEqualStrings("3456", &buf);
+    try std.testing.expect(!readResident(f.handle, &buf, 8));
 }
 
 test "hints: adjacent ranges join up to chunk_max, advice stays within the budget, planning frees room" {
