@@ -529,14 +529,29 @@ test "io_uring with io_backend auto: large reads in the page cache go to the thr
             try testing.expectEqual(if (pooled) Kind.threads else Kind.io_uring, io.ranBy(&p.read));
         }
         // Behind a read in flight on the ring, a large resident read stays on the ring.
-        probes[3].read.prepare(file.handle, bufs[3 * part ..][0 .. part - 1], 3 * part);
-        try io.queue(&probes[3].read);
+        // The read in flight is of an empty pipe, so it cannot finish before the check (a
+        // file read could, and was reaped first on a fast machine).
+        const pipe = try posix.pipe();
+        defer for (pipe) |fd| posix.close(fd);
+        var pending: Probe = .{};
+        var small: [16]u8 = undefined;
+        pending.read.prepare(pipe[0], &small, 0);
+        try io.queue(&pending.read);
+        errdefer if (pending.completions == 0) {
+            // A failed check below: finish the pipe read before the ring goes.
+            _ = posix.write(pipe[1], "0123456789abcdef") catch {};
+            io.wait(&pending.read) catch {};
+        };
+        try io.submit();
         probes[0].read.prepare(file.handle, bufs[0..part], 0);
         try io.queue(&probes[0].read);
         try io.submit();
-        try io.wait(&probes[0].read);
-        try io.wait(&probes[3].read);
         try testing.expectEqual(Kind.io_uring, io.ranBy(&probes[0].read));
+        try testing.expectEqual(small.len, try posix.write(pipe[1], "0123456789abcdef"));
+        try io.wait(&pending.read);
+        try io.wait(&probes[0].read);
+        try testing.expectEqual(Result.ok, pending.read.result);
+        try testing.expectEqualStrings("0123456789abcdef", &small);
         try testing.expectEqualSlices(u8, data[0..part], bufs[0..part]);
         // Taken back, wherever it went.
         probes[0].read.prepare(file.handle, bufs[0..part], 0);
