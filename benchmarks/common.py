@@ -86,33 +86,36 @@ def _files_under(path: Any) -> list[str]:
     return found
 
 
+def read_file_chunks(path: Any, chunk_bytes: int = 4 << 20) -> int:
+    """Read a whole file with ``os.preadv`` into one reused buffer; returns bytes read."""
+    import os as _os
+
+    buf = memoryview(bytearray(chunk_bytes))
+    fd = _os.open(path, _os.O_RDONLY)
+    try:
+        offset = 0
+        while (n := _os.preadv(fd, [buf], offset)) > 0:
+            offset += n
+        return offset
+    finally:
+        _os.close(fd)
+
+
 def tree_read_bps(path: Any, repeat: int = 2) -> float:
-    """Best bytes/s of a plain loop reading every file under ``path`` with 4 MiB
-    ``os.preadv`` calls into one reused buffer (as ``read_file_chunks``), the page cache
+    """Best bytes/s of ``read_file_chunks`` over every file under ``path``, the page cache
     as it is. Right after a reader's warm rows this is the page-cache read limit of
     *those* files: it depends on how their pages came into the page cache (a file
     written, or read sequentially, sits in large folios; pages brought in by scattered
     or concurrent reads, or ``POSIX_FADV_WILLNEED``, are 4 KiB each and read at about
     half the speed on Linux 6.18 with ext4)."""
-    import os as _os
     import time as _time
 
-    buf = memoryview(bytearray(4 << 20))
     names = _files_under(path)
     best = float("inf")
     total = 0
     for _ in range(repeat):
         t0 = _time.perf_counter()
-        total = 0
-        for name in names:
-            fd = _os.open(name, _os.O_RDONLY)
-            try:
-                offset = 0
-                while (n := _os.preadv(fd, [buf], offset)) > 0:
-                    offset += n
-                total += offset
-            finally:
-                _os.close(fd)
+        total = sum(read_file_chunks(name) for name in names)
         best = min(best, _time.perf_counter() - t0)
     return total / best
 
@@ -248,6 +251,7 @@ def expected_stream(digests: bytes, ids: Any) -> tuple[str, str]:
 PORTABLE: list[Callable[..., Any] | type] = [
     best_of,
     _files_under,
+    read_file_chunks,
     tree_read_bps,
     drop_page_cache,
     resident_fraction,
@@ -280,21 +284,6 @@ def write_random_file(path: Path, size_bytes: int, seed: int = 0) -> None:
             written += len(piece)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def read_file_chunks(path: Path, chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Read a whole file with ``os.preadv`` into one reused buffer; returns bytes read."""
-    buf = memoryview(bytearray(chunk_bytes))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        offset = 0
-        while True:
-            n = os.preadv(fd, [buf], offset)
-            if n <= 0:
-                return offset
-            offset += n
-    finally:
-        os.close(fd)
 
 
 def read_random_blocks(path: Path, offsets: Sequence[int], block_bytes: int) -> int:

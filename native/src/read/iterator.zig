@@ -1108,11 +1108,11 @@ pub const Iter = struct {
     /// per column, every array reserved once. A read, not a mapping: mapping the pages
     /// and unmapping them when the window is evicted (every epoch of a dataset larger
     /// than the map budget) cost more than the copy into a buffer the CPU caches keep
-    /// (W1 `iter_batches`: 1.1x to 1.7x in alternating runs on the CI machine). Returns the samples taken and their records'
-    /// bytes; 0 when the first sample is not so (or its range is not all resident, or
-    /// its record does not split, or its metadata row holds a null): `takeMapped`'s
-    /// steps then take it, reporting any failure as before. Only running out of memory
-    /// fails.
+    /// (W1 `iter_batches`: 1.1x to 1.7x in alternating runs on the CI machine).
+    /// Returns the samples taken and their records' bytes; 0 when the first sample is
+    /// not so (or its range is not all resident, or its record does not split, or its
+    /// metadata row holds a null): `takeMapped`'s steps then take it, reporting any
+    /// failure as before. Only running out of memory fails.
     fn takeAdjacent(it: *Iter, end: u64) error{OutOfMemory}!struct { u64, u64 } {
         std.debug.assert(it.used == 0 and it.planned == it.delivered and it.delivered < end);
         const ds = it.ds;
