@@ -560,12 +560,7 @@ export fn drt_batch_copy_payloads(b: ?*const abi.Batch, dst: ?[*]u8, capacity: u
     if (total > capacity) return fromError(status.fail(error.InvalidArgument, "the payloads take {d} bytes, the buffer has {d}", .{ total, capacity }));
     if (total == 0) return ok();
     const d = dst orelse return nullArgument("dst");
-    var at: usize = 0;
-    for (payloads, lens) |p, len| {
-        const l: usize = @intCast(len);
-        @memcpy(d[at..][0..l], p[0..l]);
-        at += l;
-    }
+    batch.gatherPayloads(d[0..@intCast(total)], payloads, lens);
     return ok();
 }
 

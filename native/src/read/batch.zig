@@ -328,14 +328,11 @@ pub const Buffers = struct {
         try b.payload_offsets.ensureUnusedCapacity(gpa, b.payloads.items.len - start);
         const space = try b.claim(gpa, total);
         var at = b.payloadBytes() - total;
-        var k: usize = 0;
-        for (b.payloads.items[start..], b.payload_lens.items[start..]) |p, n| {
-            const len: usize = @intCast(n);
+        for (b.payload_lens.items[start..]) |n| {
             b.payload_offsets.appendAssumeCapacity(at);
-            @memcpy(space[k..][0..len], p[0..len]);
-            at += len;
-            k += len;
+            at += @intCast(n);
         }
+        gatherPayloads(space, b.payloads.items[start..], b.payload_lens.items[start..]);
     }
 
     /// `add` for a contiguous batch: the payload is copied into the contiguous payloads
@@ -455,16 +452,11 @@ pub const Buffers = struct {
         // Room first, so that nothing below fails halfway.
         try b.reserve(gpa, ds.fields, n);
         for (columns, b.columns, ds.fields) |col, *out, f| if (f.kind == .string) {
-            var bytes: u64 = 0;
-            switch (col.type) {
-                .utf8 => for (run) |loc| {
-                    bytes += stringBounds(i32, col, loc.sample_id - first_row)[1];
-                },
-                .large_utf8 => for (run) |loc| {
-                    bytes += stringBounds(i64, col, loc.sample_id - first_row)[1];
-                },
+            const bytes = switch (col.type) {
+                .utf8 => stringBytes(i32, col, run, first_row),
+                .large_utf8 => stringBytes(i64, col, run, first_row),
                 else => unreachable,
-            }
+            };
             try out.bytes.ensureUnusedCapacity(gpa, @intCast(bytes));
         };
         for (columns, b.columns, ds.fields) |col, *out, f| {
@@ -507,8 +499,23 @@ pub const Buffers = struct {
         list.items.len += run.len;
     }
 
+    /// The total length of the strings of rows `run[k].sample_id - first_row` of `col`
+    /// (with `Offset` offsets), the offsets loaded a few rows ahead (`gatherStrings`
+    /// then finds them in the CPU caches).
+    fn stringBytes(comptime Offset: type, col: arrow.Column, run: []const Loc, first_row: u64) u64 {
+        var bytes: u64 = 0;
+        for (run, 0..) |loc, k| {
+            if (k + gather_prefetch_distance < run.len) {
+                @prefetch(col.offsets.ptr + @sizeOf(Offset) * @as(usize, @intCast(run[k + gather_prefetch_distance].sample_id - first_row)), .{});
+            }
+            bytes += stringBounds(Offset, col, loc.sample_id - first_row)[1];
+        }
+        return bytes;
+    }
+
     /// Appends the strings of rows `run[k].sample_id - first_row` of `col` (with
-    /// `Offset` offsets) to `out` (bytes and offsets), which has room for them.
+    /// `Offset` offsets, loaded by `stringBytes`) to `out` (bytes and offsets), which has
+    /// room for them; each string's bytes are loaded a few rows ahead.
     fn gatherStrings(comptime Offset: type, out: *ColumnBuffer, col: arrow.Column, run: []const Loc, first_row: u64) void {
         std.debug.assert(out.offsets.unusedCapacitySlice().len >= run.len);
         const ends = out.offsets.unusedCapacitySlice()[0..run.len];
@@ -516,7 +523,8 @@ pub const Buffers = struct {
         const room = out.bytes.allocatedSlice();
         for (ends, run, 0..) |*end, loc, k| {
             if (k + gather_prefetch_distance < run.len) {
-                @prefetch(col.offsets.ptr + @sizeOf(Offset) * @as(usize, @intCast(run[k + gather_prefetch_distance].sample_id - first_row)), .{});
+                const ahead = stringBounds(Offset, col, run[k + gather_prefetch_distance].sample_id - first_row)[0];
+                @prefetch(col.values.ptr + ahead, .{});
             }
             const start, const len = stringBounds(Offset, col, loc.sample_id - first_row);
             @memcpy(room[used..][0..len], col.values.ptr[start..][0..len]);
@@ -638,6 +646,33 @@ pub const Buffers = struct {
         };
     }
 };
+
+/// Copies `payloads[k][0..lens[k]]` back to back into `dst` (exactly their total
+/// length), in order: the gather of a batch's payloads (`Buffers.pack`,
+/// `drt_batch_copy_payloads`). Payloads of a random-order batch lie far apart in memory,
+/// so each is loaded a few payloads ahead of its copy (a hint: the same bytes without it,
+/// about twice as slow for 4096 random 512-byte records).
+pub fn gatherPayloads(dst: []u8, payloads: []const [*]const u8, lens: []const u64) void {
+    std.debug.assert(payloads.len == lens.len);
+    var at: usize = 0;
+    for (payloads, lens, 0..) |p, n, k| {
+        if (k + gather_payload_distance < payloads.len) {
+            const ahead = payloads[k + gather_payload_distance];
+            const ahead_len: usize = @intCast(@min(lens[k + gather_payload_distance], gather_payload_prefetch_max));
+            var line: usize = 0;
+            while (line < ahead_len) : (line += 64) @prefetch(ahead + line, .{});
+        }
+        const len: usize = @intCast(n);
+        @memcpy(dst[at..][0..len], p[0..len]);
+        at += len;
+    }
+    std.debug.assert(at == dst.len);
+}
+
+/// How many payloads ahead `gatherPayloads` starts loading one, and how many of its
+/// first bytes it loads.
+const gather_payload_distance = 8;
+const gather_payload_prefetch_max = 4096;
 
 /// Where string row `row - 1` of `col` ends (row `row` starts): its offset `row`.
 /// Pre: a utf8 or large_utf8 column, `row <= len` (the parser checked the offsets).
