@@ -1607,37 +1607,48 @@ fn expectBatchesInto(backend: io.Kind) !void {
 /// Ordered contiguous batches with stored metadata over shards evicted from the page
 /// cache: `takeAdjacent` reads a run only when all its bytes are resident (`readResident`
 /// refuses to wait for the disk), so the first record is read through the slots; the
-/// same samples either way.
+/// same samples either way. A refused `RWF_NOWAIT` read still starts the kernel's
+/// read-ahead, which a fast disk can finish before a later check of the same bytes: the
+/// first record is then resident and legitimately taken in a run. So the eviction and
+/// the first batch are tried a few times, and one try must take the first record
+/// through the slots (a `pread` in place of the residency check takes it in a run
+/// every time).
 fn expectAdjacentEvicted(backend: io.Kind) !void {
     const gpa = testing.allocator;
     var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 64 });
     defer env.close();
-    const it = try env.openIter();
-    defer it.close();
-    it.batch.stored_metadata = true;
-    // Out of the page cache where the file system lets the pages go (a shard still
-    // cached makes the first assertion below moot, not wrong).
-    var evicted = true;
-    for (env.ds.caches) |*c| {
-        for (c.shard_paths, c.manifest.shards) |path, entry| {
-            const file = try std.fs.cwd().openFile(path, .{});
-            defer file.close();
-            _ = std.os.linux.fadvise(file.handle, 0, 0, std.os.linux.POSIX_FADV.DONTNEED);
-            if (entry.byte_len > 0 and files_mod.rangeCached(file.handle, 0, @min(entry.byte_len, 4096))) evicted = false;
+    var slots_seen = false;
+    var attempts: usize = 0;
+    while (attempts < 5 and !slots_seen) : (attempts += 1) {
+        // Out of the page cache where the file system lets the pages go (a shard still
+        // cached makes this try moot, not wrong).
+        var evicted = true;
+        for (env.ds.caches) |*c| {
+            for (c.shard_paths, c.manifest.shards) |path, entry| {
+                const file = try std.fs.cwd().openFile(path, .{});
+                defer file.close();
+                _ = std.os.linux.fadvise(file.handle, 0, 0, std.os.linux.POSIX_FADV.DONTNEED);
+                if (entry.byte_len > 0 and files_mod.rangeCached(file.handle, 0, @min(entry.byte_len, 4096))) evicted = false;
+            }
         }
+        if (!evicted) return; // the file system keeps the pages: nothing to check
+        const it = try env.openIter();
+        defer it.close();
+        it.batch.stored_metadata = true;
+        var dest: [1 << 16]u8 = undefined;
+        var k: u64 = 0;
+        while (true) {
+            // The first record alone: it waits for the disk (then the kernel's read-ahead
+            // may bring the rest of a small shard in, for the runs after it).
+            const view = try it.nextBatchInto(if (k == 0) 1 else 100, &dest);
+            if (view.count == 0) break;
+            if (k == 0) slots_seen = it.adjacent_records == 0;
+            for (0..@intCast(view.count)) |i| try env.expectSample(view, i, env.expectedLoc(it, k + i));
+            k += view.count;
+        }
+        try testing.expectEqual(it.schedule.count, k);
     }
-    var dest: [1 << 16]u8 = undefined;
-    var k: u64 = 0;
-    while (true) {
-        // The first record alone: it waited for the disk (then the kernel's read-ahead
-        // may bring the rest of a small shard in, for the runs after it).
-        const view = try it.nextBatchInto(if (k == 0) 1 else 100, &dest);
-        if (view.count == 0) break;
-        if (k == 0 and evicted) try testing.expectEqual(@as(u64, 0), it.adjacent_records);
-        for (0..@intCast(view.count)) |i| try env.expectSample(view, i, env.expectedLoc(it, k + i));
-        k += view.count;
-    }
-    try testing.expectEqual(it.schedule.count, k);
+    try testing.expect(slots_seen);
 }
 
 test "iterator (io_uring): runs of adjacent records wait for nothing evicted" {
