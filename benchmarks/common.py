@@ -137,6 +137,40 @@ def drop_page_cache(path: Any) -> None:
             _os.close(fd)
 
 
+def proactive_reclaim() -> str | None:
+    """A description of the DAMON schemes that page memory out proactively on this
+    machine (Linux ``/sys/kernel/mm/damon/admin``), or None when none runs: such a
+    scheme takes page-cache pages left idle out of memory between benchmark rows."""
+    import os as _os
+
+    root = "/sys/kernel/mm/damon/admin/kdamonds"
+
+    def read(path: str) -> str:
+        with open(path) as f:
+            return f.read().strip()
+
+    found = []
+    try:
+        kdamonds = sorted(_os.listdir(root))
+    except OSError:
+        return None
+    for kdamond in kdamonds:
+        base = f"{root}/{kdamond}"
+        try:
+            if read(f"{base}/state") != "on":
+                continue
+            aggr_us = int(read(f"{base}/contexts/0/monitoring_attrs/intervals/aggr_us"))
+            schemes = f"{base}/contexts/0/schemes"
+            for scheme in sorted(_os.listdir(schemes)):
+                if not scheme.isdigit() or read(f"{schemes}/{scheme}/action") != "pageout":
+                    continue
+                age = int(read(f"{schemes}/{scheme}/access_pattern/age/min"))
+                found.append(f"DAMON pageout of memory idle for {age * aggr_us / 1e6:g} s or more")
+        except (OSError, ValueError):
+            continue
+    return "; ".join(found) or None
+
+
 def resident_fraction(path: Any) -> float:
     """Fraction of the pages of a file (or directory tree) in the page cache (mincore)."""
     import ctypes as _ct

@@ -43,6 +43,7 @@ from common import (
     portable_source,
     print_header,
     print_table,
+    proactive_reclaim,
     resident_fraction,
     sample_digest,
     tree_read_bps,
@@ -254,11 +255,24 @@ def run_config(
             return warm_ds
 
         warmup = 1
+    stats_before = None if cfg["cold"] else getattr(warm_ds, "io_stats", None)
+    # Warm rows: the share of the shard files in the page cache before the warm-up (what
+    # the kernel kept, or a proactive reclaim took, since the row before) and after.
+    shards_dir = _os.path.join(path, "shards")
+    warm_resident = None if cfg["cold"] else [resident_fraction(shards_dir)]
     best, times, total = best_of(consume, spec["repeat"], warmup, setup, spec["budget_s"])
+    if warm_resident is not None:
+        warm_resident.append(resident_fraction(shards_dir))
+    # Ours, warm rows: which engine ran the reads of the timed runs and their warm-up
+    # (io_stats; `auto` hands page-cache-resident reads to the thread pool).
+    engines = None
+    if stats_before is not None:
+        after = warm_ds.io_stats
+        engines = {k: after[k] - stats_before[k] for k in ("uring_reads", "pool_reads")}
     samples = len(perm) if mode in ("get_item", "get_items") else spec["n"][wl]
     # Warm: what a plain loop reads of the same files, as the page cache holds them now
     # (see tree_read_bps).
-    files_bps = None if cfg["cold"] else tree_read_bps(_os.path.join(path, "shards"))
+    files_bps = None if cfg["cold"] else tree_read_bps(shards_dir)
     return {
         "best_s": best,
         "times": times,
@@ -268,6 +282,8 @@ def run_config(
         "verify": verify,
         "resident_after_drop": max(resident) if resident else None,
         "files_bps": files_bps,
+        "engines": engines,
+        "warm_resident": warm_resident,
     }
 
 
@@ -754,6 +770,14 @@ def run(
         [False, True],
     )
     print()
+    reclaim = proactive_reclaim()
+    if reclaim:
+        print(
+            f"This machine reclaims memory proactively ({reclaim}): file pages left alone "
+            "for a while leave the page cache between rows, so warm rows may read some "
+            "bytes from the disk (see the residency notes after the table)."
+        )
+        print()
     title = (
         f"## Read throughput (ref = dataset-rt {ref_version})"
         if ref_version
@@ -852,6 +876,25 @@ def run(
             "a freshly written file, whose pages sit in large folios):"
         )
         for note in files_notes:
+            print(f"- {note}")
+        print()
+    engine_notes = [
+        f"{cfg['label']} [{backend}]: {e['uring_reads']:,} on the ring, "
+        f"{e['pool_reads']:,} on the thread pool; shards {res['warm_resident'][0]:.0%} "
+        f"resident before, {res['warm_resident'][1]:.0%} after"
+        for cfg in configs
+        for backend in BACKENDS
+        if (e := (res := ours[(cfg["key"], backend)]).get("engines"))
+        and (e["uring_reads"] or e["pool_reads"])
+    ]
+    if engine_notes:
+        print(
+            "Reads of our warm rows by engine (io_stats over the warm-up and timed runs; "
+            "`auto` hands large reads whose bytes are in the page cache to the thread "
+            "pool, the rest go to the ring), and the share of the shard files in the page "
+            "cache before the warm-up and after the timed runs (mincore):"
+        )
+        for note in engine_notes:
             print(f"- {note}")
         print()
     print(
