@@ -1037,6 +1037,41 @@ test "batch: addStoredRun gives what add gives, for samples in any order across 
     try testing.expectEqual(@as(u64, 0), run.count());
 }
 
+test "batch: gatherPayloads copies many payloads of any length back to back, in order" {
+    // More payloads than the prefetch distance, lengths from 0 to past the prefetched
+    // bytes, sources scattered over one buffer in no particular order.
+    const gpa = testing.allocator;
+    var prng = std.Random.DefaultPrng.init(11);
+    const random = prng.random();
+    const source = try gpa.alloc(u8, 1 << 16);
+    defer gpa.free(source);
+    random.bytes(source);
+    var ptrs: [100][*]const u8 = undefined;
+    var lens: [100]u64 = undefined;
+    var total: usize = 0;
+    for (&ptrs, &lens, 0..) |*p, *len, k| {
+        const n: usize = switch (k % 4) {
+            0 => 0,
+            1 => random.uintAtMost(usize, 64),
+            2 => random.uintAtMost(usize, 600),
+            else => gather_payload_prefetch_max + random.uintAtMost(usize, 3000),
+        };
+        p.* = source[random.uintAtMost(usize, source.len - n)..].ptr;
+        len.* = n;
+        total += n;
+    }
+    const dst = try gpa.alloc(u8, total);
+    defer gpa.free(dst);
+    gatherPayloads(dst, &ptrs, &lens);
+    var at: usize = 0;
+    for (ptrs, lens) |p, n| {
+        const len: usize = @intCast(n);
+        try testing.expectEqualSlices(u8, p[0..len], dst[at..][0..len]);
+        at += len;
+    }
+    try testing.expectEqual(total, at);
+}
+
 test "batch: truncate keeps the first samples of a contiguous batch" {
     const gpa = testing.allocator;
     var env = try helpers.Env.openFixtures(gpa, &.{"plain_one_shard"}, .{});
