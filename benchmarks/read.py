@@ -885,7 +885,6 @@ def run(
         for cfg in configs
         for backend in BACKENDS
         if (e := (res := ours[(cfg["key"], backend)]).get("engines"))
-        and (e["uring_reads"] or e["pool_reads"])
     ]
     if engine_notes:
         print(
