@@ -137,13 +137,12 @@ def drop_page_cache(path: Any) -> None:
             _os.close(fd)
 
 
-def proactive_reclaim() -> str | None:
+def proactive_reclaim(root: str = "/sys/kernel/mm/damon/admin/kdamonds") -> str | None:
     """A description of the DAMON schemes that page memory out proactively on this
-    machine (Linux ``/sys/kernel/mm/damon/admin``), or None when none runs: such a
-    scheme takes page-cache pages left idle out of memory between benchmark rows."""
+    machine (Linux's DAMON sysfs interface, ``root``: the kdamonds directory), or None
+    when none runs: such a scheme takes page-cache pages left idle out of memory between
+    benchmark rows. Only the first context of each running kdamond is read."""
     import os as _os
-
-    root = "/sys/kernel/mm/damon/admin/kdamonds"
 
     def read(path: str) -> str:
         with open(path) as f:

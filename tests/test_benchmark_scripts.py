@@ -2,7 +2,9 @@
 plus a main) are self-contained: every global name their code uses is defined in the
 script or is a builtin. A helper left out of a runner list fails only in the reference's
 process, after minutes of our own runs (``benchmarks/write.py`` lost its reference
-columns that way once), so it is checked here without running anything."""
+columns that way once), so it is checked here without running anything. Also here: the
+benchmarks' reading of the kernel's proactive-reclaim settings (``common.proactive_reclaim``)
+over a fake sysfs tree."""
 
 from __future__ import annotations
 
@@ -72,3 +74,30 @@ def test_undefined_names_are_found() -> None:
 def test_reference_scripts_define_every_name_they_use(label: str) -> None:
     scripts = dict(_scripts())
     assert _undefined(scripts[label]) == set(), label
+
+
+def test_proactive_reclaim_names_running_pageout_schemes(tmp_path: Path) -> None:
+    """``common.proactive_reclaim`` reads DAMON's sysfs tree: a running kdamond's
+    ``pageout`` scheme is named with its minimum idle time (age in aggregation
+    intervals); stopped kdamonds, other actions and a missing tree give None."""
+    common = _module("common")
+
+    def kdamond(name: str, state: str, action: str, age: int, aggr_us: int) -> None:
+        base = tmp_path / name
+        (base / "contexts/0/monitoring_attrs/intervals").mkdir(parents=True)
+        (base / "state").write_text(state + "\n")
+        (base / "contexts/0/monitoring_attrs/intervals/aggr_us").write_text(f"{aggr_us}\n")
+        scheme = base / "contexts/0/schemes/0"
+        (scheme / "access_pattern/age").mkdir(parents=True)
+        (scheme / "action").write_text(action + "\n")
+        (scheme / "access_pattern/age/min").write_text(f"{age}\n")
+        (base / "contexts/0/schemes/nr_schemes").write_text("1\n")
+
+    assert common.proactive_reclaim(str(tmp_path / "missing")) is None
+    kdamond("0", "off", "pageout", 12, 5_000_000)
+    kdamond("1", "on", "stat", 12, 5_000_000)
+    assert common.proactive_reclaim(str(tmp_path)) is None
+    kdamond("2", "on", "pageout", 12, 5_000_000)
+    assert common.proactive_reclaim(str(tmp_path)) == (
+        "DAMON pageout of memory idle for 60 s or more"
+    )
