@@ -743,8 +743,7 @@ pub const Iter = struct {
                     continue;
                 }
                 const image = images[mapped];
-                var at: usize = 0;
-                while (at < @min(image.len, prefetch_record_bytes)) : (at += 64) @prefetch(image.ptr + at, .{});
+                batch_mod.prefetchBytes(image.ptr, @min(image.len, prefetch_record_bytes));
             }
             for (0..mapped) |j| {
                 it.loc_ring[@intCast((base + j) % it.loc_ring.len)] = locs[j];
@@ -1058,8 +1057,7 @@ pub const Iter = struct {
                 const image, const compression = it.mappedRecord(locs[mapped], it.delivered + mapped) orelse break;
                 if (compression != .none) break;
                 images[mapped] = image;
-                var at: usize = 0;
-                while (at < @min(image.len, prefetch_record_bytes)) : (at += 64) @prefetch(image.ptr + at, .{});
+                batch_mod.prefetchBytes(image.ptr, @min(image.len, prefetch_record_bytes));
             }
             var j: usize = 0;
             while (j < mapped) {

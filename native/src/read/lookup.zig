@@ -665,8 +665,7 @@ pub const Lookup = struct {
                 const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
                 const first = base + @as(usize, @intCast(ahead.at - s.at));
                 // The whole of a small record: its payload is copied out next.
-                var line: usize = 0;
-                while (line < @min(ahead.len, prefetch_record_bytes_max)) : (line += 64) @prefetch(first + line, .{});
+                batch_mod.prefetchBytes(first, @intCast(@min(ahead.len, prefetch_record_bytes_max)));
             }
             const s = spans[r.span];
             const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
