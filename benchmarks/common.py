@@ -120,6 +120,45 @@ def tree_read_bps(path: Any, repeat: int = 2) -> float:
     return total / best
 
 
+def cold_files_bps(path: Any, random_blocks: int = 0, seed: int = 0) -> float:
+    """Bytes/s of a plain cold read of the files under ``path`` (the page cache dropped
+    first, see :func:`drop_page_cache`): in name order with 4 MiB ``preadv`` when
+    ``random_blocks`` is 0, else that many 1 MiB ``preadv`` at random 1 MiB-aligned
+    offsets of random files (weighted by size), one at a time (depth 1).
+
+    The cold rows of ``read.py`` run it on the cache they read, right before each timed
+    run: the disk behind a virtual machine swings by 2x within minutes, and a file the
+    guest wrote recently may still be in the host's page cache, so a limit measured on
+    another file, at another time, says little about these reads."""
+    import os as _os
+    import random as _random
+    import time as _time
+
+    names = _files_under(path)
+    drop_page_cache(path)
+    if random_blocks == 0:
+        t0 = _time.perf_counter()
+        total = sum(read_file_chunks(name) for name in names)
+        return total / (_time.perf_counter() - t0)
+    block = 1 << 20
+    rng = _random.Random(seed)
+    sizes = [_os.path.getsize(name) for name in names]
+    spans = [(name, size // block) for name, size in zip(names, sizes) if size >= block]
+    if not spans:
+        raise ValueError(f"no file of 1 MiB or more under {path}")
+    picks = rng.choices(spans, weights=[n for _, n in spans], k=random_blocks)
+    plan = [(name, rng.randrange(n) * block) for name, n in picks]
+    buf = memoryview(bytearray(block))
+    fds = {name: _os.open(name, _os.O_RDONLY) for name, _ in spans}
+    try:
+        t0 = _time.perf_counter()
+        total = sum(_os.preadv(fds[name], [buf], offset) for name, offset in plan)
+        return total / (_time.perf_counter() - t0)
+    finally:
+        for fd in fds.values():
+            _os.close(fd)
+
+
 def drop_page_cache(path: Any) -> None:
     """Evict the page cache of a file, or of every file under a directory.
 
@@ -286,6 +325,7 @@ PORTABLE: list[Callable[..., Any] | type] = [
     _files_under,
     read_file_chunks,
     tree_read_bps,
+    cold_files_bps,
     drop_page_cache,
     resident_fraction,
     sample_digest,

@@ -4,7 +4,8 @@ script or is a builtin. A helper left out of a runner list fails only in the ref
 process, after minutes of our own runs (``benchmarks/write.py`` lost its reference
 columns that way once), so it is checked here without running anything. Also here: the
 benchmarks' reading of the kernel's proactive-reclaim settings (``common.proactive_reclaim``)
-over a fake sysfs tree."""
+over a fake sysfs tree, and the plain cold read of a cache's files that ``read.py``'s cold
+rows are judged against (``common.cold_files_bps``)."""
 
 from __future__ import annotations
 
@@ -101,3 +102,50 @@ def test_proactive_reclaim_names_running_pageout_schemes(tmp_path: Path) -> None
     assert common.proactive_reclaim(str(tmp_path)) == (
         "DAMON pageout of memory idle for 60 s or more"
     )
+
+
+def test_cold_files_bps_reads_the_files_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``common.cold_files_bps``, the plain read the cold rows of ``read.py`` are judged
+    against: sequentially it reads every byte of every file under the directory;
+    randomly, the asked number of 1 MiB reads at 1 MiB-aligned offsets inside files of at
+    least 1 MiB (smaller files are never read), the same offsets for the same seed."""
+    import os
+
+    common = _module("common")
+    mib = 1 << 20
+    (tmp_path / "a.bin").write_bytes(os.urandom(3 * mib + 5))
+    (tmp_path / "b.bin").write_bytes(os.urandom(2 * mib))
+    (tmp_path / "small.bin").write_bytes(b"x" * 1000)
+    real = os.preadv
+    reads: list[tuple[str, int, int]] = []
+
+    def preadv(fd: int, buffers: list, offset: int) -> int:
+        n = real(fd, buffers, offset)
+        reads.append((os.readlink(f"/proc/self/fd/{fd}"), offset, n))
+        return n
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    assert common.cold_files_bps(tmp_path) > 0
+    per_file: dict[str, int] = {}
+    for name, _, n in reads:
+        per_file[Path(name).name] = per_file.get(Path(name).name, 0) + n
+    assert per_file == {"a.bin": 3 * mib + 5, "b.bin": 2 * mib, "small.bin": 1000}
+
+    reads.clear()
+    assert common.cold_files_bps(tmp_path, random_blocks=40, seed=3) > 0
+    assert len(reads) == 40
+    for name, offset, n in reads:
+        assert Path(name).name in ("a.bin", "b.bin")
+        assert offset % mib == 0 and n == mib
+    first = [(Path(name).name, offset) for name, offset, _ in reads]
+    reads.clear()
+    common.cold_files_bps(tmp_path, random_blocks=40, seed=3)
+    assert [(Path(name).name, offset) for name, offset, _ in reads] == first
+    assert len({name for name, _ in first}) == 2
+
+    (tmp_path / "a.bin").unlink()
+    (tmp_path / "b.bin").unlink()
+    with pytest.raises(ValueError, match="no file of 1 MiB or more"):
+        common.cold_files_bps(tmp_path, random_blocks=1)
