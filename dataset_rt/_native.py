@@ -1066,7 +1066,10 @@ class Batch:
 
     def column_array(self, index: int, kind: int) -> Any:
         """Metadata column ``index`` (of ``kind``) as a numpy array (int64, float64,
-        bool) or a pyarrow LargeStringArray, always copied."""
+        bool) or a pyarrow string array, always copied: ``string_view`` (Arrow's
+        Utf8View, ``drt_column_string_views``), which Polars takes without converting,
+        where pyarrow has it (16 or later) and the column fits 32-bit view offsets, else
+        ``large_string``. Either is the same Polars ``String`` column."""
         import numpy as np
         import pyarrow as pa
 
@@ -1078,11 +1081,43 @@ class Batch:
             return np.frombuffer(ffi.buffer(column.values, 8 * n), dtype=np.float64).copy()
         if kind == Kind.BOOL:
             return np.frombuffer(ffi.buffer(column.values, n), dtype=np.uint8).astype(bool)
+        string_view = _string_view_type()
+        if n > 0 and string_view is not None:
+            views = column_string_views(self._raw.columns + index, n)
+            if views is not None:
+                buffers = [None, pa.py_buffer(views[0])]
+                if views[1]:
+                    values = ffi.cast("uint8_t *", column.values)
+                    buffers.append(pa.py_buffer(ffi.buffer(values, views[1])[:]))
+                return pa.Array.from_buffers(string_view, n, buffers)
         offsets = np.frombuffer(ffi.buffer(column.offsets, 8 * (n + 1)), dtype=np.uint64).astype(
             np.int64
         )
         data = ffi.buffer(ffi.cast("uint8_t *", column.values), int(offsets[-1]))[:]
         return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+def column_string_views(column: Any, count: int) -> tuple[bytearray, int] | None:
+    """``drt_column_string_views`` (ABI 1.12): the Arrow string views of the string
+    column ``column`` (a ``drt_column *`` of a batch) of ``count`` (>= 1) rows, and how
+    many bytes of its values they point into (0: every value inline); None when they do
+    not fit Arrow's 32-bit view fields (use the offsets)."""
+    views = bytearray(16 * count)
+    data_len = ffi.new("uint64_t *")
+    target = ffi.from_buffer(views)
+    status = lib.drt_column_string_views(column, count, target, len(views), data_len)
+    if status == Status.E_OVERFLOW:
+        return None
+    check(status)
+    return views, int(data_len[0])
+
+
+@functools.cache
+def _string_view_type() -> Any:
+    """pyarrow's ``string_view`` type (pyarrow 16 or later), else None."""
+    import pyarrow as pa
+
+    return pa.string_view() if hasattr(pa, "string_view") else None
 
 
 def batch_copy_payloads(batch: Batch, destination: Any) -> int:

@@ -315,3 +315,60 @@ def test_changed_json_value_batches_keep_the_stored_row(
         strict.get_item(cid, 9)
     with pytest.raises(ValueError, match=message):
         strict.get_items([cid], [9])
+
+
+class _Library:
+    """``_native.lib`` with ``drt_column_string_views`` counted, or refused with
+    ``DRT_E_OVERFLOW`` (``overflow``), everything else the library's."""
+
+    def __init__(self, lib: Any, overflow: bool) -> None:
+        self._lib = lib
+        self._overflow = overflow
+        self.view_calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lib, name)
+
+    def drt_column_string_views(self, *args: Any) -> int:
+        self.view_calls += 1
+        if self._overflow:
+            return int(drt._native.Status.E_OVERFLOW)
+        return self._lib.drt_column_string_views(*args)
+
+
+@pytest.mark.parametrize("without", ["pyarrow before 16", "32-bit view offsets exceeded"])
+def test_string_columns_reach_polars_as_views_or_offsets_alike(
+    runtime, edge_cache: Path, monkeypatch: pytest.MonkeyPatch, without: str
+) -> None:
+    """Batch string columns go to Polars as Arrow string views built natively
+    (``drt_column_string_views``: inline up to 12 bytes, longer ones by offset), which
+    Polars takes without converting; without them (pyarrow before 16, or a column whose
+    bytes pass 32-bit view offsets) as ``large_string``. The frames are equal either way,
+    on the edge cache's empty, short, 12-plus-byte, non-ASCII and NUL-holding strings."""
+    from dataset_rt import _native
+
+    def frames() -> tuple[list[pl.DataFrame], pl.DataFrame]:
+        dataset = open_dataset(runtime, "threads", [edge_cache])
+        n = len(dataset)
+        ids = list(range(n))[::-1]
+        return [b.metadata for b in dataset.iter_batches(7)], dataset.get_items(
+            [_cache_id(dataset)] * n, ids
+        ).metadata
+
+    counted = _Library(_native.lib, overflow=False)
+    monkeypatch.setattr(_native, "lib", counted)
+    with_views = frames()
+    assert counted.view_calls > 0
+    if without == "pyarrow before 16":
+        monkeypatch.setattr(_native, "_string_view_type", lambda: None)
+    else:
+        monkeypatch.setattr(_native, "lib", _Library(counted._lib, overflow=True))
+    batches, items = frames()
+    assert len(batches) == len(with_views[0])
+    for got, want in zip(batches, with_views[0]):
+        assert got.schema == want.schema and got.equals(want)
+    assert items.schema == with_views[1].schema and items.equals(with_views[1])
+    assert (
+        items["s"].to_list()
+        == [EDGE_STRINGS[sid % len(EDGE_STRINGS)] for sid in range(len(items))][::-1]
+    )

@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 11
+    DRT_ABI_VERSION_MINOR = 12
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -597,6 +597,21 @@ enum {
  * dst may be NULL when they take 0 bytes. Thread-safe for distinct dst. */
 int32_t drt_batch_copy_payloads(const drt_batch *batch, uint8_t *dst, uint64_t capacity,
                                 uint64_t *out_len);
+
+/* Writes the Arrow string views of string column `column` of a batch (its `count`
+ * rows; any batch, while it is valid) into views[0 .. 16 * count): the 16-byte
+ * BinaryView layout of Arrow's Utf8View (pyarrow's string_view) type. A value of at most
+ * 12 bytes is inline; a longer one is its length, its first 4 bytes, buffer index 0 and
+ * its offset in column->values, which the caller passes to Arrow as the array's one
+ * data buffer: *out_data_len is how many bytes of column->values the views point into
+ * (0 when every value is inline: no data buffer is needed). A consumer that imports
+ * views (Polars) then skips its conversion from offsets (ABI 1.12). Statuses:
+ * DRT_E_INVALID_ARGUMENT (not a string column, or capacity < 16 * count: nothing
+ * written), DRT_E_OVERFLOW (a value's length or a long value's offset does not fit in
+ * 32 bits; use the offsets). views may be NULL when count is 0. Thread-safe for
+ * distinct views. */
+int32_t drt_column_string_views(const drt_column *column, uint64_t count, uint8_t *views,
+                                uint64_t capacity, uint64_t *out_data_len);
 
 /* Cancels outstanding reads and releases the iterator's buffers. */
 void drt_iter_close(drt_iter *iter);

@@ -583,6 +583,41 @@ test "drt_batch_copy_payloads gathers payloads back to back" {
     try std.testing.expectEqual(@as(u64, 0), len);
 }
 
+export fn drt_column_string_views(column: ?*const abi.Column, count: u64, views: ?[*]u8, capacity: u64, out_data_len: ?*u64) Rc {
+    const col = column orelse return nullArgument("column");
+    const o = out_data_len orelse return nullArgument("out_data_len");
+    status.clear();
+    o.* = 0;
+    if (col.kind != @intFromEnum(schema.Kind.string)) return fromError(status.fail(error.InvalidArgument, "column is not a string column (kind {d})", .{col.kind}));
+    if (count == 0) return ok();
+    const need = std.math.mul(u64, count, batch.string_view_bytes) catch return fromError(status.fail(error.Overflow, "{d} views do not fit in memory", .{count}));
+    if (capacity < need) return fromError(status.fail(error.InvalidArgument, "{d} views take {d} bytes, the buffer has {d}", .{ count, need, capacity }));
+    const v = views orelse return nullArgument("views");
+    const offsets = (col.offsets orelse return nullArgument("column.offsets"))[0..@intCast(count + 1)];
+    const values: [*]const u8 = if (col.values) |p| @ptrCast(p) else if (offsets[offsets.len - 1] == 0) &.{} else return nullArgument("column.values");
+    o.* = batch.stringViews(offsets, values, v[0..@intCast(need)]) catch
+        return fromError(status.fail(error.Overflow, "a string column of {d} bytes does not fit Arrow's 32-bit view offsets", .{offsets[offsets.len - 1]}));
+    return ok();
+}
+
+test "drt_column_string_views writes views of a string column, refuses others" {
+    const values = "xythe fourteen b";
+    const offsets = [_]u64{ 0, 2, 16 };
+    const col: abi.Column = .{ .kind = @intFromEnum(schema.Kind.string), .reserved = 0, .values = values.ptr, .offsets = &offsets };
+    var views: [32]u8 = undefined;
+    var data_len: u64 = 99;
+    try std.testing.expectEqual(@as(Rc, 0), drt_column_string_views(&col, 2, &views, views.len, &data_len));
+    try std.testing.expectEqual(@as(u64, 16), data_len);
+    try std.testing.expectEqualSlices(u8, &.{ 2, 0, 0, 0, 'x', 'y' }, views[0..6]);
+    try std.testing.expectEqualSlices(u8, &.{ 14, 0, 0, 0, 't', 'h', 'e', ' ', 0, 0, 0, 0, 2, 0, 0, 0 }, views[16..32]);
+    try std.testing.expect(drt_column_string_views(&col, 2, &views, 31, &data_len) != 0);
+    try std.testing.expectEqualStrings("2 views take 32 bytes, the buffer has 31", status.lastMessage());
+    const ints: abi.Column = .{ .kind = @intFromEnum(schema.Kind.int), .reserved = 0, .values = values.ptr, .offsets = null };
+    try std.testing.expect(drt_column_string_views(&ints, 2, &views, views.len, &data_len) != 0);
+    try std.testing.expectEqual(@as(Rc, 0), drt_column_string_views(&col, 0, null, 0, &data_len));
+    try std.testing.expectEqual(@as(u64, 0), data_len);
+}
+
 export fn drt_iter_close(it: ?*IterHandle) void {
     if (it) |h| h.close();
 }

@@ -667,6 +667,66 @@ pub fn gatherPayloads(dst: []u8, payloads: []const [*]const u8, lens: []const u6
     std.debug.assert(at == dst.len);
 }
 
+/// Bytes of one Arrow string view (the BinaryView layout of Arrow's `Utf8View` arrays,
+/// `string_view` in pyarrow), and the longest string a view holds inline.
+pub const string_view_bytes = 16;
+pub const string_view_inline_max = 12;
+
+/// Writes the Arrow string views of the `offsets.len - 1` strings that `offsets`
+/// (non-decreasing) delimit in `values` into `views` (16 bytes each, exactly): a string
+/// of up to 12 bytes as its length (i32) and its bytes inline, zero-padded; a longer one
+/// as its length, its first 4 bytes, buffer index 0 and its offset (i32s) in `values`,
+/// which the consumer passes as the array's one data buffer. Returns the bytes of
+/// `values` that views point into (0 when every string is inline: no data buffer is
+/// needed). error.Overflow, with `views` partly written, when a string's length or a
+/// long string's offset does not fit in an i32. A consumer importing the views (Polars)
+/// skips the conversion from offsets it would make otherwise.
+pub fn stringViews(offsets: []const u64, values: [*]const u8, views: []u8) error{Overflow}!u64 {
+    std.debug.assert(offsets.len >= 1 and views.len == (offsets.len - 1) * string_view_bytes);
+    const i32_max = std.math.maxInt(i32);
+    var data_len: u64 = 0;
+    for (offsets[0 .. offsets.len - 1], offsets[1..], 0..) |start, end, k| {
+        const view = views[k * string_view_bytes ..][0..string_view_bytes];
+        const len = end - start;
+        if (len > i32_max) return error.Overflow;
+        std.mem.writeInt(u32, view[0..4], @intCast(len), .little);
+        const bytes = values + @as(usize, @intCast(start));
+        if (len <= string_view_inline_max) {
+            @memset(view[4..], 0);
+            @memcpy(view[4..][0..@intCast(len)], bytes[0..@intCast(len)]);
+            continue;
+        }
+        if (start > i32_max) return error.Overflow;
+        @memcpy(view[4..8], bytes[0..4]);
+        std.mem.writeInt(u32, view[8..12], 0, .little);
+        std.mem.writeInt(u32, view[12..16], @intCast(start), .little);
+        data_len = @max(data_len, end);
+    }
+    return data_len;
+}
+
+test "stringViews: short strings inline, long ones by offset into the values" {
+    const values = "abcthirteen bytesZ";
+    // "abc" (3, inline), "" (0, inline), "thirteen byte" (13: by offset 3), "sZ" (inline).
+    const offsets = [_]u64{ 0, 3, 3, 16, 18 };
+    var views: [4 * string_view_bytes]u8 = undefined;
+    @memset(&views, 0xaa);
+    try std.testing.expectEqual(@as(u64, 16), try stringViews(&offsets, values, &views));
+    try std.testing.expectEqualSlices(u8, &.{ 3, 0, 0, 0, 'a', 'b', 'c', 0, 0, 0, 0, 0, 0, 0, 0, 0 }, views[0..16]);
+    try std.testing.expectEqualSlices(u8, &([_]u8{0} ** 16), views[16..32]);
+    try std.testing.expectEqualSlices(u8, &.{ 13, 0, 0, 0, 't', 'h', 'i', 'r', 0, 0, 0, 0, 3, 0, 0, 0 }, views[32..48]);
+    try std.testing.expectEqualSlices(u8, &.{ 2, 0, 0, 0, 's', 'Z', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, views[48..64]);
+    // Every string inline: no data buffer.
+    try std.testing.expectEqual(@as(u64, 0), try stringViews(offsets[0..3], values, views[0..32]));
+    // Exactly 12 bytes is still inline.
+    const twelve = [_]u64{ 3, 15 };
+    try std.testing.expectEqual(@as(u64, 0), try stringViews(&twelve, values, views[0..16]));
+    try std.testing.expectEqualStrings("thirteen byt", views[4..16]);
+    // An offset past what an i32 holds.
+    const far = [_]u64{ 1 << 31, (1 << 31) + 13 };
+    try std.testing.expectError(error.Overflow, stringViews(&far, values, views[0..16]));
+}
+
 /// How many payloads ahead `gatherPayloads` starts loading one, and how many of its
 /// first bytes it loads.
 const gather_payload_distance = 8;
