@@ -1068,8 +1068,8 @@ class Batch:
         """Metadata column ``index`` (of ``kind``) as a numpy array (int64, float64,
         bool) or a pyarrow string array, always copied: ``string_view`` (Arrow's
         Utf8View, ``drt_column_string_views``), which Polars takes without converting,
-        where pyarrow has it (16 or later) and the column fits 32-bit view offsets, else
-        ``large_string``. Either is the same Polars ``String`` column."""
+        where pyarrow builds it (``_string_view_type``) and the column fits 32-bit view
+        offsets, else ``large_string``. Either is the same Polars ``String`` column."""
         import numpy as np
         import pyarrow as pa
 
@@ -1114,10 +1114,26 @@ def column_string_views(column: Any, count: int) -> tuple[bytearray, int] | None
 
 @functools.cache
 def _string_view_type() -> Any:
-    """pyarrow's ``string_view`` type (pyarrow 16 or later), else None."""
+    """pyarrow's ``string_view`` type when this pyarrow builds such an array from a views
+    buffer and a data buffer and Polars reads it back (pyarrow 16 to 18 have the type but
+    refuse the data buffer; 20 and later take it), else None: string columns then go to
+    Polars as ``large_string``. Probed once, with one value too long to be inline."""
     import pyarrow as pa
 
-    return pa.string_view() if hasattr(pa, "string_view") else None
+    if not hasattr(pa, "string_view"):
+        return None
+    value = b"sixteen bytes ok"
+    try:
+        import polars as pl
+
+        kind = pa.string_view()
+        views = struct.pack("<i4sii", len(value), value[:4], 0, 0)
+        array = pa.Array.from_buffers(kind, 1, [None, pa.py_buffer(views), pa.py_buffer(value)])
+        if pl.Series(array).to_list() != [value.decode()]:
+            return None
+    except Exception:  # any refusal: use the offsets
+        return None
+    return kind
 
 
 def batch_copy_payloads(batch: Batch, destination: Any) -> int:

@@ -336,15 +336,16 @@ class _Library:
         return self._lib.drt_column_string_views(*args)
 
 
-@pytest.mark.parametrize("without", ["pyarrow before 16", "32-bit view offsets exceeded"])
+@pytest.mark.parametrize("without", ["pyarrow without them", "32-bit view offsets exceeded"])
 def test_string_columns_reach_polars_as_views_or_offsets_alike(
     runtime, edge_cache: Path, monkeypatch: pytest.MonkeyPatch, without: str
 ) -> None:
     """Batch string columns go to Polars as Arrow string views built natively
     (``drt_column_string_views``: inline up to 12 bytes, longer ones by offset), which
-    Polars takes without converting; without them (pyarrow before 16, or a column whose
-    bytes pass 32-bit view offsets) as ``large_string``. The frames are equal either way,
-    on the edge cache's empty, short, 12-plus-byte, non-ASCII and NUL-holding strings."""
+    Polars takes without converting; without them (a pyarrow that cannot build them from
+    buffers, or a column whose bytes pass 32-bit view offsets) as ``large_string``. The
+    frames are equal either way, on the edge cache's empty, short, 12-plus-byte,
+    non-ASCII and NUL-holding strings."""
     from dataset_rt import _native
 
     def frames() -> tuple[list[pl.DataFrame], pl.DataFrame]:
@@ -359,7 +360,7 @@ def test_string_columns_reach_polars_as_views_or_offsets_alike(
     monkeypatch.setattr(_native, "lib", counted)
     with_views = frames()
     assert counted.view_calls > 0
-    if without == "pyarrow before 16":
+    if without == "pyarrow without them":
         monkeypatch.setattr(_native, "_string_view_type", lambda: None)
     else:
         monkeypatch.setattr(_native, "lib", _Library(counted._lib, overflow=True))
