@@ -541,7 +541,7 @@ def target_for(
     if key == "w1_shuffled":
         return ">=900k/s", yn(rps >= 900e3)
     if key == "w1_get_item":
-        return ">=400k/s", yn(rps >= 400e3)
+        return ">=500k/s", yn(rps >= 500e3)
     if key == "w1_get_items":
         return ">=10M/s", yn(rps >= 10e6)
     if key == "w1_batches":
