@@ -607,7 +607,7 @@ int32_t drt_batch_copy_payloads(const drt_batch *batch, uint8_t *dst, uint64_t c
  * (0 when every value is inline: no data buffer is needed). A consumer that imports
  * views (Polars) then skips its conversion from offsets (ABI 1.12). Statuses:
  * DRT_E_INVALID_ARGUMENT (not a string column, or capacity < 16 * count: nothing
- * written), DRT_E_OVERFLOW (a value's length or a long value's offset does not fit in
+ * written; offsets that decrease), DRT_E_OVERFLOW (a value's length or a long value's offset does not fit in
  * 32 bits; use the offsets). views may be NULL when count is 0. Thread-safe for
  * distinct views. */
 int32_t drt_column_string_views(const drt_column *column, uint64_t count, uint8_t *views,

@@ -595,8 +595,10 @@ export fn drt_column_string_views(column: ?*const abi.Column, count: u64, views:
     const v = views orelse return nullArgument("views");
     const offsets = (col.offsets orelse return nullArgument("column.offsets"))[0..@intCast(count + 1)];
     const values: [*]const u8 = if (col.values) |p| @ptrCast(p) else if (offsets[offsets.len - 1] == 0) &.{} else return nullArgument("column.values");
-    o.* = batch.stringViews(offsets, values, v[0..@intCast(need)]) catch
-        return fromError(status.fail(error.Overflow, "a string column of {d} bytes does not fit Arrow's 32-bit view offsets", .{offsets[offsets.len - 1]}));
+    o.* = batch.stringViews(offsets, values, v[0..@intCast(need)]) catch |err| return fromError(switch (err) {
+        error.Overflow => status.fail(error.Overflow, "a string column of {d} bytes does not fit Arrow's 32-bit view offsets", .{offsets[offsets.len - 1]}),
+        error.InvalidArgument => status.fail(error.InvalidArgument, "the column's offsets decrease", .{}),
+    });
     return ok();
 }
 

@@ -678,17 +678,19 @@ pub const string_view_inline_max = 12;
 /// as its length, its first 4 bytes, buffer index 0 and its offset (i32s) in `values`,
 /// which the consumer passes as the array's one data buffer. Returns the bytes of
 /// `values` that views point into (0 when every string is inline: no data buffer is
-/// needed). error.Overflow, with `views` partly written, when a string's length or a
-/// long string's offset does not fit in an i32. A consumer importing the views (Polars)
-/// skips the conversion from offsets it would make otherwise.
-pub fn stringViews(offsets: []const u64, values: [*]const u8, views: []u8) error{Overflow}!u64 {
+/// needed). With `views` partly written: error.Overflow when a string's length or a
+/// long string's offset does not fit in an i32, error.InvalidArgument when an offset is
+/// below the one before it. A consumer importing the views (Polars) skips the conversion
+/// from offsets it would make otherwise.
+pub fn stringViews(offsets: []const u64, values: [*]const u8, views: []u8) error{ Overflow, InvalidArgument }!u64 {
     std.debug.assert(offsets.len >= 1 and views.len == (offsets.len - 1) * string_view_bytes);
     const i32_max = std.math.maxInt(i32);
     var data_len: u64 = 0;
     for (offsets[0 .. offsets.len - 1], offsets[1..], 0..) |start, end, k| {
         const view = views[k * string_view_bytes ..][0..string_view_bytes];
+        if (end < start) return error.InvalidArgument;
         const len = end - start;
-        if (len > i32_max) return error.Overflow;
+        if (len > i32_max or (len > string_view_inline_max and start > i32_max)) return error.Overflow;
         std.mem.writeInt(u32, view[0..4], @intCast(len), .little);
         const bytes = values + @as(usize, @intCast(start));
         if (len <= string_view_inline_max) {
@@ -696,7 +698,6 @@ pub fn stringViews(offsets: []const u64, values: [*]const u8, views: []u8) error
             @memcpy(view[4..][0..@intCast(len)], bytes[0..@intCast(len)]);
             continue;
         }
-        if (start > i32_max) return error.Overflow;
         @memcpy(view[4..8], bytes[0..4]);
         std.mem.writeInt(u32, view[8..12], 0, .little);
         std.mem.writeInt(u32, view[12..16], @intCast(start), .little);
@@ -725,6 +726,9 @@ test "stringViews: short strings inline, long ones by offset into the values" {
     // An offset past what an i32 holds.
     const far = [_]u64{ 1 << 31, (1 << 31) + 13 };
     try std.testing.expectError(error.Overflow, stringViews(&far, values, views[0..16]));
+    // Offsets that go back.
+    const back = [_]u64{ 3, 2 };
+    try std.testing.expectError(error.InvalidArgument, stringViews(&back, values, views[0..16]));
 }
 
 /// How many payloads ahead `gatherPayloads` starts loading one, and how many of its
