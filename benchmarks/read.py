@@ -783,6 +783,10 @@ def run(
         ["limit", "value"],
         [
             ["page-cache read (warm, 4 MiB preadv)", f"{limits['pagecache_bps'] / 1e6:,.0f} MB/s"],
+            [
+                "page-cache read into 64 MiB batches (2 threads)",
+                f"{limits['pagecache_batches_bps'] / 1e6:,.0f} MB/s",
+            ],
             ["memcpy (numpy copy, 256 MiB)", f"{limits['memcpy_bps'] / 1e6:,.0f} MB/s"],
             ["cold sequential read (DONTNEED, 4 MiB)", f"{limits['cold_seq_bps'] / 1e6:,.0f} MB/s"],
             ["cold random 1 MiB reads, depth 1", f"{limits['cold_rand_bps'] / 1e6:,.0f} MB/s"],
@@ -887,6 +891,24 @@ def run(
         [False, False, True, True, True, True, True, True, False, False, False],
     )
     print()
+    batch_notes = [
+        f"{cfg['label']} [{backend}]: {res['bytes'] / res['best_s'] / 1e6:,.0f} MB/s, "
+        f"{res['bytes'] / res['best_s'] / limits['pagecache_batches_bps']:.0%} of it"
+        for cfg in configs
+        if cfg["key"] == "w2_batches_warm"
+        for backend, res in [(b, ours[(cfg["key"], b)]) for b in BACKENDS]
+    ]
+    if batch_notes:
+        print(
+            "W2 batches against the page-cache read into 64 MiB batches on 2 threads "
+            f"({limits['pagecache_batches_bps'] / 1e6:,.0f} MB/s, same file as the page-cache "
+            "limit): a 64 MiB batch leaves the CPU caches, so its bytes are also written to "
+            "memory, which the 4 MiB page-cache limit never does (the SPEC target is judged "
+            "against that limit all the same):"
+        )
+        for note in batch_notes:
+            print(f"- {note}")
+        print()
     cold_notes = [
         f"{cfg['label']} [{who}]: {res['bytes'] / res['best_s'] / 1e6:,.0f} MB/s against "
         f"{res['plain_cold_bps'] / 1e6:,.0f} MB/s "
