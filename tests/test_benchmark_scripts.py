@@ -5,7 +5,8 @@ process, after minutes of our own runs (``benchmarks/write.py`` lost its referen
 columns that way once), so it is checked here without running anything. Also here: the
 benchmarks' reading of the kernel's proactive-reclaim settings (``common.proactive_reclaim``)
 over a fake sysfs tree, and the plain cold read of a cache's files that ``read.py``'s cold
-rows are judged against (``common.cold_files_bps``)."""
+rows are judged against (``common.cold_files_bps``), and the page-cache read into
+64 MiB batches that its W2 batch rows are shown against (``common.read_into_batches``)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,29 @@ def test_cold_files_bps_reads_the_files_it_is_given(
     (tmp_path / "b.bin").unlink()
     with pytest.raises(ValueError, match="no file of 1 MiB or more"):
         common.cold_files_bps(tmp_path, random_blocks=1)
+
+
+def test_read_into_batches_reads_every_range_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``common.read_into_batches`` (the page-cache limit of W2 batches): every 1 MiB range
+    of the file read exactly once, split over the threads, into destinations that stay
+    inside the thread's 64 MiB buffers."""
+    import os
+
+    common = _module("common")
+    mib = 1 << 20
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(5 * mib + 123))
+    real = os.preadv
+    reads: list[tuple[int, int]] = []
+
+    def preadv(fd: int, buffers: list, offset: int) -> int:
+        assert len(buffers) == 1 and len(buffers[0]) <= mib
+        n = real(fd, buffers, offset)
+        reads.append((offset, n))
+        return n
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    assert common.read_into_batches(path, threads=2, batch_bytes=2 * mib) == 5 * mib + 123
+    assert sorted(reads) == [(k * mib, mib) for k in range(5)] + [(5 * mib, 123)]
