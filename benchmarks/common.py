@@ -36,6 +36,8 @@ from typing import Any
 
 MiB = 1 << 20
 CHUNK_BYTES = 4 * MiB
+#: 1 MiB reads of the cold random-read limits (``cold_files_bps``), at depth 1.
+COLD_RANDOM_READS = 256
 DIGEST_BYTES = 16
 
 
@@ -123,8 +125,9 @@ def tree_read_bps(path: Any, repeat: int = 2) -> float:
 def cold_files_bps(path: Any, random_blocks: int = 0, seed: int = 0) -> float:
     """Bytes/s of a plain cold read of the files under ``path`` (the page cache dropped
     first, see :func:`drop_page_cache`): in name order with 4 MiB ``preadv`` when
-    ``random_blocks`` is 0, else that many 1 MiB ``preadv`` at random 1 MiB-aligned
-    offsets of random files (weighted by size), one at a time (depth 1).
+    ``random_blocks`` is 0, else that many 1 MiB ``preadv`` (at most every whole 1 MiB
+    block there is) at distinct random 1 MiB-aligned offsets of the files, one at a time
+    (depth 1): no block twice, so none comes from the page cache.
 
     The cold rows of ``read.py`` run it on the cache they read, right before each timed
     run: the disk behind a virtual machine swings by 2x within minutes, and a file the
@@ -141,15 +144,12 @@ def cold_files_bps(path: Any, random_blocks: int = 0, seed: int = 0) -> float:
         total = sum(read_file_chunks(name) for name in names)
         return total / (_time.perf_counter() - t0)
     block = 1 << 20
-    rng = _random.Random(seed)
-    sizes = [_os.path.getsize(name) for name in names]
-    spans = [(name, size // block) for name, size in zip(names, sizes) if size >= block]
-    if not spans:
+    blocks = [(name, k * block) for name in names for k in range(_os.path.getsize(name) // block)]
+    if not blocks:
         raise ValueError(f"no file of 1 MiB or more under {path}")
-    picks = rng.choices(spans, weights=[n for _, n in spans], k=random_blocks)
-    plan = [(name, rng.randrange(n) * block) for name, n in picks]
+    plan = _random.Random(seed).sample(blocks, min(random_blocks, len(blocks)))
     buf = memoryview(bytearray(block))
-    fds = {name: _os.open(name, _os.O_RDONLY) for name, _ in spans}
+    fds = {name: _os.open(name, _os.O_RDONLY) for name, _ in plan}
     try:
         t0 = _time.perf_counter()
         total = sum(_os.preadv(fds[name], [buf], offset) for name, offset in plan)
@@ -359,19 +359,6 @@ def write_random_file(path: Path, size_bytes: int, seed: int = 0) -> None:
         os.fsync(handle.fileno())
 
 
-def read_random_blocks(path: Path, offsets: Sequence[int], block_bytes: int) -> int:
-    """One ``os.preadv`` of ``block_bytes`` at each offset, depth 1; returns bytes read."""
-    buf = memoryview(bytearray(block_bytes))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        total = 0
-        for offset in offsets:
-            total += os.preadv(fd, [buf], offset)
-        return total
-    finally:
-        os.close(fd)
-
-
 def python_ordered_loop(path: Path, record_bytes: int) -> int:
     """The hand-written per-sample floor: 4 MiB ``preadv`` into numpy, one ``bytes`` per record.
 
@@ -540,23 +527,10 @@ def measure_limits(
     limits["pagecache_batches_bps"] = file_bytes / best
     limits["memcpy_bps"] = memcpy_bandwidth(256 * MiB, repeat)
 
-    def cold() -> None:
-        drop_page_cache(path)
-
-    best, _, _ = best_of(lambda _: read_file_chunks(path), repeat, warmup=0, setup=cold)
-    limits["cold_seq_bps"] = file_bytes / best
-    blocks = file_bytes // MiB
-    count = min(blocks, 256)
-    rng = random.Random(1)
-
-    def cold_offsets() -> list[int]:
-        drop_page_cache(path)
-        return [b * MiB for b in rng.sample(range(blocks), count)]
-
-    best, _, _ = best_of(
-        lambda offsets: read_random_blocks(path, offsets, MiB), repeat, warmup=0, setup=cold_offsets
+    limits["cold_seq_bps"] = max(cold_files_bps(path) for _ in range(repeat))
+    limits["cold_rand_bps"] = max(
+        cold_files_bps(path, COLD_RANDOM_READS, seed=k) for k in range(repeat)
     )
-    limits["cold_rand_bps"] = count * MiB / best
     drop_page_cache(path)
     limits["cold_resident_after_drop"] = resident_fraction(path)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from common import (
+    COLD_RANDOM_READS,
     MiB,
     SampleCheck,
     bench_parser,
@@ -251,7 +252,7 @@ def run_config(
     # a moment ago may come from the host's page cache, so each read here follows one of
     # the other kind over the same bytes.
     plain_bps: list[float] = []
-    plain_kind = 256 if cfg["shuffle"] else 0
+    plain_kind = spec["cold_random_reads"] if cfg["shuffle"] else 0
     shards_dir = _os.path.join(path, "shards")
     if cfg["cold"]:
 
@@ -500,20 +501,17 @@ def limit_for(
     Cold rows: the plain cold read of the same shard files interleaved with their runs
     (best of them, as the row is the best of its runs), else the machine limit."""
     key = cfg["key"]
-    if res.get("plain_cold_bps"):
-        name = "files seq" if key == "w2_ordered_cold" else "files rand 1M d1"
-        return name, res["plain_cold_bps"], "bps"
+    if key == "w2_ordered_cold":
+        return "files seq", res["plain_cold_bps"], "bps"
+    if key == "w2_shuffled_cold":
+        return "files rand 1M d1", res["plain_cold_bps"], "bps"
     if key == "w1_ordered":
         return "py loop ordered", limits["py_ordered_rps"], "rps"
     if key in ("w1_shuffled", "w1_get_item", "w1_get_items"):
         return "py pread random", limits["py_random_rps"], "rps"
     if key == "w1_batches":
         return "page cache", limits["pagecache_bps"] / RECORD_BYTES["w1"], "rps"
-    if key in ("w2_ordered_warm", "w2_shuffled_warm", "w2_batches_warm"):
-        return "page cache", limits["pagecache_bps"], "bps"
-    if key == "w2_ordered_cold":
-        return "cold seq", limits["cold_seq_bps"], "bps"
-    return "cold rand 1M d1", limits["cold_rand_bps"], "bps"
+    return "page cache", limits["pagecache_bps"], "bps"
 
 
 # SPEC section 7 (its absolute W2 figures were measured next to a 21 GB/s page cache).
@@ -699,7 +697,11 @@ def run(
 
     spec = build_workloads(workdir, counts, args.num_workers)
     spec.update(
-        num_workers=args.num_workers, prefetch=PREFETCH, repeat=repeat, budget_s=CONFIG_BUDGET_S
+        num_workers=args.num_workers,
+        prefetch=PREFETCH,
+        repeat=repeat,
+        budget_s=CONFIG_BUDGET_S,
+        cold_random_reads=COLD_RANDOM_READS,
     )
     perm = array("Q")
     perm.frombytes(Path(spec["perm"]).read_bytes())
@@ -921,8 +923,9 @@ def run(
     if cold_notes:
         print(
             "Cold rows against a plain cold read of the same shard files right before each "
-            "of their runs (sequential 4 MiB preadv for ordered rows, 256 x 1 MiB preadv at "
-            "random offsets, depth 1, for shuffled ones; best of each), the limit in the "
+            "of their runs (sequential 4 MiB preadv for ordered rows; for shuffled ones "
+            f"{COLD_RANDOM_READS} x 1 MiB preadv at distinct random offsets, depth 1, or every "
+            "block once in a smaller cache; best of each), the limit in the "
             "table; the machine limits above read a file written at the start of this run:"
         )
         for note in cold_notes:

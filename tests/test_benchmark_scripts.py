@@ -110,41 +110,48 @@ def test_cold_files_bps_reads_the_files_it_is_given(
 ) -> None:
     """``common.cold_files_bps``, the plain read the cold rows of ``read.py`` are judged
     against: sequentially it reads every byte of every file under the directory;
-    randomly, the asked number of 1 MiB reads at 1 MiB-aligned offsets inside files of at
-    least 1 MiB (smaller files are never read), the same offsets for the same seed."""
+    randomly, the asked number of 1 MiB reads at distinct 1 MiB-aligned offsets inside
+    files of at least 1 MiB (smaller files are never read; no block twice, so asking for
+    more reads every block once), the same offsets for the same seed."""
     import os
 
     common = _module("common")
     mib = 1 << 20
-    (tmp_path / "a.bin").write_bytes(os.urandom(3 * mib + 5))
-    (tmp_path / "b.bin").write_bytes(os.urandom(2 * mib))
+    (tmp_path / "a.bin").write_bytes(os.urandom(12 * mib + 5))
+    (tmp_path / "b.bin").write_bytes(os.urandom(8 * mib))
     (tmp_path / "small.bin").write_bytes(b"x" * 1000)
     real = os.preadv
     reads: list[tuple[str, int, int]] = []
 
     def preadv(fd: int, buffers: list, offset: int) -> int:
         n = real(fd, buffers, offset)
-        reads.append((os.readlink(f"/proc/self/fd/{fd}"), offset, n))
+        reads.append((Path(os.readlink(f"/proc/self/fd/{fd}")).name, offset, n))
         return n
 
     monkeypatch.setattr(os, "preadv", preadv)
     assert common.cold_files_bps(tmp_path) > 0
     per_file: dict[str, int] = {}
     for name, _, n in reads:
-        per_file[Path(name).name] = per_file.get(Path(name).name, 0) + n
-    assert per_file == {"a.bin": 3 * mib + 5, "b.bin": 2 * mib, "small.bin": 1000}
+        per_file[name] = per_file.get(name, 0) + n
+    assert per_file == {"a.bin": 12 * mib + 5, "b.bin": 8 * mib, "small.bin": 1000}
 
     reads.clear()
-    assert common.cold_files_bps(tmp_path, random_blocks=40, seed=3) > 0
-    assert len(reads) == 40
+    assert common.cold_files_bps(tmp_path, random_blocks=15, seed=3) > 0
+    assert len(reads) == 15
+    first = [(name, offset) for name, offset, _ in reads]
+    assert len(set(first)) == 15
     for name, offset, n in reads:
-        assert Path(name).name in ("a.bin", "b.bin")
-        assert offset % mib == 0 and n == mib
-    first = [(Path(name).name, offset) for name, offset, _ in reads]
+        assert name in ("a.bin", "b.bin") and offset % mib == 0 and n == mib
+    assert {name for name, _ in first} == {"a.bin", "b.bin"}
+    reads.clear()
+    common.cold_files_bps(tmp_path, random_blocks=15, seed=3)
+    assert [(name, offset) for name, offset, _ in reads] == first
+
     reads.clear()
     common.cold_files_bps(tmp_path, random_blocks=40, seed=3)
-    assert [(Path(name).name, offset) for name, offset, _ in reads] == first
-    assert len({name for name, _ in first}) == 2
+    assert sorted((name, offset) for name, offset, _ in reads) == [
+        ("a.bin", k * mib) for k in range(12)
+    ] + [("b.bin", k * mib) for k in range(8)]
 
     (tmp_path / "a.bin").unlink()
     (tmp_path / "b.bin").unlink()
