@@ -44,6 +44,7 @@ test {
     _ = @import("read/plan.zig");
     _ = @import("read/iterator.zig");
     _ = @import("read/lookahead.zig");
+    _ = @import("read/adjacent.zig");
     _ = @import("read/lookup.zig");
     _ = @import("read/batch.zig");
     _ = @import("read/record.zig");

@@ -23,7 +23,10 @@
 //! both paths give the same samples, errors and order; a record the budget leaves
 //! unmapped is read through the backend. Contiguous batches of an ordered window take
 //! runs of such records with one read each into a small reused buffer instead
-//! (`takeAdjacent`: no pages mapped and unmapped per epoch).
+//! (`takeAdjacent`: no pages mapped and unmapped per epoch); the runs after the one being
+//! copied are read ahead on the runtime's worker pool (read/adjacent.zig), as many as
+//! the byte budget holds (2 to 64 runs of at most 128 KiB), so the workers read the next
+//! batch while the caller works on this one.
 //!
 //! A caller may also give buffers for the payloads read next (`givePayloadBuffers`;
 //! Python's per-sample iteration gives the `bytes` objects it hands out): a large
@@ -37,7 +40,9 @@
 //!   (in flight, completed, or in the batch last handed out), and the slots' buffers hold
 //!   at most `budget` bytes, or one read when a single read is larger: an iterator's
 //!   memory is bounded by `min(prefetch_size records, budget)` plus fixed buffers. A slow
-//!   consumer stops reads.
+//!   consumer stops reads. The read-ahead of `takeAdjacent` (contiguous ordered batches,
+//!   which use no slots) is bounded by bytes alone: `max(budget, 256 KiB)` in runs whose
+//!   records are not yet delivered.
 //! - Slots form a ring in plan order: `used` slots from `head`, each holding consecutive
 //!   window indexes; free slots are never queued. Their buffers are allocated from and
 //!   returned to the byte ring in the same order.
@@ -69,6 +74,7 @@ const plan = @import("plan.zig");
 const batch_mod = @import("batch.zig");
 const record = @import("record.zig");
 const LookAhead = @import("lookahead.zig").LookAhead;
+const adjacent_mod = @import("adjacent.zig");
 const Dataset = dataset_mod.Dataset;
 const Loc = dataset_mod.Loc;
 const Table = dataset_mod.Table;
@@ -103,6 +109,14 @@ const adjacent_records_max = 256;
 /// Bytes at most of one run of `Iter.takeAdjacent`: read into a scratch buffer of this
 /// size, which stays in the CPU caches between the read and the copy into the batch.
 const adjacent_read_max = 128 << 10;
+
+/// Runs of `Iter.takeAdjacent` read ahead on the worker pool (`adjacent_mod.Ring`), each in a
+/// buffer of `adjacent_read_max` bytes: as many as the byte budget holds, within these
+/// bounds. Two are not enough: the consumer catches up and reads inline while the workers
+/// sleep; 16 or more keep the workers reading the next batch while the caller works on
+/// the one it has (measured: benchmarks/README.md, round 14).
+const adjacent_ahead_min = 2;
+const adjacent_ahead_max = 64;
 
 /// A record read into a caller's payload buffer (`Iter.planDest`) has at most this many
 /// bytes of header and JSON, read from the page cache when it is planned.
@@ -404,6 +418,12 @@ pub const Iter = struct {
     adjacent_lens: []u64,
     adjacent_payloads: [][]const u8,
     adjacent_bytes: []u8,
+    /// `takeAdjacent`'s runs read ahead on the pool; the first `ahead_taken` records
+    /// (`ahead_taken_bytes` bytes) of the oldest were taken already.
+    /// Allocated at its first use (`adjacent_ahead_min..max` runs within `budget`).
+    ahead: adjacent_mod.Ring = .{},
+    ahead_taken: usize = 0,
+    ahead_taken_bytes: u64 = 0,
     /// Caller buffers for payloads read next (`givePayloadBuffers`): those not yet
     /// assigned to a record are `dests.items[dest_head..]`, in the order given.
     dests: std.ArrayList([]u8) = .empty,
@@ -1114,23 +1134,99 @@ pub const Iter = struct {
     fn takeAdjacent(it: *Iter, end: u64) error{OutOfMemory}!struct { u64, u64 } {
         std.debug.assert(it.used == 0 and it.planned == it.delivered and it.delivered < end);
         const ds = it.ds;
-        const table = it.table;
-        if (ds.options.shuffle or table.cache.len != 0) return .{ 0, 0 };
+        if (ds.options.shuffle or it.table.cache.len != 0) return .{ 0, 0 };
         if (!it.batch.stored_metadata or ds.options.validate_cache) return .{ 0, 0 };
         const k0 = it.delivered;
-        const p0 = it.schedule.position(k0);
+        const pool = &ds.runtime.pool;
+        // The run from the read-ahead when its oldest one continues at `k0` (what is left
+        // of it after the previous batch), else planned and read now.
+        var bytes: []const u8 = undefined;
+        var lens: []const u64 = undefined;
+        var first_id: u64 = undefined;
+        var cache: u32 = undefined;
+        var ahead: ?*adjacent_mod.Slot = null;
+        if (it.ahead.front()) |s| {
+            if (s.run.first + it.ahead_taken == k0) {
+                // Not all in the page cache: the usual paths read it (and their errors).
+                const run_bytes = s.bytes(pool) orelse {
+                    it.ahead.clear(pool, &it.files);
+                    it.ahead_taken = 0;
+                    return .{ 0, 0 };
+                };
+                bytes = run_bytes[@intCast(it.ahead_taken_bytes)..];
+                lens = s.lens[it.ahead_taken..s.run.count];
+                first_id = s.run.sample_id + it.ahead_taken;
+                cache = s.run.key.cache;
+                ahead = s;
+            } else {
+                it.ahead.clear(pool, &it.files);
+                it.ahead_taken = 0;
+            }
+        }
+        if (ahead == null) {
+            const run = it.planRun(k0, end, it.adjacent_lens) orelse return .{ 0, 0 };
+            bytes = it.readAdjacent(run.key, run.len, run.offset) orelse return .{ 0, 0 };
+            lens = it.adjacent_lens[0..run.count];
+            first_id = run.sample_id;
+            cache = run.key.cache;
+        }
+        // The runs after this one go to the pool while this one is split and copied.
+        try it.queueAhead(k0 + lens.len);
+        // `shard.split` of each record, inline; the first that does not split ends the run.
+        const n: usize = @intCast(@min(lens.len, end - k0));
+        const payloads = it.adjacent_payloads;
+        var at: usize = 0;
+        var split: usize = 0;
+        while (split < n) : (split += 1) {
+            const len: usize = @intCast(lens[split]);
+            if (len < shard.header_bytes) break;
+            const json_len = std.mem.readInt(u64, bytes[at..][0..shard.header_bytes], .little);
+            if (json_len > len - shard.header_bytes) break;
+            payloads[split] = bytes[at + shard.header_bytes + @as(usize, @intCast(json_len)) .. at + len];
+            at += len;
+        }
+        const added = it.batch.addCopyRun(ds, cache, first_id, payloads[0..split]) catch |err| switch (err) {
+            error.OutOfMemory => return error.OutOfMemory,
+            // Nothing was added; `addCopy` meets the same failure for this record.
+            else => return .{ 0, 0 },
+        };
+        var added_bytes: u64 = 0;
+        for (lens[0..added]) |len| added_bytes += len;
+        it.delivered += added;
+        it.planned += added;
+        it.adjacent_records += added;
+        if (ahead) |s| {
+            it.ahead_taken += added;
+            it.ahead_taken_bytes += added_bytes;
+            if (it.ahead_taken == s.run.count) {
+                it.ahead.pop(&it.files);
+                it.ahead_taken = 0;
+                it.ahead_taken_bytes = 0;
+            }
+        }
+        return .{ added, added_bytes };
+    }
+
+    /// The run of `takeAdjacent` at plan index `k` (before `end`), its records' lengths
+    /// written to `lens`: consecutive samples of one cache whose records lie back to back
+    /// in one uncompressed local shard, each one `mappedRecord` would serve, at most
+    /// `adjacent_read_max` bytes and `adjacent_records_max` records. Null when the record
+    /// at `k` is not so. Reads nothing but index rows.
+    fn planRun(it: *const Iter, k: u64, end: u64, lens: []u64) ?adjacent_mod.Run {
+        const ds = it.ds;
+        const table = it.table;
+        const p0 = it.schedule.position(k);
         const loc = ds.locate(table, p0);
         const c = &ds.caches[loc.cache];
         // Consecutive plan indexes are consecutive samples while the positions do not
         // leave the schedule's block or wrap, and the rows stay in the table and the cache.
-        var n_max: u64 = @min(end - k0, adjacent_records_max, table.len - p0 % table.len, c.sampleCount() - loc.sample_id);
+        var n_max: u64 = @min(end - k, adjacent_records_max, table.len - p0 % table.len, c.sampleCount() - loc.sample_id);
         n_max = @min(n_max, std.math.maxInt(u64) - p0);
-        if (it.schedule.block_len != 0) n_max = @min(n_max, it.schedule.block_len - k0 % it.schedule.block_len);
+        if (it.schedule.block_len != 0) n_max = @min(n_max, it.schedule.block_len - k % it.schedule.block_len);
         const first = c.row(loc.sample_id);
-        if (!it.smallLocal(c, first)) return .{ 0, 0 };
+        if (!it.smallLocal(c, first)) return null;
         const entry = &c.manifest.shards[@intCast(first.shard_id)];
-        if (entry.compression != .none) return .{ 0, 0 };
-        const lens = it.adjacent_lens;
+        if (entry.compression != .none) return null;
         var range_end = first.offset;
         var n: usize = 0;
         while (n < n_max) : (n += 1) {
@@ -1143,32 +1239,31 @@ pub const Iter = struct {
             range_end += row.byte_len;
             lens[n] = row.byte_len;
         }
-        if (n == 0) return .{ 0, 0 };
-        const key: files_mod.Key = .{ .cache = loc.cache, .shard_id = first.shard_id };
-        const bytes = it.readAdjacent(key, range_end - first.offset, first.offset) orelse return .{ 0, 0 };
-        // `shard.split` of each record, inline; the first that does not split ends the run.
-        const payloads = it.adjacent_payloads;
-        var at: usize = 0;
-        var split: usize = 0;
-        while (split < n) : (split += 1) {
-            const len: usize = @intCast(lens[split]);
-            if (len < shard.header_bytes) break;
-            const json_len = std.mem.readInt(u64, bytes[at..][0..shard.header_bytes], .little);
-            if (json_len > len - shard.header_bytes) break;
-            payloads[split] = bytes[at + shard.header_bytes + @as(usize, @intCast(json_len)) .. at + len];
-            at += len;
-        }
-        const added = it.batch.addCopyRun(ds, loc.cache, loc.sample_id, payloads[0..split]) catch |err| switch (err) {
-            error.OutOfMemory => return error.OutOfMemory,
-            // Nothing was added; `addCopy` meets the same failure for this record.
-            else => return .{ 0, 0 },
+        if (n == 0) return null;
+        return .{
+            .key = .{ .cache = loc.cache, .shard_id = first.shard_id },
+            .offset = first.offset,
+            .len = range_end - first.offset,
+            .first = k,
+            .sample_id = loc.sample_id,
+            .count = n,
         };
-        var added_bytes: u64 = 0;
-        for (lens[0..added]) |len| added_bytes += len;
-        it.delivered += added;
-        it.planned += added;
-        it.adjacent_records += added;
-        return .{ added, added_bytes };
+    }
+
+    /// Hands the pool the reads of the runs from plan index `k` on (or after the runs it
+    /// has), while the read-ahead has free slots and the window goes on.
+    fn queueAhead(it: *Iter, k: u64) error{OutOfMemory}!void {
+        if (it.ahead.slots.len == 0) {
+            const depth = std.math.clamp(it.budget / adjacent_read_max, adjacent_ahead_min, adjacent_ahead_max);
+            it.ahead = try .init(it.ds.gpa, @intCast(depth), adjacent_read_max, adjacent_records_max);
+        }
+        var next = it.ahead.end() orelse k;
+        while (next < it.schedule.count) {
+            const s = it.ahead.next() orelse return;
+            const run = it.planRun(next, it.schedule.count, s.lens) orelse return;
+            if (!it.ahead.push(&it.ds.runtime.pool, &it.files, Dataset.ShardOpener{ .ds = it.ds }, run)) return;
+            next = run.end();
+        }
     }
 
     /// `takeAdjacent`'s range: `len` bytes at `offset` of shard `key`, read into
@@ -1443,6 +1538,8 @@ pub const Iter = struct {
             it.releaseDirect(d);
         }
         it.io.deinit();
+        it.ahead.clear(&ds.runtime.pool, &it.files);
+        it.ahead.deinit(gpa);
         it.hints.deinit(&it.files);
         it.files.deinit();
         it.maps.deinit(gpa);
@@ -1559,6 +1656,7 @@ fn expectBatchesInto(backend: io.Kind) !void {
             for ([_]enum { mapped, adjacent, slots, direct }{ .mapped, .adjacent, .slots, .direct }) |path| {
                 var direct_reads: u64 = 0;
                 var adjacent_records: u64 = 0;
+                var ahead_runs: u64 = 0;
                 for ([_]u64{ 1, 7, 100 }) |max_count| {
                     // No room, room for about half a batch, room for every batch.
                     for ([_]usize{ 0, 700, dest.len }) |room| {
@@ -1570,6 +1668,7 @@ fn expectBatchesInto(backend: io.Kind) !void {
                         if (path == .direct or path == .adjacent) it.batch.stored_metadata = true;
                         defer direct_reads += it.direct_reads;
                         defer adjacent_records += it.adjacent_records;
+                        defer ahead_runs += it.ahead.queued_runs;
                         var k: u64 = 0;
                         var placed: u64 = 0;
                         while (true) {
@@ -1597,6 +1696,19 @@ fn expectBatchesInto(backend: io.Kind) !void {
                 if (path == .direct) try testing.expect(direct_reads > 0);
                 if (path == .adjacent) try testing.expectEqual(!shuffle, adjacent_records > 0);
                 if (path != .adjacent) try testing.expectEqual(@as(u64, 0), adjacent_records);
+                // The runs after the first were read ahead on the pool (batches of 1 and 7
+                // take them a piece at a time).
+                try testing.expectEqual(path == .adjacent and !shuffle, ahead_runs > 0);
+                if (path == .adjacent and !shuffle) {
+                    // Closed after one sample, with runs queued or being read: nothing
+                    // leaks (the allocator checks) and no worker writes a freed buffer.
+                    const it = try env.openIter();
+                    it.batch.stored_metadata = true;
+                    const view = try it.nextBatchInto(1, dest);
+                    try env.expectSample(view, 0, env.expectedLoc(it, 0));
+                    try testing.expect(it.ahead.count > 0);
+                    it.close();
+                }
             }
         }
     }

@@ -1,0 +1,249 @@
+//! Runs of adjacent records read ahead on the runtime's worker pool, for ordered
+//! contiguous batches of small records (`Iter.takeAdjacent`). The consumer plans the next
+//! runs from index rows alone and hands their reads to the pool before it splits and
+//! copies the run in hand, so the kernel's copy out of the page cache runs on another
+//! core, on either I/O backend, also while the caller works on the batch it was given.
+//!
+//! These reads only ever copy bytes that are in the page cache (`files.readResident`): a
+//! range that is not comes back refused, and the iterator reads it its usual way (with
+//! many reads in flight). A read the pool has not started when the consumer needs it is
+//! taken back and run on the consumer's thread (no wait behind other jobs, no wake-up).
+//!
+//! Bounded: `depth` runs of at most `bytes_max` bytes and `records_max` records, their
+//! buffers allocated once by `init`.
+//!
+//! Invariants:
+//! - The ring holds runs in plan order, each starting where the previous one ends.
+//! - A queued run's buffer and its pinned descriptor belong to the pool job until the job
+//!   is done; `clear` and `deinit` take back jobs not started and wait for running ones,
+//!   so no worker writes a buffer after they return.
+
+const std = @import("std");
+const runtime = @import("../base/runtime.zig");
+const status = @import("../base/status.zig");
+const files_mod = @import("../io/files.zig");
+
+/// One run: `len` bytes at `offset` of shard `key`, the records of `count` consecutive
+/// plan indexes from `first`, whose first record is sample `sample_id` of cache
+/// `key.cache` (the others follow it).
+pub const Run = struct {
+    key: files_mod.Key,
+    offset: u64,
+    len: u64,
+    first: u64,
+    sample_id: u64,
+    count: usize,
+
+    /// The plan index just past the run.
+    pub fn end(r: Run) u64 {
+        return r.first + r.count;
+    }
+};
+
+pub const Slot = struct {
+    job: runtime.Job = .{ .run = runJob },
+    state: std.atomic.Value(u32) = .init(idle),
+    /// The shard's descriptor, pinned while the slot holds a run.
+    handle: ?files_mod.Files.Handle = null,
+    run: Run = undefined,
+    /// The run's bytes (`run.len` of them once read) and its records' lengths.
+    buf: []u8,
+    lens: []u64,
+    /// Set by the read: every byte was in the page cache and was read.
+    resident: bool = false,
+
+    const idle = 0;
+    const queued = 1;
+    const done = 2;
+
+    fn read(s: *Slot) void {
+        s.resident = files_mod.readResident(s.handle.?.fd, s.buf[0..@intCast(s.run.len)], s.run.offset);
+    }
+
+    fn runJob(job: *runtime.Job) void {
+        const s: *Slot = @fieldParentPtr("job", job);
+        s.read();
+        s.state.store(done, .release);
+        std.Thread.Futex.wake(&s.state, 1);
+    }
+
+    /// The run's bytes once its read is done (run here if the pool has not started it),
+    /// or null when they were not all in the page cache.
+    pub fn bytes(s: *Slot, pool: *runtime.Pool) ?[]const u8 {
+        s.settle(pool, true);
+        return if (s.resident) s.buf[0..@intCast(s.run.len)] else null;
+    }
+
+    /// Leaves the slot idle or done: a job not started is taken back (and, with
+    /// `run_inline`, its read run here), a running one waited for.
+    fn settle(s: *Slot, pool: *runtime.Pool, run_inline: bool) void {
+        if (s.state.load(.acquire) != queued) return;
+        if (pool.cancel(&s.job)) {
+            if (run_inline) s.read() else s.resident = false;
+            s.state.store(done, .monotonic);
+            return;
+        }
+        while (s.state.load(.acquire) == queued) std.Thread.Futex.wait(&s.state, queued);
+    }
+};
+
+pub const Ring = struct {
+    slots: []Slot = &.{},
+    head: usize = 0,
+    count: usize = 0,
+    /// Runs handed to the pool so far (tests check the read-ahead ran).
+    queued_runs: u64 = 0,
+
+    /// `depth` slots with buffers of `bytes_max` bytes and `records_max` lengths.
+    pub fn init(gpa: std.mem.Allocator, depth: usize, bytes_max: usize, records_max: usize) error{OutOfMemory}!Ring {
+        const slots = try gpa.alloc(Slot, depth);
+        var made: usize = 0;
+        errdefer {
+            for (slots[0..made]) |s| {
+                gpa.free(s.buf);
+                gpa.free(s.lens);
+            }
+            gpa.free(slots);
+        }
+        while (made < depth) : (made += 1) {
+            const buf = try gpa.alloc(u8, bytes_max);
+            errdefer gpa.free(buf);
+            slots[made] = .{ .buf = buf, .lens = try gpa.alloc(u64, records_max) };
+        }
+        return .{ .slots = slots };
+    }
+
+    /// Precondition: `clear` ran (nothing queued, nothing pinned).
+    pub fn deinit(r: *Ring, gpa: std.mem.Allocator) void {
+        std.debug.assert(r.count == 0);
+        for (r.slots) |s| {
+            gpa.free(s.buf);
+            gpa.free(s.lens);
+        }
+        gpa.free(r.slots);
+        r.* = .{};
+    }
+
+    /// The oldest run, if any.
+    pub fn front(r: *Ring) ?*Slot {
+        return if (r.count == 0) null else &r.slots[r.head];
+    }
+
+    /// The plan index just past the newest run, if any.
+    pub fn end(r: *const Ring) ?u64 {
+        if (r.count == 0) return null;
+        return r.slots[(r.head + r.count - 1) % r.slots.len].run.end();
+    }
+
+    /// The slot the next run goes to (its `lens` to be filled), or null when all are taken.
+    pub fn next(r: *Ring) ?*Slot {
+        if (r.count == r.slots.len) return null;
+        return &r.slots[(r.head + r.count) % r.slots.len];
+    }
+
+    /// Queues `run` (with `next().lens` filled) on `pool`, its shard's descriptor pinned.
+    /// Returns false when the descriptor cannot be had (nothing queued).
+    pub fn push(r: *Ring, pool: *runtime.Pool, files: *files_mod.Files, opener: anytype, run: Run) bool {
+        std.debug.assert(run.len > 0 and run.count > 0);
+        const s = r.next().?;
+        std.debug.assert(s.state.load(.monotonic) == Slot.idle and s.handle == null);
+        std.debug.assert(run.len <= s.buf.len and run.count <= s.lens.len);
+        if (r.end()) |e| std.debug.assert(run.first == e);
+        s.handle = files.acquire(run.key, opener) catch return false;
+        s.run = run;
+        s.resident = false;
+        s.state.store(Slot.queued, .monotonic);
+        r.count += 1;
+        r.queued_runs += 1;
+        pool.submit(&s.job);
+        return true;
+    }
+
+    /// Drops the oldest run (its read done: `Slot.bytes` returned).
+    pub fn pop(r: *Ring, files: *files_mod.Files) void {
+        const s = r.front().?;
+        std.debug.assert(s.state.load(.monotonic) == Slot.done);
+        release(s, files);
+        r.head = (r.head + 1) % r.slots.len;
+        r.count -= 1;
+    }
+
+    /// Drops every run: jobs not started are taken back, running ones waited for.
+    pub fn clear(r: *Ring, pool: *runtime.Pool, files: *files_mod.Files) void {
+        while (r.front()) |s| {
+            s.settle(pool, false);
+            release(s, files);
+            r.head = (r.head + 1) % r.slots.len;
+            r.count -= 1;
+        }
+        r.head = 0;
+    }
+
+    fn release(s: *Slot, files: *files_mod.Files) void {
+        if (s.handle) |h| files.release(h);
+        s.handle = null;
+        s.state.store(Slot.idle, .monotonic);
+    }
+};
+
+// ---------------------------------------------------------------- tests
+
+const testing = std.testing;
+
+/// Opens `path` in the test's directory (`Files.acquire`'s opener).
+const TestOpener = struct {
+    dir: std.fs.Dir,
+    pub fn open(o: TestOpener, key: files_mod.Key) status.Error!std.posix.fd_t {
+        _ = key;
+        const f = o.dir.openFile("shard", .{}) catch return error.Io;
+        return f.handle;
+    }
+};
+
+test "Ring reads runs ahead on the pool, in order, and takes back what it does not use" {
+    const rt = try runtime.Runtime.open(testing.allocator, 2);
+    defer rt.release();
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    var data: [4096]u8 = undefined;
+    for (&data, 0..) |*b, i| b.* = @truncate(i *% 7);
+    try tmp.dir.writeFile(.{ .sub_path = "shard", .data = &data });
+    var files: files_mod.Files = .{};
+    defer files.deinit();
+    const opener: TestOpener = .{ .dir = tmp.dir };
+
+    var ring = try Ring.init(testing.allocator, 3, 1024, 4);
+    defer ring.deinit(testing.allocator);
+    try testing.expect(ring.front() == null and ring.end() == null);
+    // Three runs of 1000 bytes; a fourth finds no slot.
+    var first: u64 = 0;
+    for (0..3) |k| {
+        const s = ring.next().?;
+        s.lens[0] = 1000;
+        try testing.expect(ring.push(&rt.pool, &files, opener, .{ .key = .{ .cache = 0, .shard_id = 0 }, .offset = k * 1000, .len = 1000, .first = first, .sample_id = first, .count = 1 }));
+        first += 1;
+    }
+    try testing.expect(ring.next() == null);
+    try testing.expectEqual(@as(?u64, 3), ring.end());
+    // Just written: in the page cache (a kernel without RWF_NOWAIT for buffered reads
+    // refuses the reads, which is allowed: then no bytes are handed out).
+    for (0..2) |k| {
+        const s = ring.front().?;
+        if (s.bytes(&rt.pool)) |b| try testing.expectEqualSlices(u8, data[k * 1000 ..][0..1000], b);
+        ring.pop(&files);
+    }
+    // A run past the end of the file is refused.
+    const s = ring.next().?;
+    s.lens[0] = 1000;
+    try testing.expect(ring.push(&rt.pool, &files, opener, .{ .key = .{ .cache = 0, .shard_id = 0 }, .offset = 3500, .len = 1000, .first = 3, .sample_id = 3, .count = 1 }));
+    {
+        const third = ring.front().?;
+        _ = third.bytes(&rt.pool);
+        ring.pop(&files);
+        try testing.expect(ring.front().?.bytes(&rt.pool) == null);
+    }
+    // The last run, read or not, is taken back; the ring is usable again.
+    ring.clear(&rt.pool, &files);
+    try testing.expect(ring.front() == null and ring.end() == null);
+    try testing.expectEqual(@as(u64, 4), ring.queued_runs);
+}
