@@ -16,6 +16,61 @@ pub const Job = struct {
     next: ?*Job = null,
 };
 
+/// A pool job its submitter can take back or wait for. `idle` until `submit`, `queued`
+/// until its `run` has called `finish` (or it was taken back), then `done` until the
+/// owner `reset`s it. The owner's `run` reaches its own struct from `job` with
+/// `@fieldParentPtr` twice (job in task, task in owner) and calls `finish` last.
+pub const Task = struct {
+    job: Job,
+    state: std.atomic.Value(u32) = .init(idle),
+
+    pub const idle = 0;
+    pub const queued = 1;
+    pub const done = 2;
+
+    pub fn init(run: *const fn (job: *Job) void) Task {
+        return .{ .job = .{ .run = run } };
+    }
+
+    pub fn submit(t: *Task, pool: *Pool) void {
+        std.debug.assert(t.state.load(.monotonic) == idle);
+        t.state.store(queued, .monotonic);
+        pool.submit(&t.job);
+    }
+
+    /// The last step of the job's `run`.
+    pub fn finish(t: *Task) void {
+        t.state.store(done, .release);
+        std.Thread.Futex.wake(&t.state, 1);
+    }
+
+    /// Leaves the task not queued: one no worker has started is taken back (true: it
+    /// will never run, and is `done`), a running one waited for (false).
+    pub fn takeBack(t: *Task, pool: *Pool) bool {
+        if (t.state.load(.acquire) != queued) return false;
+        if (pool.cancel(&t.job)) {
+            t.state.store(done, .monotonic);
+            return true;
+        }
+        t.wait();
+        return false;
+    }
+
+    /// Waits until a queued task has run.
+    pub fn wait(t: *Task) void {
+        while (t.state.load(.acquire) == queued) std.Thread.Futex.wait(&t.state, queued);
+    }
+
+    pub fn is(t: *const Task, state: u32) bool {
+        return t.state.load(.acquire) == state;
+    }
+
+    pub fn reset(t: *Task) void {
+        std.debug.assert(t.state.load(.monotonic) != queued);
+        t.state.store(idle, .monotonic);
+    }
+};
+
 pub const Pool = struct {
     mutex: std.Thread.Mutex = .{},
     cond: std.Thread.Condition = .{},
@@ -182,6 +237,44 @@ test "pool runs every job" {
     rt.release();
     try std.testing.expectEqual(@as(u32, 100), hits.load(.monotonic));
     try std.testing.expectError(error.InvalidArgument, Runtime.open(std.testing.allocator, 0));
+}
+
+test "Task: taken back while no worker has started it, else waited for" {
+    const rt = try Runtime.open(std.testing.allocator, 1);
+    defer rt.release();
+    const Counted = struct {
+        task: Task = .init(run),
+        hits: u32 = 0,
+        started: std.Thread.ResetEvent = .{},
+        release: std.Thread.ResetEvent = .{},
+        fn run(job: *Job) void {
+            const task: *Task = @fieldParentPtr("job", job);
+            const self: *@This() = @fieldParentPtr("task", task);
+            self.started.set();
+            self.release.wait();
+            self.hits += 1;
+            task.finish();
+        }
+    };
+    // The only worker is held by `a`, so `b` stays queued and is taken back.
+    var a: Counted = .{};
+    var b: Counted = .{};
+    a.task.submit(&rt.pool);
+    a.started.wait();
+    b.task.submit(&rt.pool);
+    try std.testing.expect(b.task.takeBack(&rt.pool));
+    try std.testing.expect(b.task.is(Task.done) and b.hits == 0);
+    // `a` is running: waited for, not taken back.
+    a.release.set();
+    try std.testing.expect(!a.task.takeBack(&rt.pool));
+    try std.testing.expect(a.task.is(Task.done) and a.hits == 1);
+    // Idle again, it may be submitted again; a done task is not taken back.
+    a.task.reset();
+    a.release.reset();
+    a.release.set();
+    a.task.submit(&rt.pool);
+    a.task.wait();
+    try std.testing.expect(!a.task.takeBack(&rt.pool) and a.hits == 2);
 }
 
 test "checkPid: fine in the opening process, error.Forked in a forked child" {

@@ -137,29 +137,24 @@ pub const Hints = struct {
         end: u64,
     };
 
-    /// One chunk's advice on a pool worker. `state`: idle, queued (the worker may run
+    /// One chunk's advice on a pool worker. `task`: idle, queued (the worker may run
     /// it), done (ran; `handle` still pinned until `reap`).
     const Job = struct {
-        job: runtime.Job = .{ .run = run },
         handle: ?Files.Handle = null,
         offset: u64 = 0,
         len: u64 = 0,
         /// Set by `run`: the range's last byte was in the page cache already, so it was
         /// not advised (data read before: the records after it likely are too).
         resident: bool = false,
-        state: std.atomic.Value(u32) = .init(idle),
-
-        const idle = 0;
-        const queued = 1;
-        const done = 2;
+        task: runtime.Task = .init(run),
 
         fn run(job: *runtime.Job) void {
-            const j: *Job = @fieldParentPtr("job", job);
+            const task: *runtime.Task = @fieldParentPtr("job", job);
+            const j: *Job = @fieldParentPtr("task", task);
             var last: [1]u8 = undefined;
             j.resident = readResident(j.handle.?.fd, &last, j.offset + j.len - 1);
             if (!j.resident) willNeed(j.handle.?.fd, j.offset, j.len);
-            j.state.store(done, .release);
-            std.Thread.Futex.wake(&j.state, 1);
+            task.finish();
         }
     };
 
@@ -172,7 +167,7 @@ pub const Hints = struct {
             h.count -= 1;
         }
         for (&h.jobs) |*j| {
-            if (j.state.load(.acquire) == Job.done) h.finish(files, j);
+            if (j.task.is(runtime.Task.done)) h.finish(files, j);
         }
     }
 
@@ -180,7 +175,7 @@ pub const Hints = struct {
         h.resident_seen = j.resident;
         if (j.handle) |handle| files.release(handle);
         j.handle = null;
-        j.state.store(Job.idle, .monotonic);
+        j.task.reset();
     }
 
     /// Whether a record of `len` bytes may be added within `budget` bytes advised and
@@ -190,7 +185,7 @@ pub const Hints = struct {
         const gathering = if (h.gathering) |g| g.len else 0;
         if (h.count + 2 > chunks_max or h.bytes + gathering +| len > budget) return false;
         for (0..2) |k| {
-            if (h.jobs[(h.head + h.count + k) % chunks_max].state.load(.acquire) != Job.idle) return false;
+            if (!h.jobs[(h.head + h.count + k) % chunks_max].task.is(runtime.Task.idle)) return false;
         }
         return true;
     }
@@ -218,7 +213,7 @@ pub const Hints = struct {
         std.debug.assert(h.count < chunks_max);
         const at = (h.head + h.count) % chunks_max;
         const j = &h.jobs[at];
-        std.debug.assert(j.state.load(.monotonic) == Job.idle);
+        std.debug.assert(j.task.is(runtime.Task.idle));
         h.chunks[at] = g;
         h.count += 1;
         h.bytes += g.len;
@@ -226,8 +221,8 @@ pub const Hints = struct {
         h.calls += 1;
         h.advised_bytes += g.len;
         if (h.pool) |pool| {
-            j.* = .{ .handle = handle, .offset = g.offset, .len = g.len, .state = .init(Job.queued) };
-            pool.submit(&j.job);
+            j.* = .{ .handle = handle, .offset = g.offset, .len = g.len };
+            j.task.submit(pool);
         } else {
             willNeed(handle.fd, g.offset, g.len);
             files.release(handle);
@@ -238,11 +233,8 @@ pub const Hints = struct {
     /// descriptor. The hints may be used again afterwards (nothing is advised).
     pub fn deinit(h: *Hints, files: *Files) void {
         for (&h.jobs) |*j| {
-            if (j.state.load(.acquire) == Job.queued) {
-                if (h.pool.?.cancel(&j.job)) j.state.store(Job.done, .monotonic);
-                while (j.state.load(.acquire) == Job.queued) std.Thread.Futex.wait(&j.state, Job.queued);
-            }
-            if (j.state.load(.acquire) == Job.done) h.finish(files, j);
+            if (h.pool) |pool| _ = j.task.takeBack(pool);
+            if (j.task.is(runtime.Task.done)) h.finish(files, j);
         }
         h.head = 0;
         h.count = 0;
@@ -817,7 +809,7 @@ test "hints on a pool: each job pins its descriptor until reaped, deinit takes b
     try std.testing.expectEqual(end, h.calls);
     // Wait until every job ran: then reaching their ends unpins all and frees the ring.
     for (&h.jobs) |*j| {
-        while (j.state.load(.acquire) == Hints.Job.queued) std.Thread.Futex.wait(&j.state, Hints.Job.queued);
+        j.task.wait();
     }
     h.reached(&fs, end);
     try std.testing.expectEqual(@as(usize, 0), h.count);
@@ -829,7 +821,7 @@ test "hints on a pool: each job pins its descriptor until reaped, deinit takes b
     h.flush(&fs, &opener);
     h.deinit(&fs);
     for (fs.entries) |e| try std.testing.expectEqual(@as(u32, 0), e.pins);
-    for (&h.jobs) |*j| try std.testing.expectEqual(@as(u32, Hints.Job.idle), j.state.load(.acquire));
+    for (&h.jobs) |*j| try std.testing.expect(j.task.is(runtime.Task.idle));
 }
 
 test "willNeed is only a hint: a bad descriptor or a range past the end is ignored" {

@@ -41,8 +41,7 @@ pub const Run = struct {
 };
 
 pub const Slot = struct {
-    job: runtime.Job = .{ .run = runJob },
-    state: std.atomic.Value(u32) = .init(idle),
+    task: runtime.Task = .init(runJob),
     /// The shard's descriptor, pinned while the slot holds a run.
     handle: ?files_mod.Files.Handle = null,
     run: Run = undefined,
@@ -52,38 +51,22 @@ pub const Slot = struct {
     /// Set by the read: every byte was in the page cache and was read.
     resident: bool = false,
 
-    const idle = 0;
-    const queued = 1;
-    const done = 2;
-
     fn read(s: *Slot) void {
         s.resident = files_mod.readResident(s.handle.?.fd, s.buf[0..@intCast(s.run.len)], s.run.offset);
     }
 
     fn runJob(job: *runtime.Job) void {
-        const s: *Slot = @fieldParentPtr("job", job);
+        const task: *runtime.Task = @fieldParentPtr("job", job);
+        const s: *Slot = @fieldParentPtr("task", task);
         s.read();
-        s.state.store(done, .release);
-        std.Thread.Futex.wake(&s.state, 1);
+        task.finish();
     }
 
     /// The run's bytes once its read is done (run here if the pool has not started it),
     /// or null when they were not all in the page cache.
     pub fn bytes(s: *Slot, pool: *runtime.Pool) ?[]const u8 {
-        s.settle(pool, true);
+        if (s.task.takeBack(pool)) s.read();
         return if (s.resident) s.buf[0..@intCast(s.run.len)] else null;
-    }
-
-    /// Leaves the slot idle or done: a job not started is taken back (and, with
-    /// `run_inline`, its read run here), a running one waited for.
-    fn settle(s: *Slot, pool: *runtime.Pool, run_inline: bool) void {
-        if (s.state.load(.acquire) != queued) return;
-        if (pool.cancel(&s.job)) {
-            if (run_inline) s.read() else s.resident = false;
-            s.state.store(done, .monotonic);
-            return;
-        }
-        while (s.state.load(.acquire) == queued) std.Thread.Futex.wait(&s.state, queued);
     }
 };
 
@@ -91,6 +74,9 @@ pub const Ring = struct {
     slots: []Slot = &.{},
     head: usize = 0,
     count: usize = 0,
+    /// Records (and their bytes) of the oldest run already taken (`take`).
+    taken: usize = 0,
+    taken_bytes: u64 = 0,
     /// Runs handed to the pool so far (tests check the read-ahead ran).
     queued_runs: u64 = 0,
 
@@ -146,43 +132,51 @@ pub const Ring = struct {
     pub fn push(r: *Ring, pool: *runtime.Pool, files: *files_mod.Files, opener: anytype, run: Run) bool {
         std.debug.assert(run.len > 0 and run.count > 0);
         const s = r.next().?;
-        std.debug.assert(s.state.load(.monotonic) == Slot.idle and s.handle == null);
+        std.debug.assert(s.task.is(runtime.Task.idle) and s.handle == null);
         std.debug.assert(run.len <= s.buf.len and run.count <= s.lens.len);
         if (r.end()) |e| std.debug.assert(run.first == e);
         s.handle = files.acquire(run.key, opener) catch return false;
         s.run = run;
         s.resident = false;
-        s.state.store(Slot.queued, .monotonic);
         r.count += 1;
         r.queued_runs += 1;
-        pool.submit(&s.job);
+        s.task.submit(pool);
         return true;
     }
 
-    /// Drops the oldest run (its read done: `Slot.bytes` returned).
-    pub fn pop(r: *Ring, files: *files_mod.Files) void {
+    /// Marks the next `records` records (`bytes` bytes) of the oldest run taken (its
+    /// read done: `Slot.bytes` returned), and drops the run once all of them are.
+    pub fn take(r: *Ring, files: *files_mod.Files, records: usize, bytes: u64) void {
         const s = r.front().?;
-        std.debug.assert(s.state.load(.monotonic) == Slot.done);
+        std.debug.assert(s.task.is(runtime.Task.done) and r.taken + records <= s.run.count);
+        r.taken += records;
+        r.taken_bytes += bytes;
+        if (r.taken < s.run.count) return;
         release(s, files);
         r.head = (r.head + 1) % r.slots.len;
         r.count -= 1;
+        r.taken = 0;
+        r.taken_bytes = 0;
     }
 
     /// Drops every run: jobs not started are taken back, running ones waited for.
     pub fn clear(r: *Ring, pool: *runtime.Pool, files: *files_mod.Files) void {
         while (r.front()) |s| {
-            s.settle(pool, false);
+            // Taken back: its bytes are never used.
+            _ = s.task.takeBack(pool);
             release(s, files);
             r.head = (r.head + 1) % r.slots.len;
             r.count -= 1;
         }
         r.head = 0;
+        r.taken = 0;
+        r.taken_bytes = 0;
     }
 
     fn release(s: *Slot, files: *files_mod.Files) void {
         if (s.handle) |h| files.release(h);
         s.handle = null;
-        s.state.store(Slot.idle, .monotonic);
+        s.task.reset();
     }
 };
 
@@ -230,7 +224,10 @@ test "Ring reads runs ahead on the pool, in order, and takes back what it does n
     for (0..2) |k| {
         const s = ring.front().?;
         if (s.bytes(&rt.pool)) |b| try testing.expectEqualSlices(u8, data[k * 1000 ..][0..1000], b);
-        ring.pop(&files);
+        // Taken in two pieces: the run stays the oldest until both are.
+        ring.take(&files, 0, 400);
+        try testing.expectEqual(s, ring.front().?);
+        ring.take(&files, 1, 600);
     }
     // A run past the end of the file is refused.
     const s = ring.next().?;
@@ -239,7 +236,7 @@ test "Ring reads runs ahead on the pool, in order, and takes back what it does n
     {
         const third = ring.front().?;
         _ = third.bytes(&rt.pool);
-        ring.pop(&files);
+        ring.take(&files, 1, 1000);
         try testing.expect(ring.front().?.bytes(&rt.pool) == null);
     }
     // The last run, read or not, is taken back; the ring is usable again.

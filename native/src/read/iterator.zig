@@ -418,12 +418,9 @@ pub const Iter = struct {
     adjacent_lens: []u64,
     adjacent_payloads: [][]const u8,
     adjacent_bytes: []u8,
-    /// `takeAdjacent`'s runs read ahead on the pool; the first `ahead_taken` records
-    /// (`ahead_taken_bytes` bytes) of the oldest were taken already.
-    /// Allocated at its first use (`adjacent_ahead_min..max` runs within `budget`).
+    /// `takeAdjacent`'s runs read ahead on the pool. Allocated at its first use
+    /// (`adjacent_ahead_min..max` runs within `budget`).
     ahead: adjacent_mod.Ring = .{},
-    ahead_taken: usize = 0,
-    ahead_taken_bytes: u64 = 0,
     /// Caller buffers for payloads read next (`givePayloadBuffers`): those not yet
     /// assigned to a record are `dests.items[dest_head..]`, in the order given.
     dests: std.ArrayList([]u8) = .empty,
@@ -1144,26 +1141,23 @@ pub const Iter = struct {
         var lens: []const u64 = undefined;
         var first_id: u64 = undefined;
         var cache: u32 = undefined;
-        var ahead: ?*adjacent_mod.Slot = null;
+        var ahead = false;
         if (it.ahead.front()) |s| {
-            if (s.run.first + it.ahead_taken == k0) {
-                // Not all in the page cache: the usual paths read it (and their errors).
-                const run_bytes = s.bytes(pool) orelse {
-                    it.ahead.clear(pool, &it.files);
-                    it.ahead_taken = 0;
-                    return .{ 0, 0 };
-                };
-                bytes = run_bytes[@intCast(it.ahead_taken_bytes)..];
-                lens = s.lens[it.ahead_taken..s.run.count];
-                first_id = s.run.sample_id + it.ahead_taken;
+            const taken = it.ahead.taken;
+            const continues = s.run.first + taken == k0;
+            if (if (continues) s.bytes(pool) else null) |run_bytes| {
+                bytes = run_bytes[@intCast(it.ahead.taken_bytes)..];
+                lens = s.lens[taken..s.run.count];
+                first_id = s.run.sample_id + taken;
                 cache = s.run.key.cache;
-                ahead = s;
+                ahead = true;
             } else {
                 it.ahead.clear(pool, &it.files);
-                it.ahead_taken = 0;
+                // Not all in the page cache: the usual paths read it (and their errors).
+                if (continues) return .{ 0, 0 };
             }
         }
-        if (ahead == null) {
+        if (!ahead) {
             const run = it.planRun(k0, end, it.adjacent_lens) orelse return .{ 0, 0 };
             bytes = it.readAdjacent(run.key, run.len, run.offset) orelse return .{ 0, 0 };
             lens = it.adjacent_lens[0..run.count];
@@ -1195,15 +1189,7 @@ pub const Iter = struct {
         it.delivered += added;
         it.planned += added;
         it.adjacent_records += added;
-        if (ahead) |s| {
-            it.ahead_taken += added;
-            it.ahead_taken_bytes += added_bytes;
-            if (it.ahead_taken == s.run.count) {
-                it.ahead.pop(&it.files);
-                it.ahead_taken = 0;
-                it.ahead_taken_bytes = 0;
-            }
-        }
+        if (ahead) it.ahead.take(&it.files, @intCast(added), added_bytes);
         return .{ added, added_bytes };
     }
 
