@@ -259,15 +259,17 @@ pub fn willNeed(fd: posix.fd_t, offset: u64, len: u64) void {
 /// (`mapped_bytes_max` for an iterator).
 pub const window_bytes = 2 << 20;
 pub const window_overlap = 64 << 10;
-/// The byte budget of one `Maps` (one iterator or one lookup handle): the pages of its
-/// mappings count in the process's resident set once touched, so this bounds what
-/// mapped reads add to it.
+/// The byte budget of an ordered iterator's `Maps`: the pages of its mappings count in
+/// the process's resident set once touched, so this bounds what mapped reads add to it.
+/// Ordered reads finish with a window long before it is unmapped, so more would not
+/// serve more records from mappings.
 pub const mapped_bytes_max = 48 << 20;
 /// Windows mapped at most (a shard smaller than a window is one small window; the byte
 /// budget bounds large ones).
 pub const windows_max = 64;
-/// The byte budget of a lookup handle's `Maps` (see `Maps.budget`): 132 MiB.
-pub const lookup_mapped_bytes_max = windows_max * (window_bytes + window_overlap);
+/// The byte budget of a random reader's `Maps` (a lookup handle, a shuffled iterator; see
+/// `Maps.budget`): every window, 132 MiB.
+pub const random_mapped_bytes_max = windows_max * (window_bytes + window_overlap);
 /// A window is unmapped to make room for another only when it was last used at least
 /// this many accesses ago: ordered reads finish with a window long before (a window holds
 /// thousands of small records), while random reads touch every window again soon, and
@@ -304,9 +306,10 @@ pub const Maps = struct {
     windows: [windows_max]Window = undefined,
     count: usize = 0,
     mapped_bytes: u64 = 0,
-    /// Bytes mapped at most: `mapped_bytes_max` for iterators; lookups, whose random
-    /// reads would otherwise pay a system call per record, map up to `windows_max` whole
-    /// windows (`lookup_mapped_bytes_max`).
+    /// Bytes mapped at most: `mapped_bytes_max` for ordered iterators; random readers
+    /// (lookups, shuffled iterators), whose reads would otherwise pay a system call per
+    /// record once the windows they keep revisiting fill the budget, map up to
+    /// `windows_max` whole windows (`random_mapped_bytes_max`).
     budget: u64 = mapped_bytes_max,
     /// The window the last hit was in (most runs stay in one window).
     last: usize = 0,
@@ -646,7 +649,7 @@ test "windows of many shards are found again in any order, through the index, af
     var fs: Files = .{};
     defer fs.deinit();
     // Room for every window: 12 shards (all the same file) of 3 windows each.
-    var maps: Maps = .{ .budget = lookup_mapped_bytes_max };
+    var maps: Maps = .{ .budget = random_mapped_bytes_max };
     defer maps.deinit(gpa);
     var prng = std.Random.DefaultPrng.init(7);
     const random = prng.random();

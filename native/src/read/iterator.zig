@@ -16,9 +16,11 @@
 //! Small records whose pages are in the page cache skip the backend: a run of them is one
 //! slot, split straight out of read-only mappings of shard windows on the consumer thread
 //! when it is planned (`planMapped`; the mappings, their residency snapshots and their
-//! byte budget, `mapped_bytes_max`, are `io/files.zig` `Maps`). Such a slot holds no read
-//! buffer; its payloads point into the mapping, which stays mapped until the slot is
-//! released. A record is served this way only when a read would return the same bytes
+//! byte budget are `io/files.zig` `Maps`). The budget is `mapped_bytes_max` (48 MiB) for
+//! ordered reads and every window, `random_mapped_bytes_max` (132 MiB), for shuffled
+//! ones: random reads keep coming back to every window, and each record of a window left
+//! out costs a system call. Such a slot holds no read buffer; its payloads point into the
+//! mapping, which stays mapped until the slot is released. A record is served this way only when a read would return the same bytes
 //! (it lies inside its shard's manifest length, and the file is at least that long), so
 //! both paths give the same samples, errors and order; a record the budget leaves
 //! unmapped is read through the backend. Contiguous batches of an ordered window take
@@ -386,8 +388,8 @@ pub const Iter = struct {
     deferred_len: usize = 0,
     files: files_mod.Files = .{},
     /// Mapped shard windows for small resident records (see `mappedRecord`), within
-    /// `files_mod.mapped_bytes_max`.
-    maps: files_mod.Maps = .{},
+    /// `files_mod.mapped_bytes_max` (ordered) or `random_mapped_bytes_max` (shuffled).
+    maps: files_mod.Maps,
     /// Records shorter than this may be served from a mapping (0: every record is read
     /// through the backend; unit tests of the backends set it).
     map_max: u64 = mapped_record_max,
@@ -492,6 +494,7 @@ pub const Iter = struct {
             .adjacent_bytes = adjacent_bytes,
             .batch = batch,
             .budget = budget,
+            .maps = .{ .budget = if (ds.options.shuffle) files_mod.random_mapped_bytes_max else files_mod.mapped_bytes_max },
             // A quarter of the budget per read keeps several reads in flight (both cores
             // copy on the thread pool); never below one record, never above 4 MiB.
             .coalesce = if (ds.options.shuffle) 0 else std.math.clamp(budget / 4, 1, plan.coalesce_bytes_max),

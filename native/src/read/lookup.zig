@@ -14,7 +14,7 @@
 //!
 //! Small reads (under `mapped_read_max` bytes: single records of small-record caches)
 //! are copied out of a read-only shared mapping of a shard window (`io/files.zig` `Maps`,
-//! within its byte budget `lookup_mapped_bytes_max`, 132 MiB), made on first use, instead of a pread
+//! within its byte budget `random_mapped_bytes_max`, 132 MiB), made on first use, instead of a pread
 //! each: no system call per record. A shard is mapped only when its file is at least as
 //! long as the manifest says (rows are checked against that length first), else it is
 //! read with pread, which reports a short file as the reference does; cache files are
@@ -134,7 +134,7 @@ pub const Lookup = struct {
     payloads: std.ArrayList([]const u8) = .empty,
     reads: std.ArrayList(u8) = .empty,
     /// Shard windows mapped on first small read (see the top comment).
-    maps: files_mod.Maps = .{ .random = true, .budget = files_mod.lookup_mapped_bytes_max },
+    maps: files_mod.Maps = .{ .random = true, .budget = files_mod.random_mapped_bytes_max },
     /// Mapped reads so far (each one's stamp in `maps`), and the count when the current
     /// call started: windows used since then are pinned.
     map_stamp: u64 = 0,
