@@ -352,8 +352,11 @@ class CachedDataset:
         With ``copy=False``, ``data``,
         ``cache_id`` and ``sample_id`` are zero-copy views of the native batch buffer,
         valid only until the next batch is requested or the iterator is closed; reading
-        them later returns other samples' bytes. Use it when each batch is consumed (or
-        copied, e.g. into a pinned tensor) before the next one.
+        them later returns other samples' bytes. That buffer is reused batch after batch
+        (large uncompressed records are read straight into it) and kept by the dataset
+        for its next iterator: about one batch's bytes, until the dataset is closed. Use
+        it when each batch is consumed (or copied, e.g. into a pinned tensor) before the
+        next one.
         """
         size = operator.index(batch_size)
         if size < 1:

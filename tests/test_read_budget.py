@@ -131,6 +131,7 @@ BOUND = textwrap.dedent("""
         return int(line.split()[1]) / 1024
 
     path, backend, budget, batches = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    validate = bool(int(sys.argv[6]))
     if int(sys.argv[5]):
         # Per-sample reads of large records into the bytes handed out read only
         # PAYLOAD_AHEAD_BYTES ahead, whatever the budget: off, they read ahead as
@@ -138,7 +139,8 @@ BOUND = textwrap.dedent("""
         drt.dataset.PAYLOAD_BUFFER_BYTES = 1 << 62
     rt = drt.DatasetRuntime(num_workers=2)
     ds = rt.cached_dataset([path], reader_config=drt.ReaderConfig(
-        seed=0, shuffle=False, prefetch_size=64, prefetch_bytes=budget, io_backend=backend))
+        seed=0, shuffle=False, prefetch_size=64, prefetch_bytes=budget, io_backend=backend,
+        validate_cache=validate))
     if batches:
         import numpy, polars  # their import is not the reader's memory
         polars.DataFrame({"x": numpy.zeros(3)})
@@ -178,12 +180,25 @@ def big_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _growth_mib(
-    path: Path, backend: str, budget: int, batches: bool, payload_buffers: bool = True
+    path: Path,
+    backend: str,
+    budget: int,
+    batches: bool,
+    payload_buffers: bool = True,
+    validate: bool = False,
 ) -> float:
     """Peak growth of anonymous memory (MiB) of a fresh interpreter while it reads one
     epoch of ``path``, sampled after every sample or batch (per sample: with or without
-    ``payload_buffers``, see ``dataset.PAYLOAD_BUFFER_BYTES``)."""
-    args = [str(path), backend, str(budget), str(int(batches)), str(int(not payload_buffers))]
+    ``payload_buffers``, see ``dataset.PAYLOAD_BUFFER_BYTES``; ``validate``: the reader's
+    ``validate_cache``, with which batches read every record through the slots)."""
+    args = [
+        str(path),
+        backend,
+        str(budget),
+        str(int(batches)),
+        str(int(not payload_buffers)),
+        str(int(validate)),
+    ]
     result = subprocess.run(
         [sys.executable, "-c", BOUND, *args],
         capture_output=True,
@@ -202,12 +217,19 @@ def test_tight_byte_budget_bounds_memory(big_cache: Path, io_backend: str, batch
     far more, so the measurement can tell them apart."""
     tight = _growth_mib(big_cache, io_backend, 4 << 20, batches)
     # The ring (4 MiB), one sample or batch in Python (2 MiB), allocator slack: about
-    # 6 MiB per-sample and 8 MiB with batches (their arena).
+    # 6 MiB per-sample and 8 MiB with batches (the batch buffer, and the first batch's).
     bound = 16
     assert tight < bound, f"peak RSS grew by {tight:.0f} MiB with a 4 MiB budget"
-    if not batches:
+    if batches:
+        # Large records of a warm cache are read straight into the batch's buffer, one
+        # batch at a time: nothing is read ahead, whatever the budget. Through the slots
+        # (validate_cache), the budget bounds the read-ahead.
+        assert _growth_mib(big_cache, io_backend, 1 << 30, batches) < bound
+        tight = _growth_mib(big_cache, io_backend, 4 << 20, batches, validate=True)
+        assert tight < bound, f"peak RSS grew by {tight:.0f} MiB with a 4 MiB budget"
+    else:
         # Without the bytes handed out as read buffers, too (the slots' ring).
         assert _growth_mib(big_cache, io_backend, 4 << 20, batches, False) < bound
-    # Read-ahead bounded by the budget alone (per sample: through the ring).
-    loose = _growth_mib(big_cache, io_backend, 1 << 30, batches, False)
+    # Read-ahead bounded by the budget alone (through the ring).
+    loose = _growth_mib(big_cache, io_backend, 1 << 30, batches, False, validate=batches)
     assert loose > tight + 32, (tight, loose)

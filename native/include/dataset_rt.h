@@ -546,7 +546,9 @@ int32_t drt_iter_window(drt_iter *iter, drt_iter_range *out);
  * a batch holds at most half of prefetch_size samples and half the byte budget (at least
  * one; an iterator's first batch holds one), so reads continue
  * while the caller works on it. With DRT_BATCH_CONTIGUOUS, payloads are copied into one
- * buffer and the batch holds max_count samples (fewer only at the end of the window or
+ * buffer (the iterator's, handed to the dataset's next iterator on close; with
+ * DRT_BATCH_STORED_METADATA, large uncompressed records are read straight into it) and
+ * the batch holds max_count samples (fewer only at the end of the window or
  * before an error). When a record fails after some samples were batched, those samples
  * are returned and the failure is returned by the next call. After a failure the
  * iterator is finished (later calls return count 0).

@@ -598,6 +598,15 @@ pub const Buffers = struct {
         };
     }
 
+    /// Frees the arena's memory (it holds no batch: the batch is in `dest`, or none was
+    /// built since `reset`) without the `undefined` fill `free` does in safety-checked
+    /// builds (an arena of a large batch is many MiB).
+    pub fn freeArena(b: *Buffers, gpa: std.mem.Allocator) void {
+        std.debug.assert(b.arena.items.len == 0);
+        dataset_mod.freeUninit(gpa, b.arena.allocatedSlice());
+        b.arena = .empty;
+    }
+
     /// Gives back the last `n` bytes claimed (a sample that failed to be added).
     pub fn unclaim(b: *Buffers, n: usize) void {
         if (b.in_dest) b.dest_used -= n else b.arena.items.len -= n;

@@ -23,6 +23,19 @@ const io = @import("../io/backend.zig");
 const files = @import("../io/files.zig");
 const remote = @import("../io/remote.zig");
 const runtime_mod = @import("../base/runtime.zig");
+
+/// `n` uninitialized bytes: `gpa.alloc` would write `undefined` (0xaa) over all of them
+/// in safety-checked builds, touching every page of a large buffer up front (and `free`
+/// again before giving it back). Free with `freeUninit`.
+pub fn allocUninit(gpa: std.mem.Allocator, n: usize) error{OutOfMemory}![]u8 {
+    const p = gpa.rawAlloc(n, .@"1", @returnAddress()) orelse return error.OutOfMemory;
+    return p[0..n];
+}
+
+/// Frees bytes from `allocUninit` (or an empty slice) without filling them first.
+pub fn freeUninit(gpa: std.mem.Allocator, mem: []u8) void {
+    if (mem.len > 0) gpa.rawFree(mem, .@"1", @returnAddress());
+}
 const Runtime = runtime_mod.Runtime;
 
 pub const Options = struct {
@@ -150,6 +163,13 @@ pub const Dataset = struct {
     epoch_len: u64,
     table: *Table,
 
+    /// The buffer of contiguous batches the last iterator closed with (`Iter.own_dest`),
+    /// for the next one to open with, under `mutex`: an epoch's batches then land in
+    /// memory already faulted in, not in fresh pages. One at most (the larger one is
+    /// kept), at most about one batch of the largest the caller asked for; freed with
+    /// the dataset.
+    spare: []u8 = &.{},
+
     /// `migrateManifests` runs one at a time; the resolved paths of the last one live in
     /// `migration_arena` until the next one or close.
     migration_mutex: std.Thread.Mutex = .{},
@@ -225,6 +245,27 @@ pub const Dataset = struct {
         return true;
     }
 
+    /// `spare` (empty if none), which the caller now owns.
+    pub fn takeSpare(ds: *Dataset) []u8 {
+        ds.mutex.lock();
+        defer ds.mutex.unlock();
+        const mem = ds.spare;
+        ds.spare = &.{};
+        return mem;
+    }
+
+    /// Hands `mem` (from `allocUninit`, or empty) back as `spare`, freeing whichever of it
+    /// and the current spare is smaller.
+    pub fn giveSpare(ds: *Dataset, mem: []u8) void {
+        var free = mem;
+        {
+            ds.mutex.lock();
+            defer ds.mutex.unlock();
+            if (mem.len > ds.spare.len) std.mem.swap([]u8, &free, &ds.spare);
+        }
+        freeUninit(ds.gpa, free);
+    }
+
     pub fn retain(ds: *Dataset) *Dataset {
         _ = ds.refs.fetchAdd(1, .monotonic);
         return ds;
@@ -240,6 +281,7 @@ pub const Dataset = struct {
         gpa.free(ds.caches);
         gpa.free(ds.prefix);
         ds.ids.deinit(gpa);
+        freeUninit(gpa, ds.spare);
         ds.migration_arena.deinit();
         ds.runtime.release();
         gpa.destroy(ds);

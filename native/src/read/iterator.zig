@@ -287,19 +287,8 @@ const ByteRing = struct {
     live: usize = 0,
 
     fn deinit(r: *ByteRing, gpa: std.mem.Allocator) void {
-        freeBytes(gpa, r.mem);
+        dataset_mod.freeUninit(gpa, r.mem);
         r.* = .{};
-    }
-
-    /// Uninitialized bytes: `gpa.alloc` would write `undefined` (0xaa) over all of them in
-    /// safety-checked builds, touching every page of the budget up front.
-    fn allocBytes(gpa: std.mem.Allocator, n: usize) error{OutOfMemory}![]u8 {
-        const p = gpa.rawAlloc(n, .@"1", @returnAddress()) orelse return error.OutOfMemory;
-        return p[0..n];
-    }
-
-    fn freeBytes(gpa: std.mem.Allocator, mem: []u8) void {
-        if (mem.len > 0) gpa.rawFree(mem, .@"1", @returnAddress());
     }
 
     /// Bytes handed out and not given back (counting the unused end before a wrap).
@@ -328,8 +317,8 @@ const ByteRing = struct {
             r.tail = 0;
             r.wrapped = false;
             if (n > r.mem.len) {
-                const mem = try allocBytes(gpa, @max(n, capacity));
-                freeBytes(gpa, r.mem);
+                const mem = try dataset_mod.allocUninit(gpa, @max(n, capacity));
+                dataset_mod.freeUninit(gpa, r.mem);
                 r.mem = mem;
             }
         }
@@ -404,6 +393,15 @@ pub const Iter = struct {
     direct_min: u64 = direct_record_min,
     direct_reads: u64 = 0,
     batch: batch_mod.Buffers,
+    /// Where a contiguous batch's payloads go when the caller gives no memory for them
+    /// (`nextBatch`), as `nextBatchInto`'s go to the caller's: large records are then read
+    /// straight into it by the backend (`takeDirect`, one copy) instead of into the ring
+    /// and copied into the batch's arena, and no arena grows (and is filled) per iterator.
+    /// Sized after a batch that did not fit: its payload bytes and an eighth more (the
+    /// arena holds that batch; its memory is given back once batches fit). Taken from the
+    /// dataset on open and given back on close (`Dataset.takeSpare`), so the next
+    /// iterator's batches land in memory already faulted in.
+    own_dest: []u8 = &.{},
     /// The slots' read buffers, and the bytes they may hold (see //!).
     ring: ByteRing = .{},
     budget: u64,
@@ -499,6 +497,7 @@ pub const Iter = struct {
             // copy on the thread pool); never below one record, never above 4 MiB.
             .coalesce = if (ds.options.shuffle) 0 else std.math.clamp(budget / 4, 1, plan.coalesce_bytes_max),
         };
+        it.own_dest = ds.takeSpare();
         for (slots) |*s| s.it = it;
         for (direct) |*d| d.it = it;
         it.hints.pool = &ds.runtime.pool;
@@ -962,17 +961,18 @@ pub const Iter = struct {
 
     /// Fills `out` with the next samples (count 0 at the end). See drt_iter_next_batch.
     pub fn nextBatch(it: *Iter, max_count: u64, contiguous: bool) status.Error!batch_mod.View {
-        return it.nextBatchTo(max_count, contiguous, &.{});
+        return it.nextBatchTo(max_count, contiguous, if (contiguous) it.own_dest else &.{}, contiguous);
     }
 
     /// A contiguous batch whose payloads go to `dest` while they all fit (the view's
     /// `payload_base` is then `dest.ptr`; else the iterator's arena). See
     /// drt_iter_next_batch_into.
     pub fn nextBatchInto(it: *Iter, max_count: u64, dest: []u8) status.Error!batch_mod.View {
-        return it.nextBatchTo(max_count, true, dest);
+        return it.nextBatchTo(max_count, true, dest, false);
     }
 
-    fn nextBatchTo(it: *Iter, max_count: u64, contiguous: bool, dest: []u8) status.Error!batch_mod.View {
+    /// `own`: `dest` is `own_dest`, sized here for the next batch.
+    fn nextBatchTo(it: *Iter, max_count: u64, contiguous: bool, dest: []u8, own: bool) status.Error!batch_mod.View {
         const ds = it.ds;
         try ds.runtime.checkPid();
         if (max_count == 0) return status.fail(error.InvalidArgument, "max_count must be at least 1", .{});
@@ -1003,7 +1003,7 @@ pub const Iter = struct {
             // never waits for a window's worth of submissions).
             if (first_batch) try it.fillReads(1);
         } else {
-            // Payloads are copied into the batch arena (or `dest`), so slots are released
+            // Payloads are copied into `dest` (or the batch arena), so slots are released
             // round by round and a batch may be larger than the prefetch window. While
             // nothing is planned ahead, records served from mappings go straight into the
             // batch, as many as it takes (no slot, no window round).
@@ -1029,8 +1029,22 @@ pub const Iter = struct {
                 it.releaseDelivered();
             }
         }
+        if (own) it.fitOwnDest();
         it.checkInvariants();
         return it.batch.view(ds.fields, contiguous);
+    }
+
+    /// After a contiguous batch into `own_dest`: when it did not fit (its payloads are in
+    /// the arena), `own_dest` grows to hold one like it; when it did, the arena's memory
+    /// is given back. Memory only: a failed allocation leaves batches to the arena.
+    fn fitOwnDest(it: *Iter) void {
+        const gpa = it.ds.gpa;
+        if (it.batch.in_dest) return it.batch.freeArena(gpa);
+        const bytes = it.batch.payloadBytes();
+        if (bytes <= it.own_dest.len) return;
+        const mem = dataset_mod.allocUninit(gpa, bytes + bytes / 8) catch return;
+        dataset_mod.freeUninit(gpa, it.own_dest);
+        it.own_dest = mem;
     }
 
     /// Contiguous batches, with nothing planned ahead: appends up to `wanted` next
@@ -1542,6 +1556,7 @@ pub const Iter = struct {
         gpa.free(it.adjacent_bytes);
         gpa.free(it.loc_ring);
         it.batch.deinit(gpa);
+        ds.giveSpare(it.own_dest);
         it.table.release();
         gpa.destroy(it);
         ds.release();
@@ -1756,6 +1771,47 @@ test "iterator (io_uring): runs of adjacent records wait for nothing evicted" {
 
 test "iterator (threads): runs of adjacent records wait for nothing evicted" {
     try expectAdjacentEvicted(.threads);
+}
+
+/// Contiguous batches without caller memory (`nextBatch`): after a batch that did not fit
+/// `own_dest` (the first one: it starts empty), `own_dest` holds the batches, large records
+/// read straight into it (`takeDirect`); closing gives it to the dataset, and the next
+/// iterator's first batch lands in it. The same samples whichever memory holds them; the
+/// allocator checks nothing leaks.
+fn expectOwnDest(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    // One record in flight: the slots are empty when a batch starts, so `takeDirect` runs.
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 1 });
+    defer env.close();
+    for (0..2) |round| {
+        const it = try env.openIter();
+        defer it.close();
+        try testing.expectEqual(round == 1, it.own_dest.len > 0); // the first iterator's, given back
+        it.map_max = 0;
+        it.direct_min = 1;
+        it.batch.stored_metadata = true;
+        var k: u64 = 0;
+        var in_own: u64 = 0;
+        while (true) {
+            const view = try it.nextBatch(7, true);
+            if (view.count == 0) break;
+            for (0..@intCast(view.count)) |i| try env.expectSample(view, i, env.expectedLoc(it, k + i));
+            const own = it.own_dest.len > 0 and view.payload_base.? == it.own_dest.ptr;
+            if (k == 0) try testing.expectEqual(round == 1, own);
+            if (own) in_own += 1;
+            k += view.count;
+        }
+        try testing.expectEqual(it.schedule.count, k);
+        try testing.expect(in_own > 0 and it.direct_reads > 0);
+    }
+}
+
+test "iterator (io_uring): contiguous batches reuse their own memory across iterators" {
+    try expectOwnDest(.io_uring);
+}
+
+test "iterator (threads): contiguous batches reuse their own memory across iterators" {
+    try expectOwnDest(.threads);
 }
 
 test "iterator (io_uring): batches into the caller's memory" {
