@@ -256,7 +256,7 @@ pub fn willNeed(fd: posix.fd_t, offset: u64, len: u64) void {
 /// Mapped windows: a shard is mapped in windows of `window_bytes` (each window also maps
 /// `window_overlap` bytes of the next, so a record shorter than that which starts in a
 /// window lies inside its mapping), at most `Maps.budget` bytes at a time per `Maps`
-/// (`mapped_bytes_max` for an iterator).
+/// (`mapped_bytes_max` or `random_mapped_bytes_max`).
 pub const window_bytes = 2 << 20;
 pub const window_overlap = 64 << 10;
 /// The byte budget of an ordered iterator's `Maps`: the pages of its mappings count in

@@ -23,6 +23,7 @@ const io = @import("../io/backend.zig");
 const files = @import("../io/files.zig");
 const remote = @import("../io/remote.zig");
 const runtime_mod = @import("../base/runtime.zig");
+const Runtime = runtime_mod.Runtime;
 
 /// `n` uninitialized bytes: `gpa.alloc` would write `undefined` (0xaa) over all of them
 /// in safety-checked builds, touching every page of a large buffer up front (and `free`
@@ -36,7 +37,6 @@ pub fn allocUninit(gpa: std.mem.Allocator, n: usize) error{OutOfMemory}![]u8 {
 pub fn freeUninit(gpa: std.mem.Allocator, mem: []u8) void {
     if (mem.len > 0) gpa.rawFree(mem, .@"1", @returnAddress());
 }
-const Runtime = runtime_mod.Runtime;
 
 pub const Options = struct {
     seed: u64,

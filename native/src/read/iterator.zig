@@ -20,7 +20,8 @@
 //! ordered reads and every window, `random_mapped_bytes_max` (132 MiB), for shuffled
 //! ones: random reads keep coming back to every window, and each record of a window left
 //! out costs a system call. Such a slot holds no read buffer; its payloads point into the
-//! mapping, which stays mapped until the slot is released. A record is served this way only when a read would return the same bytes
+//! mapping, which stays mapped until the slot is released. A record is served this way
+//! only when a read would return the same bytes
 //! (it lies inside its shard's manifest length, and the file is at least that long), so
 //! both paths give the same samples, errors and order; a record the budget leaves
 //! unmapped is read through the backend. Contiguous batches of an ordered window take
