@@ -998,6 +998,10 @@ class Batch:
         cache_ids = ffi.unpack(raw.cache_ids, n) if cache_id is None else [cache_id] * n
         return payloads, cache_ids, ffi.unpack(raw.sample_ids, n), values, longest
 
+    def run(self) -> tuple[int, int, int]:
+        """The batch's leading run: see ``batch_run``."""
+        return batch_run(self)
+
     def copy_payloads(self, destination: Any) -> int:
         """The payloads back to back into ``destination``: see ``batch_copy_payloads``."""
         return batch_copy_payloads(self, destination)
@@ -1054,10 +1058,13 @@ class Batch:
 
         raw = self._raw
         n = int(raw.count)
-        lens = np.frombuffer(ffi.buffer(raw.payload_lens, 8 * n), dtype=np.uint64)
-        offsets = np.zeros(n + 1, dtype=np.uint64)
-        np.cumsum(lens, out=offsets[1:])
-        data = np.frombuffer(ffi.buffer(raw.payload_base, int(offsets[-1])), dtype=np.uint8)
+        # The payloads lie back to back from payload_base: payload_offsets, and the end.
+        offsets = np.empty(n + 1, dtype=np.uint64)
+        offsets[0] = 0
+        if n > 0:
+            offsets[:n] = np.frombuffer(ffi.buffer(raw.payload_offsets, 8 * n), dtype=np.uint64)
+            offsets[n] = raw.payload_offsets[n - 1] + raw.payload_lens[n - 1]
+        data = np.frombuffer(ffi.buffer(raw.payload_base, int(offsets[n])), dtype=np.uint8)
         cache_id = np.frombuffer(ffi.buffer(raw.cache_ids, 8 * n), dtype=np.uint64)
         sample_id = np.frombuffer(ffi.buffer(raw.sample_ids, 8 * n), dtype=np.uint64)
         if copy:
@@ -1144,6 +1151,16 @@ def batch_copy_payloads(batch: Batch, destination: Any) -> int:
     target = ffi.from_buffer("uint8_t[]", destination, require_writable=True)
     check(lib.drt_batch_copy_payloads(batch._raw, target, len(target), length))
     return int(length[0])
+
+
+def batch_run(batch: Batch) -> tuple[int, int, int]:
+    """``drt_batch_run`` (ABI 1.13): ``(cache_id, first, length)``: ``batch``'s first
+    ``length`` samples are samples ``first, first + 1, ...`` of cache ``cache_id`` (all 0
+    for an empty batch). ``length == count``: the whole batch is rows ``first .. first +
+    count`` of that cache's ``metadata.arrow`` (see :meth:`Lookup.stored_rows`)."""
+    out = ffi.new("uint64_t[3]")
+    check(lib.drt_batch_run(batch._raw, out, out + 1, out + 2))
+    return int(out[0]), int(out[1]), int(out[2])
 
 
 class Iterator(_Handle):
@@ -1375,6 +1392,16 @@ class Lookup(_Handle):
         first = ffi.from_buffer("uint64_t[]", cache_ids)
         second = ffi.from_buffer("uint64_t[]", sample_ids)
         check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
+        return Batch(self._batch)
+
+    def stored_rows(self, cache_id: int, first: int, count: int) -> Batch:
+        """``drt_lookup_stored_rows`` (ABI 1.13): rows ``first .. first + count`` of cache
+        ``cache_id``'s ``metadata.arrow`` as a batch (identities and metadata columns,
+        empty payloads, no record read), up to the cache's last sample or the first row
+        that holds an Arrow null (``count`` may be smaller). IndexError for a cache or a
+        sample ``first`` that does not exist.
+        Valid like :meth:`get`'s batch."""
+        check(lib.drt_lookup_stored_rows(self._ptr, cache_id, first, count, self._batch))
         return Batch(self._batch)
 
     def get_row(self, cache_id: int, sample_id: int, destination: Any) -> int:

@@ -162,6 +162,8 @@ class CachedDataset:
         self._progress: _Progress | None = None
         # iter_batches(copy=True)'s reused payload memory, kept from epoch to epoch.
         self._batch_memory = _BatchMemory()
+        # The batches' metadata frames (slices of stored rows read in chunks).
+        self._frames = _StoredFrames(handle, self._columns, not reader_config.validate_cache)
         return self
 
     def __reduce__(self) -> Any:
@@ -333,7 +335,10 @@ class CachedDataset:
         whose embedded JSON is broken or was edited after writing fails (or differs in)
         per-sample reads but not batches; with ``validate_cache=True`` batches parse and
         compare the JSON too and raise the per-sample error (see
-        docs/compatibility.md).
+        docs/compatibility.md). The frame of a batch of consecutive samples of one cache
+        (an ordered read) is a slice of a frame of up to 16 batches' rows (at most about
+        8 MiB) read once for them all, which a frame kept alive keeps too; any other
+        batch's frame is its own.
 
         Lifetime: with ``copy=True`` (the default) the arrays stay valid as long as the
         caller keeps them (or any view of them). Each payload is copied once, natively,
@@ -369,7 +374,7 @@ class CachedDataset:
         try:
             if copy:
                 # Payloads copied once, from the iterator's read buffers into reused memory.
-                gather = _Gather(iterator, self._columns, self._batch_memory)
+                gather = _Gather(iterator, self._frames, self._batch_memory)
                 while True:
                     built = gather.next(size)
                     if built is None:
@@ -382,7 +387,7 @@ class CachedDataset:
                 if count == 0:
                     return
                 progress.base += count
-                yield _sample_batch(batch, self._columns, copy)
+                yield _sample_batch(batch, self._frames, copy)
         finally:
             progress.closed = True
             iterator.close()
@@ -537,11 +542,11 @@ class CachedDataset:
                 return _empty_batch(self._columns)
             if not copy:
                 batch = lookup.get_arrays(cids, sids, _BATCH_FLAGS)
-                return _sample_batch(batch, self._columns, False)
+                return _sample_batch(batch, self._frames, False)
             # Owned arrays: the payloads are gathered once, straight from where they were
             # read (or mapped), into the batch's own array.
             batch = lookup.get_arrays(cids, sids, _native.BatchFlag.STORED_METADATA)
-            return _gathered_batch(batch, self._columns)
+            return _gathered_batch(batch, self._frames)
 
     def get_metadata(self) -> Any:
         """The active metadata table as a Polars DataFrame.
@@ -743,7 +748,6 @@ STATE_FORMAT = "dataset_rt.dataset_state/1"
 
 _U64_END = 2**64
 
-#: Batch APIs take their metadata columns from metadata.arrow (see ``iter_batches``).
 # Batches take their metadata from metadata.arrow (see iter_batches).
 _STORED = int(_native.BatchFlag.STORED_METADATA)
 _BATCH_FLAGS = int(_native.BatchFlag.CONTIGUOUS) | _STORED
@@ -977,11 +981,11 @@ class _RangeBatches:
         self.close()
 
 
-def _sample_batch(batch: _native.Batch, columns: list[tuple[str, int]], copy: bool) -> SampleBatch:
+def _sample_batch(batch: _native.Batch, frames: _StoredFrames, copy: bool) -> SampleBatch:
     """One contiguous native batch as numpy arrays (copied, or views when ``copy`` is
-    false) and a Polars frame (always its own memory)."""
+    false) and a Polars frame (never the library's memory; see :class:`_StoredFrames`)."""
     data, offsets, cache_id, sample_id = batch.arrays(copy)
-    return SampleBatch(data, offsets, cache_id, sample_id, _metadata_frame(batch, columns))
+    return SampleBatch(data, offsets, cache_id, sample_id, frames.frame(batch))
 
 
 def _metadata_frame(batch: _native.Batch, columns: list[tuple[str, int]]) -> Any:
@@ -1016,6 +1020,108 @@ def _concat_arrays(parts: list[Any]) -> Any:
     import pyarrow as pa
 
     return pa.concat_arrays(parts)
+
+
+# The frames of _StoredFrames: a chunk holds about this many bytes of stored rows (and
+# this many times a batch's rows at most); a run whose chunk would hold fewer than
+# _CHUNK_BATCHES_MIN batches' rows takes its own frame.
+_CHUNK_BYTES = 8 << 20
+_CHUNK_BATCHES = 16
+_CHUNK_BATCHES_MIN = 4
+# Bytes a stored row takes in a frame before the first chunk measures it.
+_CHUNK_ROW_BYTES_GUESS = 64
+
+
+class _StoredFrames:
+    """The metadata frames of a dataset's batches (``iter_batches``, ``get_items``).
+
+    A batch that is one run of consecutive samples of one cache (``Batch.run``: an
+    ordered read, or ids asked for in order) holds rows ``first .. first + count`` of
+    that cache's ``metadata.arrow``; its frame is then a zero-copy slice of a *chunk*, a
+    frame of many stored rows read once (``Lookup.stored_rows``, no record read).
+    Building a Polars frame costs tens of microseconds per column whatever its length,
+    which a batch of thousands of small records pays in full, and a chunk pays once for
+    many batches. Equal to the batch's own columns (``_metadata_frame``) by
+    construction: the same rows, converted by the same code. Any other batch, a run that
+    does not continue the previous one (a chunk is read only when reads go on where the
+    last one stopped, so random requests never pay for one), a chunk cut short by a row
+    holding an Arrow null (whose value is the embedded JSON's), and ``validate_cache``
+    (which compares every record's JSON) take the batch's own columns.
+
+    Bounded: one chunk of at most about ``_CHUNK_BYTES`` of rows (sized from the bytes
+    a row took in the previous chunk) and ``_CHUNK_BATCHES`` batches' rows, and the
+    native columns it was built from (kept by its lookup for the next one); a frame
+    handed out keeps its chunk alive, as a numpy view keeps its base. Its own lookup (so
+    it never waits for, or invalidates, ``get_item``'s) under its own lock: thread-safe."""
+
+    __slots__ = (
+        "_chunk",
+        "_enabled",
+        "_handle",
+        "_lock",
+        "_lookup",
+        "_next",
+        "_row_bytes",
+        "columns",
+    )
+
+    def __init__(
+        self, handle: _native.Dataset, columns: list[tuple[str, int]], enabled: bool
+    ) -> None:
+        self.columns = columns
+        self._handle = handle
+        self._enabled = enabled and bool(columns)
+        self._lock = threading.Lock()
+        self._lookup: _native.Lookup | None = None
+        # (cache_id, first row, end row, frame) of the chunk, if any.
+        self._chunk: tuple[int, int, int, Any] | None = None
+        # (cache_id, row) where the latest run ended: a run starting there continues it.
+        self._next: tuple[int, int] | None = None
+        self._row_bytes = _CHUNK_ROW_BYTES_GUESS
+
+    def frame(self, batch: _native.Batch) -> Any:
+        """The metadata of ``batch`` (valid) as a Polars frame."""
+        if self._enabled:
+            cache_id, first, length = batch.run()
+            if length == batch.count and length > 0:
+                with self._lock:
+                    frame = self._slice(cache_id, first, length)
+                if frame is not None:
+                    return frame
+        return _metadata_frame(batch, self.columns)
+
+    def _slice(self, cache_id: int, first: int, count: int) -> Any:
+        """Rows ``first .. first + count`` of cache ``cache_id`` from the chunk (read now
+        when the run continues the previous one), or None."""
+        end = first + count
+        chunk = self._chunk
+        continues = self._next == (cache_id, first)
+        self._next = (cache_id, end)
+        if chunk is None or chunk[0] != cache_id or not chunk[1] <= first <= end <= chunk[2]:
+            if not continues:
+                return None
+            chunk = self._read(cache_id, first, count)
+            if chunk is None:
+                return None
+        return chunk[3].slice(first - chunk[1], count)
+
+    def _read(self, cache_id: int, first: int, count: int) -> tuple[int, int, int, Any] | None:
+        """A new chunk from row ``first`` holding at least ``count`` rows, or None (the
+        rows a budget allows are too few to pay, or a null comes first)."""
+        rows = min(_CHUNK_BYTES // self._row_bytes, _CHUNK_BATCHES * count)
+        self._chunk = None  # the old one goes, even if no new one comes
+        if rows < _CHUNK_BATCHES_MIN * count:
+            return None
+        if self._lookup is None:
+            self._lookup = _native.Lookup.open(self._handle)
+        batch = self._lookup.stored_rows(cache_id, first, rows)
+        got = batch.count
+        if got < count:
+            return None
+        frame = _metadata_frame(batch, self.columns)
+        self._row_bytes = max(1, frame.estimated_size() // got)
+        self._chunk = (cache_id, first, first + got, frame)
+        return self._chunk
 
 
 # Reserved for a batch: the latest batch's bytes a sample times this, plus the margin
@@ -1101,13 +1207,13 @@ class _Gather:
     boundaries as contiguous native batches of the same size; a read error met after
     some samples of a batch is raised by the next call (natively)."""
 
-    __slots__ = ("_columns", "_iterator", "_left", "_memory", "_per_sample")
+    __slots__ = ("_frames", "_iterator", "_left", "_memory", "_per_sample")
 
     def __init__(
-        self, iterator: _native.Iterator, columns: list[tuple[str, int]], memory: _BatchMemory
+        self, iterator: _native.Iterator, frames: _StoredFrames, memory: _BatchMemory
     ) -> None:
         self._iterator = iterator
-        self._columns = columns
+        self._frames = frames
         self._memory = memory
         # Payload bytes a sample in the latest batch (before the first one: the dataset's).
         self._per_sample = memory.per_sample
@@ -1128,10 +1234,8 @@ class _Gather:
         count = batch.count
         if count == 0:
             return None
-        lengths, ids, samples = batch.lengths_and_ids()
-        offsets = np.zeros(count + 1, dtype=np.uint64)
-        np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
+        payloads, offsets, ids, samples = batch.arrays(False)
+        total = int(offsets[count])
         if not placed:
             # The dataset's first batch (no estimate yet) or one larger than foreseen:
             # copied once more, out of the iterator's buffer.
@@ -1139,7 +1243,7 @@ class _Gather:
                 memory.trim(region, lease, 0)
             del region
             region, lease = memory.take(total)
-            region[:total] = batch.arrays(False)[0]
+            region[:total] = payloads
         self._per_sample = memory.per_sample = total / count
         self._left -= count
         return SampleBatch(
@@ -1147,11 +1251,11 @@ class _Gather:
             offsets,
             ids.copy(),
             samples.copy(),
-            _metadata_frame(batch, self._columns),
+            self._frames.frame(batch),
         )
 
 
-def _gathered_batch(batch: _native.Batch, columns: list[tuple[str, int]]) -> SampleBatch:
+def _gathered_batch(batch: _native.Batch, frames: _StoredFrames) -> SampleBatch:
     """Any native batch as a :class:`SampleBatch` of owned arrays: the payloads copied
     once into a new ``numpy.uint8`` array (``drt_batch_copy_payloads``)."""
     import numpy as np
@@ -1161,8 +1265,7 @@ def _gathered_batch(batch: _native.Batch, columns: list[tuple[str, int]]) -> Sam
     np.cumsum(lengths, out=offsets[1:])
     data = np.empty(int(offsets[-1]), dtype=np.uint8)
     batch.copy_payloads(data)
-    frame = _frame(_metadata_arrays(batch, columns), columns)
-    return SampleBatch(data, offsets, cache_id.copy(), sample_id.copy(), frame)
+    return SampleBatch(data, offsets, cache_id.copy(), sample_id.copy(), frames.frame(batch))
 
 
 def _empty_batch(columns: list[tuple[str, int]]) -> SampleBatch:

@@ -373,3 +373,165 @@ def test_string_columns_reach_polars_as_views_or_offsets_alike(
         items["s"].to_list()
         == [EDGE_STRINGS[sid % len(EDGE_STRINGS)] for sid in range(len(items))][::-1]
     )
+
+
+# ---------------------------------------------------------- frames sliced from chunks
+
+
+def _own_frames(dataset) -> Any:
+    """``dataset`` with every batch taking its own frame (no chunks of stored rows)."""
+    dataset._frames._enabled = False
+    return dataset
+
+
+def _count_frames(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the frames built from native columns (a batch's own, or a chunk)."""
+    from dataset_rt import dataset as dataset_module
+
+    built = [0]
+    build = dataset_module._metadata_frame
+
+    def counted(batch: Any, columns: Any) -> Any:
+        built[0] += 1
+        return build(batch, columns)
+
+    monkeypatch.setattr(dataset_module, "_metadata_frame", counted)
+    return built
+
+
+def _expect_same_frames(got: list[pl.DataFrame], want: list[pl.DataFrame]) -> None:
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.schema == b.schema
+        assert [row_bits(r) for r in a.to_dicts()] == [row_bits(r) for r in b.to_dicts()]
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 64])
+def test_ordered_batches_slice_chunks_of_stored_rows(
+    runtime, io_backend: str, batch_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ordered batches (one run of a cache's consecutive samples each) take their frames
+    as slices of chunks of stored rows read once for many batches; the frames are the
+    batches' own, bit for bit, across cache ends, chunk ends, copy=True and copy=False,
+    and for get_items asked for ids in order."""
+    names = ["plain_one_shard", "plain_many_shards", "lz4_many_shards", "unicode_é_name"]
+    paths = [FIXTURES / n for n in names]
+    want = {
+        copy: [
+            b.metadata
+            for b in _own_frames(open_dataset(runtime, io_backend, paths)).iter_batches(
+                batch_size, copy=copy
+            )
+        ]
+        for copy in (True, False)
+    }
+    built = _count_frames(monkeypatch)
+    for copy in (True, False):
+        built[0] = 0
+        got = [
+            b.metadata
+            for b in open_dataset(runtime, io_backend, paths).iter_batches(batch_size, copy=copy)
+        ]
+        _expect_same_frames(got, want[copy])
+        # Chunks of up to 16 batches' rows: the first batch of each cache, and a batch
+        # across two caches, take their own frames; the rest come from a few chunks.
+        assert built[0] < (len(got) if batch_size > 7 else len(got) / 2), (built, len(got))
+    # get_items in order, call after call (a sequential sampler's batches).
+    dataset = open_dataset(runtime, io_backend, paths[:1])
+    cid = _cache_id(dataset)
+    own = _own_frames(open_dataset(runtime, io_backend, paths[:1]))
+    requests = [list(range(s, min(s + batch_size, 120))) for s in range(0, 120, batch_size)]
+    want_items = [own.get_items([cid] * len(ids), ids).metadata for ids in requests]
+    built[0] = 0
+    for copy in (True, False):
+        got = [dataset.get_items([cid] * len(ids), ids, copy=copy).metadata for ids in requests]
+        _expect_same_frames(got, want_items)
+    calls = 2 * len(requests)
+    assert built[0] < (calls if batch_size > 7 else calls / 4), (built, calls)
+    assert dataset._frames._chunk is not None
+
+
+def test_random_batches_and_validate_cache_take_their_own_frames(
+    runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks are read only for runs that continue the previous one: shuffled batches,
+    random get_items and datasets with validate_cache (which compares every record's
+    JSON) build each batch's frame from its own columns and never read one."""
+    path = FIXTURES / "plain_many_shards"
+    shuffled = open_dataset(runtime, "threads", [path], shuffle=True)
+    strict = open_dataset(runtime, "threads", [path], validate_cache=True)
+    built = _count_frames(monkeypatch)
+    batches = list(shuffled.iter_batches(16)) + list(strict.iter_batches(16))
+    cid = _cache_id(shuffled)
+    items = [shuffled.get_items([cid] * 3, [s, s + 1, s + 2]) for s in (200, 10, 150, 90)]
+    assert built[0] == len(batches) + len(items)
+    assert shuffled._frames._chunk is None and strict._frames._chunk is None
+
+
+def test_a_chunk_is_bounded_by_bytes_and_batches(runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk holds at most _CHUNK_BATCHES batches' rows and about _CHUNK_BYTES (from
+    the bytes a row took in the previous chunk); a budget too small for _CHUNK_BATCHES_MIN
+    batches reads no chunk at all."""
+    from dataset_rt import dataset as dataset_module
+
+    path = FIXTURES / "plain_many_shards"
+    sizes: list[int] = []
+    dataset = open_dataset(runtime, "threads", [path])
+    for _batch in dataset.iter_batches(5):
+        chunk = dataset._frames._chunk
+        if chunk is not None:
+            sizes.append(chunk[2] - chunk[1])
+    assert sizes and max(sizes) == dataset_module._CHUNK_BATCHES * 5
+    row_bytes = dataset._frames._row_bytes
+    assert 8 <= row_bytes <= 200
+    # A byte budget of about 6 batches' rows (rows differ in size: each chunk is sized
+    # from the bytes a row took in the previous one).
+    budget = row_bytes * 30
+    monkeypatch.setattr(dataset_module, "_CHUNK_BYTES", budget)
+    dataset = open_dataset(runtime, "threads", [path])
+    dataset._frames._row_bytes = row_bytes
+    sizes = []
+    for _batch in dataset.iter_batches(5):
+        chunk = dataset._frames._chunk
+        if chunk is not None:
+            sizes.append(chunk[2] - chunk[1])
+            assert chunk[3].estimated_size() <= 1.5 * budget
+    assert sizes and max(sizes) < dataset_module._CHUNK_BATCHES * 5 / 2
+    # Under 4 batches' rows: none.
+    monkeypatch.setattr(dataset_module, "_CHUNK_BYTES", row_bytes * 19)
+    dataset = open_dataset(runtime, "threads", [path])
+    dataset._frames._row_bytes = row_bytes
+    assert all(len(b) and dataset._frames._chunk is None for b in dataset.iter_batches(5))
+
+
+def test_arrow_nulls_in_stored_rows_take_the_embedded_json(
+    runtime, io_backend: str, fixture_copy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metadata.arrow row holding an Arrow null (never written by a writer) takes the
+    record's embedded JSON in batches, as per-sample reads do: a chunk of stored rows
+    stops before it, and the batches that hold it build their own frames."""
+    import pyarrow as pa
+
+    path = fixture_copy("plain_one_shard")
+    table = pa.ipc.open_file(pa.py_buffer((path / "metadata.arrow").read_bytes())).read_all()
+    nulls = {30, 31, 77}
+    labels = [None if i in nulls else v for i, v in enumerate(table.column("label").to_pylist())]
+    index = table.schema.get_field_index("label")
+    table = table.set_column(
+        index, pa.field("label", pa.int64(), nullable=True), pa.array(labels, pa.int64())
+    )
+    with pa.OSFile(str(path / "metadata.arrow"), "wb") as sink:
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    _fix_checksums(path)
+    dataset = open_dataset(runtime, io_backend, [path])
+    want = [row_bits(s.metadata) for s in dataset]
+    assert all(want[i][1][1][1] is not None for i in nulls)  # the JSON's labels
+    for size in (1, 4, 25):
+        got = [row_bits(r) for b in dataset.iter_batches(size) for r in b.metadata.to_dicts()]
+        assert got == want
+    cid = _cache_id(dataset)
+    for start in range(0, 120, 10):
+        ids = list(range(start, start + 10))
+        got = [row_bits(r) for r in dataset.get_items([cid] * 10, ids).metadata.to_dicts()]
+        assert got == want[start : start + 10]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import dataset_rt as drt
-from dataset_rt.dataset import SampleBatch
+from dataset_rt.dataset import SampleBatch, _metadata_frame
 from tests.conftest import FIXTURES
 
 # Four caches with the same schema: uncompressed (one and many shards), LZ4, unicode name.
@@ -398,5 +398,45 @@ def test_lookup_row_reads_get_rows_bytes_into_the_registered_buffer(
         assert last_error() == "cache_id 12345 is out of range"
         with pytest.raises(IndexError, match=r"^cache_id 12345 is out of range$"):
             lookup.row(12345, 0)
+    finally:
+        lookup.close()
+
+
+def test_lookup_stored_rows_and_batch_run_bindings(runtime, io_backend: str) -> None:
+    """``drt_lookup_stored_rows`` (ABI 1.13): a cache's stored metadata rows as a batch
+    with get_items' identities and metadata, empty payloads, stopping at the cache's end;
+    get_items' IndexError for an unknown cache or first sample. ``drt_batch_run``: the
+    leading run of one cache's consecutive samples."""
+    from dataset_rt import _native
+
+    dataset = open_dataset(runtime, io_backend)
+    lookup = _native.Lookup.open(dataset._handle)
+    try:
+        caches: dict[int, list[int]] = {}
+        for cid, sid in identities(dataset):
+            caches.setdefault(cid, []).append(sid)
+        for cid, sids in caches.items():
+            first = len(sids) // 3
+            batch = lookup.stored_rows(cid, first, 10**9)
+            count = len(sids) - first
+            assert batch.count == count
+            assert batch.run() == (cid, first, count)
+            assert batch.lengths_and_ids()[0].tolist() == [0] * count
+            frame = _metadata_frame(batch, dataset._columns)
+            want = dataset.get_items([cid] * count, sids[first:])
+            assert frame.equals(want.metadata)
+            assert want.cache_id.tolist() == [cid] * count
+        cid = next(iter(caches))
+        with pytest.raises(IndexError, match=r"^cache_id 12345 is out of range$"):
+            lookup.stored_rows(12345, 0, 1)
+        with pytest.raises(
+            IndexError, match=rf"^sample_id 120 is out of range for cache_id {cid}$"
+        ):
+            lookup.stored_rows(cid, 120, 1)
+        assert lookup.stored_rows(cid, 119, 0).run() == (0, 0, 0)
+        # A batch of two caches, and one that skips a sample: runs end there.
+        other = list(caches)[1]
+        assert lookup.get([cid, cid, other], [118, 119, 0]).run() == (cid, 118, 2)
+        assert lookup.get([cid, cid, cid], [5, 7, 8]).run() == (cid, 5, 1)
     finally:
         lookup.close()

@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 12
+    DRT_ABI_VERSION_MINOR = 13
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -600,6 +600,14 @@ enum {
 int32_t drt_batch_copy_payloads(const drt_batch *batch, uint8_t *dst, uint64_t capacity,
                                 uint64_t *out_len);
 
+/* The leading run of a batch (any batch, while it is valid; ABI 1.13): its first
+ * *out_len samples have cache id *out_cache_id and the consecutive sample ids
+ * *out_first, *out_first + 1, ... (all three 0 for an empty batch). A batch that is one
+ * run (*out_len == count) holds rows *out_first .. *out_first + count of that cache's
+ * metadata.arrow: see drt_lookup_stored_rows. */
+int32_t drt_batch_run(const drt_batch *batch, uint64_t *out_cache_id, uint64_t *out_first,
+                      uint64_t *out_len);
+
 /* Writes the Arrow string views of string column `column` of a batch (its `count`
  * rows; any batch, while it is valid) into views[0 .. 16 * count): the 16-byte
  * BinaryView layout of Arrow's Utf8View (pyarrow's string_view) type. A value of at most
@@ -631,6 +639,20 @@ int32_t drt_lookup_open(drt_dataset *dataset, drt_lookup **out);
  * range for cache_id 7"), the statuses of drt_iter_next_batch. */
 int32_t drt_lookup_get(drt_lookup *lookup, uint64_t count, const uint64_t *cache_ids,
                        const uint64_t *sample_ids, uint32_t flags, drt_batch *out);
+
+/* The metadata.arrow rows of samples first .. first + count of cache cache_id as a
+ * batch into *out (ABI 1.13): identities, and the metadata columns as
+ * DRT_BATCH_STORED_METADATA gives them (as written; never the active table, never the
+ * embedded JSON, whatever validate_cache says); every payload is empty (length 0) and no
+ * record is read. The batch stops at the cache's last sample, or before the first row
+ * that holds an Arrow null (a sample whose value is its record's embedded JSON: read it
+ * with drt_lookup_get), so out->count may be less than count (0 when row `first` holds
+ * one). A caller that builds its own view of many rows at once (Python: a Polars frame
+ * that batches of consecutive samples slice, see drt_batch_run) reads them this way.
+ * Valid like drt_lookup_get's batch. Returns DRT_E_INDEX, with drt_lookup_get's
+ * messages, for an unknown cache_id or a sample `first` that does not exist. */
+int32_t drt_lookup_stored_rows(drt_lookup *lookup, uint64_t cache_id, uint64_t first,
+                               uint64_t count, drt_batch *out);
 
 /* Reads one sample by identity, exactly as drt_lookup_get with count 1 and no flags
  * (same values, same errors), packed into caller memory dst[0 .. capacity) (ABI 1.6):

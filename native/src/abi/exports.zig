@@ -583,6 +583,51 @@ test "drt_batch_copy_payloads gathers payloads back to back" {
     try std.testing.expectEqual(@as(u64, 0), len);
 }
 
+export fn drt_batch_run(b: ?*const abi.Batch, out_cache_id: ?*u64, out_first: ?*u64, out_len: ?*u64) Rc {
+    const bt = b orelse return nullArgument("batch");
+    const cache_id = out_cache_id orelse return nullArgument("out_cache_id");
+    const first = out_first orelse return nullArgument("out_first");
+    const len = out_len orelse return nullArgument("out_len");
+    status.clear();
+    cache_id.* = 0;
+    first.* = 0;
+    len.* = 0;
+    const n: usize = @intCast(bt.count);
+    if (n == 0) return ok();
+    const cids = (bt.cache_ids orelse return nullArgument("batch.cache_ids"))[0..n];
+    const sids = (bt.sample_ids orelse return nullArgument("batch.sample_ids"))[0..n];
+    var k: usize = 1;
+    while (k < n and cids[k] == cids[0] and sids[k] == sids[0] +% k) k += 1;
+    cache_id.* = cids[0];
+    first.* = sids[0];
+    len.* = k;
+    return ok();
+}
+
+test "drt_batch_run measures the leading run of one cache's consecutive samples" {
+    const cids = [_]u64{ 7, 7, 7, 7, 8, 8 };
+    const sids = [_]u64{ 4, 5, 6, 8, 9, 10 };
+    var bt: abi.Batch = .{ .count = 6, .payloads = null, .payload_lens = null, .payload_base = null, .payload_offsets = null, .cache_ids = &cids, .sample_ids = &sids, .columns = null };
+    var cache_id: u64 = 99;
+    var first: u64 = 99;
+    var len: u64 = 99;
+    try std.testing.expectEqual(@as(Rc, 0), drt_batch_run(&bt, &cache_id, &first, &len));
+    try std.testing.expectEqual([3]u64{ 7, 4, 3 }, [3]u64{ cache_id, first, len });
+    bt.count = 3;
+    try std.testing.expectEqual(@as(Rc, 0), drt_batch_run(&bt, &cache_id, &first, &len));
+    try std.testing.expectEqual([3]u64{ 7, 4, 3 }, [3]u64{ cache_id, first, len });
+    // Another cache ends a run even where the sample ids go on.
+    bt.cache_ids = cids[2..];
+    bt.sample_ids = &.{ 6, 7, 8, 9 };
+    bt.count = 4;
+    try std.testing.expectEqual(@as(Rc, 0), drt_batch_run(&bt, &cache_id, &first, &len));
+    try std.testing.expectEqual([3]u64{ 7, 6, 2 }, [3]u64{ cache_id, first, len });
+    bt.count = 0;
+    try std.testing.expectEqual(@as(Rc, 0), drt_batch_run(&bt, &cache_id, &first, &len));
+    try std.testing.expectEqual([3]u64{ 0, 0, 0 }, [3]u64{ cache_id, first, len });
+    try std.testing.expect(drt_batch_run(&bt, null, &first, &len) != 0);
+}
+
 export fn drt_column_string_views(column: ?*const abi.Column, count: u64, views: ?[*]u8, capacity: u64, out_data_len: ?*u64) Rc {
     const col = column orelse return nullArgument("column");
     const o = out_data_len orelse return nullArgument("out_data_len");
@@ -644,6 +689,15 @@ export fn drt_lookup_get(lk: ?*LookupHandle, count: u64, cache_ids: ?[*]const u6
     const cids = if (n > 0) cache_ids.?[0..n] else &empty;
     const sids = if (n > 0) sample_ids.?[0..n] else &empty;
     const view = h.reader.get(cids, sids, contiguous) catch |err| return fromError(err);
+    h.publish(view, o);
+    return ok();
+}
+
+export fn drt_lookup_stored_rows(lk: ?*LookupHandle, cache_id: u64, first: u64, count: u64, out: ?*abi.Batch) Rc {
+    const h = lk orelse return nullArgument("lookup");
+    const o = out orelse return nullArgument("out");
+    status.clear();
+    const view = h.reader.storedRows(cache_id, first, count) catch |err| return fromError(err);
     h.publish(view, o);
     return ok();
 }

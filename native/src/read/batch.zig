@@ -53,6 +53,9 @@ pub const View = struct {
     columns: []const ColumnView = &.{},
 };
 
+/// The address of the empty payloads of `Buffers.addStoredRows`.
+const no_bytes = [1]u8{0};
+
 /// Column storage of one batch for one schema field.
 const ColumnBuffer = struct {
     bytes: std.ArrayList(u8) = .empty, // bool values or string data
@@ -360,38 +363,15 @@ pub const Buffers = struct {
         const gpa = ds.gpa;
         std.debug.assert(b.payload_offsets.items.len == b.count());
         const columns, const row = try b.storedRow(ds, .{ .cache = cache, .sample_id = first });
-        var n: usize = @intCast(@min(payloads.len, b.stored_end - first));
-        for (columns) |col| {
-            if (col.null_count == 0) continue;
-            for (0..n) |k| if (col.isNull(row + k)) {
-                n = k;
-                break;
-            };
-        }
+        const n = nullFreeRows(columns, row, @intCast(@min(payloads.len, b.stored_end - first)));
         if (n == 0) return 0;
         var total: usize = 0;
         for (payloads[0..n]) |p| total += p.len;
         // Room first, so that nothing below fails halfway.
-        try b.reserve(gpa, ds.fields, n);
-        for (columns, b.columns, ds.fields) |col, *out, f| if (f.kind == .string) {
-            try out.bytes.ensureUnusedCapacity(gpa, @intCast(stringEnd(col, row + n) - stringEnd(col, row)));
-        };
+        try b.reserveRows(gpa, ds.fields, columns, row, n);
         const space = try b.claim(gpa, total);
         const at0 = b.payloadBytes() - total;
-        for (columns, b.columns, ds.fields) |col, *out, f| {
-            const r: usize = @intCast(row);
-            switch (f.kind) {
-                .bool => for (0..n) |k| out.bytes.appendAssumeCapacity(@intFromBool(col.getBool(r + k))),
-                .int => appendWords(i64, &out.ints, col.values[r * 8 ..][0 .. n * 8]),
-                .float => appendWords(f64, &out.floats, col.values[r * 8 ..][0 .. n * 8]),
-                .string => {
-                    const start = stringEnd(col, r);
-                    const base = out.bytes.items.len;
-                    out.bytes.appendSliceAssumeCapacity(col.values[@intCast(start)..@intCast(stringEnd(col, r + n))]);
-                    appendStringEnds(&out.offsets, col, r, n, base, start);
-                },
-            }
-        }
+        b.appendRows(ds.fields, columns, row, n);
         // Each array written through its unused capacity (reserved above), its length
         // set once: no per-append capacity check.
         const cache_id = ds.caches[cache].cache_id;
@@ -417,6 +397,79 @@ pub const Buffers = struct {
         b.cache_ids.items.len += n;
         b.sample_ids.items.len += n;
         return n;
+    }
+
+    /// How many of the rows `row..row + n` of `columns` (a metadata.arrow record
+    /// batch's) come before the first one holding a null.
+    fn nullFreeRows(columns: []const arrow.Column, row: u64, n: usize) usize {
+        var free = n;
+        for (columns) |col| {
+            if (col.null_count == 0) continue;
+            for (0..free) |k| if (col.isNull(row + k)) {
+                free = k;
+                break;
+            };
+        }
+        return free;
+    }
+
+    /// Room for `n` more samples (`reserve`) and for the string bytes of rows
+    /// `row..row + n` of `columns`, so that `appendRows` cannot fail.
+    fn reserveRows(b: *Buffers, gpa: std.mem.Allocator, fields: []const schema.Field, columns: []const arrow.Column, row: u64, n: usize) status.Error!void {
+        try b.reserve(gpa, fields, n);
+        for (columns, b.columns, fields) |col, *out, f| if (f.kind == .string) {
+            try out.bytes.ensureUnusedCapacity(gpa, @intCast(stringEnd(col, row + n) - stringEnd(col, row)));
+        };
+    }
+
+    /// Appends rows `row..row + n` of `columns` (holding no null) to the metadata
+    /// columns, column by column (one copy per int and float column, one per string
+    /// column's bytes). Pre: `reserveRows` for them.
+    fn appendRows(b: *Buffers, fields: []const schema.Field, columns: []const arrow.Column, row: u64, n: usize) void {
+        const r: usize = @intCast(row);
+        for (columns, b.columns, fields) |col, *out, f| {
+            switch (f.kind) {
+                .bool => for (0..n) |k| out.bytes.appendAssumeCapacity(@intFromBool(col.getBool(r + k))),
+                .int => appendWords(i64, &out.ints, col.values[r * 8 ..][0 .. n * 8]),
+                .float => appendWords(f64, &out.floats, col.values[r * 8 ..][0 .. n * 8]),
+                .string => {
+                    const start = stringEnd(col, r);
+                    const base = out.bytes.items.len;
+                    out.bytes.appendSliceAssumeCapacity(col.values[@intCast(start)..@intCast(stringEnd(col, r + n))]);
+                    appendStringEnds(&out.offsets, col, r, n, base, start);
+                },
+            }
+        }
+    }
+
+    /// The metadata.arrow rows of samples `first..first + rows` of cache `cache` (which
+    /// has them), each with its identity and an empty payload: no record is read (see
+    /// `Lookup.storedRows`). Stops before the first row that holds a null (its value is
+    /// the embedded JSON's). Returns the rows added. Nothing of a row is added when it
+    /// fails. Pre: `stored_metadata`.
+    pub fn addStoredRows(b: *Buffers, ds: *Dataset, cache: u32, first: u64, rows: u64) status.Error!u64 {
+        std.debug.assert(b.stored_metadata and rows <= ds.caches[cache].sampleCount() - first);
+        const gpa = ds.gpa;
+        const cache_id = ds.caches[cache].cache_id;
+        var added: u64 = 0;
+        while (added < rows) {
+            const id = first + added;
+            const columns, const row = try b.storedRow(ds, .{ .cache = cache, .sample_id = id });
+            const batch_rows: usize = @intCast(@min(rows - added, b.stored_end - id));
+            const n = nullFreeRows(columns, row, batch_rows);
+            try b.reserveRows(gpa, ds.fields, columns, row, n);
+            b.appendRows(ds.fields, columns, row, n);
+            for (id..id + n) |sample_id| {
+                // An empty payload, at a real address (see `add`).
+                b.payloads.appendAssumeCapacity(&no_bytes);
+                b.payload_lens.appendAssumeCapacity(0);
+                b.cache_ids.appendAssumeCapacity(cache_id);
+                b.sample_ids.appendAssumeCapacity(sample_id);
+            }
+            added += n;
+            if (n < batch_rows) break;
+        }
+        return added;
     }
 
     /// `add` in bulk for samples in any order whose payloads stay where they are
@@ -1052,6 +1105,35 @@ test "batch: addCopyRun gives what addCopy gives, in runs cut at record batches"
     run.stored_metadata = false;
     try run.reset(gpa, ds.fields);
     try testing.expectEqual(@as(usize, 0), try run.addCopyRun(ds, 0, 0, payloads[0..3]));
+}
+
+test "batch: addStoredRows gives the rows addCopyRun gives, with empty payloads, across record batches" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
+    defer env.close();
+    const ds = env.ds;
+    var b = try Buffers.init(gpa, ds.fields.len);
+    defer b.deinit(gpa);
+    b.stored_metadata = true;
+    for (ds.caches, 0..) |*c, ci| {
+        const cache: u32 = @intCast(ci);
+        const n = c.sampleCount();
+        // Every row, then a range from the middle to the end, then none.
+        for ([_][2]u64{ .{ 0, n }, .{ n / 3, n - n / 3 }, .{ n, 0 } }) |range| {
+            const first, const count = range;
+            try b.reset(gpa, ds.fields);
+            try testing.expectEqual(count, try b.addStoredRows(ds, cache, first, count));
+            const v = b.view(ds.fields, false);
+            try testing.expectEqual(count, v.count);
+            for (0..@intCast(count)) |i| {
+                const sample_id = first + i;
+                try testing.expectEqual(@as(u64, 0), v.payload_lens.?[i]);
+                try testing.expectEqual(c.cache_id, v.cache_ids.?[i]);
+                try testing.expectEqual(sample_id, v.sample_ids.?[i]);
+                try helpers.expectColumns(ds.fields, v, i, env.expected[ci].samples()[@intCast(sample_id)].metadata);
+            }
+        }
+    }
 }
 
 test "batch: addStoredRun gives what add gives, for samples in any order across caches" {

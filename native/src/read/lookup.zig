@@ -220,6 +220,25 @@ pub const Lookup = struct {
         };
     }
 
+    /// The metadata.arrow rows of samples `first..first + count` of cache `cache_id` as a
+    /// batch (see drt_lookup_stored_rows): identities and metadata columns as written,
+    /// every payload empty; no record is read. The batch stops at the cache's last
+    /// sample, or before the first row that holds a null (its value is the record's
+    /// embedded JSON: `get` reads it). Fails with `get`'s error.Index (and message) when
+    /// the cache or sample `first` does not exist.
+    pub fn storedRows(lk: *Lookup, cache_id: u64, first: u64, count: u64) status.Error!batch_mod.View {
+        const ds = lk.ds;
+        try ds.runtime.checkPid();
+        const stored = lk.batch.stored_metadata;
+        lk.batch.stored_metadata = true;
+        defer lk.batch.stored_metadata = stored;
+        try lk.batch.reset(ds.gpa, ds.fields);
+        const loc = try lk.locate(cache_id, first);
+        const rows = @min(count, ds.caches[loc.cache].sampleCount() - first);
+        _ = try lk.batch.addStoredRows(ds, loc.cache, first, rows);
+        return lk.batch.view(ds.fields, false);
+    }
+
     /// One sample packed into `dst` (see drt_lookup_get_row): the packed size, the
     /// payload length, one 8-byte slot per field, the payload, the string bytes. Returns
     /// the size; only it is written when it exceeds `dst.len`. Values and errors are
@@ -921,6 +940,38 @@ test "lookup: an unknown cache id or sample id fails with error.Index and the re
     try testing.expectEqualStrings("cache_id 18446744073709551615 is out of range", status.lastMessage());
 
     // The lookup stays usable.
+    try expectGet(&env, lk, &.{ .{ .cache = 1, .sample_id = 9 }, .{ .cache = 0, .sample_id = 119 } }, false);
+}
+
+test "lookup: storedRows gives get's identities and stored metadata, no payloads, and get's index errors" {
+    const gpa = testing.allocator;
+    var env = try helpers.Env.openFixtures(gpa, &.{ "plain_one_shard", "unicode_é_name" }, .{});
+    defer env.close();
+    const lk = try Lookup.open(env.ds);
+    defer lk.close();
+    const a = env.cache_ids[0];
+    const b = env.cache_ids[1];
+    for ([_][3]u64{ .{ a, 0, 120 }, .{ a, 117, 3 }, .{ b, 2, 8 }, .{ b, 9, 0 } }) |req| {
+        const cache_id, const first, const count = req;
+        const view = try lk.storedRows(cache_id, first, count);
+        try testing.expectEqual(count, view.count);
+        const ci: usize = if (cache_id == a) 0 else 1;
+        for (0..@intCast(count)) |i| {
+            try testing.expectEqual(cache_id, view.cache_ids.?[i]);
+            try testing.expectEqual(first + i, view.sample_ids.?[i]);
+            try testing.expectEqual(@as(u64, 0), view.payload_lens.?[i]);
+            try helpers.expectColumns(env.ds.fields, view, i, env.expected[ci].samples()[@intCast(first + i)].metadata);
+        }
+    }
+    var buf: [128]u8 = undefined;
+    try testing.expectError(error.Index, lk.storedRows(123, 0, 1));
+    try testing.expectEqualStrings("cache_id 123 is out of range", status.lastMessage());
+    try testing.expectError(error.Index, lk.storedRows(a, 120, 0));
+    try testing.expectEqualStrings(try std.fmt.bufPrint(&buf, "sample_id 120 is out of range for cache_id {d}", .{a}), status.lastMessage());
+    // A count past the cache's end stops there.
+    try testing.expectEqual(@as(u64, 20), (try lk.storedRows(a, 100, 21)).count);
+    try testing.expectEqual(@as(u64, 10), (try lk.storedRows(b, 0, std.math.maxInt(u64))).count);
+    // get works as before after it (with the caller's metadata flag, kept).
     try expectGet(&env, lk, &.{ .{ .cache = 1, .sample_id = 9 }, .{ .cache = 0, .sample_id = 119 } }, false);
 }
 
