@@ -164,7 +164,10 @@ def test_large_payload_buffers_resume_after_small_records(
 
     monkeypatch.setattr(_native.PayloadBuffers, "take", counting)
     monkeypatch.setattr(_native.PayloadBuffers, "take_run", counting_run)
-    dataset = _open(runtime, path, io_backend, False, prefetch_size=8)
+    # The byte budget pinned: the contiguous batch after the small records takes large
+    # ones up to about the budget, whose default follows the machine's last-level cache
+    # (12 MiB, 41 large records, on a 48 MiB one).
+    dataset = _open(runtime, path, io_backend, False, prefetch_size=8, prefetch_bytes=4 << 20)
     got = list(dataset)
     assert [s.sample_id for s in got] == list(range(len(records)))
     assert all(s.data == records[s.sample_id][0] for s in got)
