@@ -10,7 +10,8 @@
 //! taken back and run on the consumer's thread (no wait behind other jobs, no wake-up).
 //!
 //! Bounded: `depth` runs of at most `bytes_max` bytes and `records_max` records, their
-//! buffers allocated once by `init`.
+//! buffers allocated once by `init` (uninitialized: every byte is read into before it
+//! is used, and a safety-checked build's fill of a fresh buffer would touch all of it).
 //!
 //! Invariants:
 //! - The ring holds runs in plan order, each starting where the previous one ends.
@@ -22,6 +23,8 @@ const std = @import("std");
 const runtime = @import("../base/runtime.zig");
 const status = @import("../base/status.zig");
 const files_mod = @import("../io/files.zig");
+const dataset_mod = @import("dataset.zig");
+const shard = @import("../format/shard.zig");
 
 /// One run: `len` bytes at `offset` of shard `key`, the records of `count` consecutive
 /// plan indexes from `first`, whose first record is sample `sample_id` of cache
@@ -40,6 +43,23 @@ pub const Run = struct {
     }
 };
 
+/// `shard.split` of records lying back to back in `bytes`, of lengths `lens`: writes
+/// where each payload starts (`bytes[starts[i] .. end of record i]`) up to the first
+/// record that does not split (or does not fit in `bytes`), and returns how many split.
+pub fn splitRun(bytes: []const u8, lens: []const u64, starts: []u32) usize {
+    std.debug.assert(starts.len >= lens.len and bytes.len <= std.math.maxInt(u32));
+    var at: usize = 0;
+    for (lens, 0..) |len64, i| {
+        if (len64 < shard.header_bytes or len64 > bytes.len - at) return i;
+        const len: usize = @intCast(len64);
+        const json_len = std.mem.readInt(u64, bytes[at..][0..shard.header_bytes], .little);
+        if (json_len > len - shard.header_bytes) return i;
+        starts[i] = @intCast(at + shard.header_bytes + @as(usize, @intCast(json_len)));
+        at += len;
+    }
+    return lens.len;
+}
+
 pub const Slot = struct {
     task: runtime.Task = .init(runJob),
     /// The shard's descriptor, pinned while the slot holds a run.
@@ -50,9 +70,15 @@ pub const Slot = struct {
     lens: []u64,
     /// Set by the read: every byte was in the page cache and was read.
     resident: bool = false,
+    /// Set by the read (`splitRun`, while the bytes are in the reading core's caches):
+    /// where the first `split` records' payloads start in `buf`.
+    starts: []u32,
+    split: usize = 0,
 
     fn read(s: *Slot) void {
-        s.resident = files_mod.readResident(s.handle.?.fd, s.buf[0..@intCast(s.run.len)], s.run.offset);
+        const buf = s.buf[0..@intCast(s.run.len)];
+        s.resident = files_mod.readResident(s.handle.?.fd, buf, s.run.offset);
+        s.split = if (s.resident) splitRun(buf, s.lens[0..s.run.count], s.starts) else 0;
     }
 
     fn runJob(job: *runtime.Job) void {
@@ -86,15 +112,18 @@ pub const Ring = struct {
         var made: usize = 0;
         errdefer {
             for (slots[0..made]) |s| {
-                gpa.free(s.buf);
+                dataset_mod.freeUninit(gpa, s.buf);
                 gpa.free(s.lens);
+                gpa.free(s.starts);
             }
             gpa.free(slots);
         }
         while (made < depth) : (made += 1) {
-            const buf = try gpa.alloc(u8, bytes_max);
-            errdefer gpa.free(buf);
-            slots[made] = .{ .buf = buf, .lens = try gpa.alloc(u64, records_max) };
+            const buf = try dataset_mod.allocUninit(gpa, bytes_max);
+            errdefer dataset_mod.freeUninit(gpa, buf);
+            const lens = try gpa.alloc(u64, records_max);
+            errdefer gpa.free(lens);
+            slots[made] = .{ .buf = buf, .lens = lens, .starts = try gpa.alloc(u32, records_max) };
         }
         return .{ .slots = slots };
     }
@@ -103,8 +132,9 @@ pub const Ring = struct {
     pub fn deinit(r: *Ring, gpa: std.mem.Allocator) void {
         std.debug.assert(r.count == 0);
         for (r.slots) |s| {
-            gpa.free(s.buf);
+            dataset_mod.freeUninit(gpa, s.buf);
             gpa.free(s.lens);
+            gpa.free(s.starts);
         }
         gpa.free(r.slots);
         r.* = .{};
@@ -223,7 +253,12 @@ test "Ring reads runs ahead on the pool, in order, and takes back what it does n
     // refuses the reads, which is allowed: then no bytes are handed out).
     for (0..2) |k| {
         const s = ring.front().?;
-        if (s.bytes(&rt.pool)) |b| try testing.expectEqualSlices(u8, data[k * 1000 ..][0..1000], b);
+        if (s.bytes(&rt.pool)) |b| {
+            try testing.expectEqualSlices(u8, data[k * 1000 ..][0..1000], b);
+            // Split by the read: these bytes' first 8, read as a JSON length, are past
+            // the record, so none of its one record splits.
+            try testing.expectEqual(@as(usize, 0), s.split);
+        }
         // Taken in two pieces: the run stays the oldest until both are.
         ring.take(&files, 0, 400);
         try testing.expectEqual(s, ring.front().?);
@@ -243,4 +278,29 @@ test "Ring reads runs ahead on the pool, in order, and takes back what it does n
     ring.clear(&rt.pool, &files);
     try testing.expect(ring.front() == null and ring.end() == null);
     try testing.expectEqual(@as(u64, 4), ring.queued_runs);
+}
+
+test "splitRun finds each payload and stops at the first record that does not split" {
+    // Three records back to back: header (json_len), JSON, payload.
+    var bytes: [64]u8 = undefined;
+    @memset(&bytes, 0xee);
+    const records = [_]struct { json: u64, len: u64 }{ .{ .json = 2, .len = 14 }, .{ .json = 0, .len = 8 }, .{ .json = 5, .len = 20 } };
+    var at: usize = 0;
+    var lens: [records.len]u64 = undefined;
+    for (records, &lens) |r, *len| {
+        std.mem.writeInt(u64, bytes[at..][0..8], r.json, .little);
+        len.* = r.len;
+        at += @intCast(r.len);
+    }
+    var starts: [4]u32 = undefined;
+    try testing.expectEqual(@as(usize, 3), splitRun(bytes[0..at], &lens, &starts));
+    try testing.expectEqualSlices(u32, &.{ 10, 22, 35 }, starts[0..3]);
+    // A JSON length past its record, a record shorter than a header, and a record past
+    // the bytes each end the run there.
+    std.mem.writeInt(u64, bytes[14..][0..8], 1, .little);
+    try testing.expectEqual(@as(usize, 1), splitRun(bytes[0..at], &lens, &starts));
+    std.mem.writeInt(u64, bytes[14..][0..8], 0, .little);
+    try testing.expectEqual(@as(usize, 2), splitRun(bytes[0..at], &.{ 14, 8, 7 }, &starts));
+    try testing.expectEqual(@as(usize, 2), splitRun(bytes[0 .. at - 1], &lens, &starts));
+    try testing.expectEqual(@as(usize, 0), splitRun(bytes[0..0], &.{}, &starts));
 }

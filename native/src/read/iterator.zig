@@ -415,8 +415,10 @@ pub const Iter = struct {
     /// The reads of `takeDirect` (one per sample, at most `prefetch_size`).
     direct: []DirectRead,
     /// `takeAdjacent`'s scratch (allocated once, `adjacent_records_max` each): the run's
-    /// record lengths, then its payloads; and its read buffer (`adjacent_read_max`).
+    /// record lengths, where its payloads start, then its payloads; and its read buffer
+    /// (`adjacent_read_max`).
     adjacent_lens: []u64,
+    adjacent_starts: []u32,
     adjacent_payloads: [][]const u8,
     adjacent_bytes: []u8,
     /// `takeAdjacent`'s runs read ahead on the pool. Allocated at its first use
@@ -467,6 +469,8 @@ pub const Iter = struct {
         @memset(direct, .{});
         const adjacent_lens = try gpa.alloc(u64, adjacent_records_max);
         errdefer gpa.free(adjacent_lens);
+        const adjacent_starts = try gpa.alloc(u32, adjacent_records_max);
+        errdefer gpa.free(adjacent_starts);
         const adjacent_payloads = try gpa.alloc([]const u8, adjacent_records_max);
         errdefer gpa.free(adjacent_payloads);
         const adjacent_bytes = try gpa.alloc(u8, adjacent_read_max);
@@ -489,6 +493,7 @@ pub const Iter = struct {
             .slots = slots,
             .direct = direct,
             .adjacent_lens = adjacent_lens,
+            .adjacent_starts = adjacent_starts,
             .adjacent_payloads = adjacent_payloads,
             .adjacent_bytes = adjacent_bytes,
             .batch = batch,
@@ -1154,9 +1159,14 @@ pub const Iter = struct {
         const k0 = it.delivered;
         const pool = &ds.runtime.pool;
         // The run from the read-ahead when its oldest one continues at `k0` (what is left
-        // of it after the previous batch), else planned and read now.
+        // of it after the previous batch), else planned and read now: its bytes (from
+        // `at`), its records' lengths, where their payloads start in `bytes` (for the
+        // `split` records that split) and its first sample.
         var bytes: []const u8 = undefined;
+        var at: usize = 0;
         var lens: []const u64 = undefined;
+        var starts: []const u32 = undefined;
+        var split: usize = undefined;
         var first_id: u64 = undefined;
         var cache: u32 = undefined;
         var ahead = false;
@@ -1164,8 +1174,12 @@ pub const Iter = struct {
             const taken = it.ahead.taken;
             const continues = s.run.first + taken == k0;
             if (if (continues) s.bytes(pool) else null) |run_bytes| {
-                bytes = run_bytes[@intCast(it.ahead.taken_bytes)..];
+                // Split by the read, on the core that read it.
+                bytes = run_bytes;
+                at = @intCast(it.ahead.taken_bytes);
                 lens = s.lens[taken..s.run.count];
+                starts = s.starts[taken..s.run.count];
+                split = s.split -| taken;
                 first_id = s.run.sample_id + taken;
                 cache = s.run.key.cache;
                 ahead = true;
@@ -1179,23 +1193,19 @@ pub const Iter = struct {
             const run = it.planRun(k0, end, it.adjacent_lens) orelse return .{ 0, 0 };
             bytes = it.readAdjacent(run.key, run.len, run.offset) orelse return .{ 0, 0 };
             lens = it.adjacent_lens[0..run.count];
+            starts = it.adjacent_starts;
+            split = adjacent_mod.splitRun(bytes, lens, it.adjacent_starts);
             first_id = run.sample_id;
             cache = run.key.cache;
         }
-        // The runs after this one go to the pool while this one is split and copied.
+        // The runs after this one go to the pool while this one is copied.
         try it.queueAhead(k0 + lens.len);
-        // `shard.split` of each record, inline; the first that does not split ends the run.
-        const n: usize = @intCast(@min(lens.len, end - k0));
+        // The records that split (the first that does not ends the run), within the window.
+        split = @min(split, lens.len, end - k0);
         const payloads = it.adjacent_payloads;
-        var at: usize = 0;
-        var split: usize = 0;
-        while (split < n) : (split += 1) {
-            const len: usize = @intCast(lens[split]);
-            if (len < shard.header_bytes) break;
-            const json_len = std.mem.readInt(u64, bytes[at..][0..shard.header_bytes], .little);
-            if (json_len > len - shard.header_bytes) break;
-            payloads[split] = bytes[at + shard.header_bytes + @as(usize, @intCast(json_len)) .. at + len];
-            at += len;
+        for (payloads[0..split], lens[0..split], starts[0..split]) |*payload, len, start| {
+            at += @intCast(len);
+            payload.* = bytes[start..at];
         }
         const added = it.batch.addCopyRun(ds, cache, first_id, payloads[0..split]) catch |err| switch (err) {
             error.OutOfMemory => return error.OutOfMemory,
@@ -1553,6 +1563,7 @@ pub const Iter = struct {
         gpa.free(it.slots);
         gpa.free(it.direct);
         gpa.free(it.adjacent_lens);
+        gpa.free(it.adjacent_starts);
         gpa.free(it.adjacent_payloads);
         gpa.free(it.adjacent_bytes);
         gpa.free(it.loc_ring);
