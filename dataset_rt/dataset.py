@@ -11,7 +11,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from itertools import chain, repeat
 from pathlib import Path
@@ -337,8 +337,9 @@ class CachedDataset:
         compare the JSON too and raise the per-sample error (see
         docs/compatibility.md). The frame of a batch of consecutive samples of one cache
         (an ordered read) is a slice of a frame of up to 16 batches' rows (at most about
-        8 MiB) read once for them all, which a frame kept alive keeps too; any other
-        batch's frame is its own.
+        8 MiB) read once for them all, which a frame kept alive keeps too; the dataset
+        keeps such frames for later epochs (at most 32 MiB of them, the least recently
+        used dropped first). Any other batch's frame is its own.
 
         Lifetime: with ``copy=True`` (the default) the arrays stay valid as long as the
         caller keeps them (or any view of them). Each payload is copied once, natively,
@@ -1028,6 +1029,8 @@ def _concat_arrays(parts: list[Any]) -> Any:
 _CHUNK_BYTES = 8 << 20
 _CHUNK_BATCHES = 16
 _CHUNK_BATCHES_MIN = 4
+# The chunks a dataset keeps for later epochs take at most this many bytes in all.
+_CHUNK_KEEP_BYTES = 32 << 20
 # Bytes a stored row takes in a frame before the first chunk measures it.
 _CHUNK_ROW_BYTES_GUESS = 64
 
@@ -1048,16 +1051,25 @@ class _StoredFrames:
     holding an Arrow null (whose value is the embedded JSON's), and ``validate_cache``
     (which compares every record's JSON) take the batch's own columns.
 
-    Bounded: one chunk of at most about ``_CHUNK_BYTES`` of rows (sized from the bytes
-    a row took in the previous chunk) and ``_CHUNK_BATCHES`` batches' rows, and the
-    native columns it was built from (kept by its lookup for the next one); a frame
-    handed out keeps its chunk alive, as a numpy view keeps its base. Its own lookup (so
-    it never waits for, or invalidates, ``get_item``'s) under its own lock: thread-safe."""
+    Chunks are kept for later epochs: a run starting where a kept chunk starts (the
+    same batch boundaries, epoch after epoch) slices it instead of reading the rows
+    again. Stored rows never change, so a kept chunk stays equal to what a read would
+    give.
+
+    Bounded: a chunk holds at most about ``_CHUNK_BYTES`` of rows (sized from the bytes
+    a row took in the previous chunk) and ``_CHUNK_BATCHES`` batches' rows; the kept
+    chunks (the current one among them) take at most ``_CHUNK_KEEP_BYTES`` (the least
+    recently used go first), plus the native columns the latest was built from (kept by
+    its lookup for the next one); a frame handed out keeps its chunk alive, as a numpy
+    view keeps its base. Its own lookup (so it never waits for, or invalidates,
+    ``get_item``'s) under its own lock: thread-safe."""
 
     __slots__ = (
         "_chunk",
         "_enabled",
         "_handle",
+        "_kept",
+        "_kept_bytes",
         "_lock",
         "_lookup",
         "_next",
@@ -1075,6 +1087,12 @@ class _StoredFrames:
         self._lookup: _native.Lookup | None = None
         # (cache_id, first row, end row, frame) of the chunk, if any.
         self._chunk: tuple[int, int, int, Any] | None = None
+        # Chunks kept for later epochs by (cache_id, first row), least recently used
+        # first, with the bytes each frame takes; their total.
+        self._kept: OrderedDict[tuple[int, int], tuple[tuple[int, int, int, Any], int]] = (
+            OrderedDict()
+        )
+        self._kept_bytes = 0
         # (cache_id, row) where the latest run ended: a run starting there continues it.
         self._next: tuple[int, int] | None = None
         self._row_bytes = _CHUNK_ROW_BYTES_GUESS
@@ -1098,12 +1116,30 @@ class _StoredFrames:
         continues = self._next == (cache_id, first)
         self._next = (cache_id, end)
         if chunk is None or chunk[0] != cache_id or not chunk[1] <= first <= end <= chunk[2]:
-            if not continues:
+            kept = self._kept.get((cache_id, first))
+            if kept is not None and end <= kept[0][2]:
+                self._kept.move_to_end((cache_id, first))
+                chunk = self._chunk = kept[0]
+            elif not continues:
                 return None
-            chunk = self._read(cache_id, first, count)
-            if chunk is None:
-                return None
+            else:
+                chunk = self._read(cache_id, first, count)
+                if chunk is None:
+                    return None
         return chunk[3].slice(first - chunk[1], count)
+
+    def _keep(self, chunk: tuple[int, int, int, Any]) -> None:
+        """Keep ``chunk`` for later epochs, dropping the least recently used chunks over
+        ``_CHUNK_KEEP_BYTES`` (a chunk larger than that alone is not kept)."""
+        nbytes = chunk[3].estimated_size()
+        old = self._kept.pop((chunk[0], chunk[1]), None)
+        if old is not None:
+            self._kept_bytes -= old[1]
+        while self._kept and self._kept_bytes + nbytes > _CHUNK_KEEP_BYTES:
+            self._kept_bytes -= self._kept.popitem(last=False)[1][1]
+        if nbytes <= _CHUNK_KEEP_BYTES:
+            self._kept[(chunk[0], chunk[1])] = (chunk, nbytes)
+            self._kept_bytes += nbytes
 
     def _read(self, cache_id: int, first: int, count: int) -> tuple[int, int, int, Any] | None:
         """A new chunk from row ``first`` holding at least ``count`` rows, or None (the
@@ -1120,8 +1156,9 @@ class _StoredFrames:
             return None
         frame = _metadata_frame(batch, self.columns)
         self._row_bytes = max(1, frame.estimated_size() // got)
-        self._chunk = (cache_id, first, first + got, frame)
-        return self._chunk
+        chunk = self._chunk = (cache_id, first, first + got, frame)
+        self._keep(chunk)
+        return chunk
 
 
 # Reserved for a batch: the latest batch's bytes a sample times this, plus the margin

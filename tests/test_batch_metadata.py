@@ -504,6 +504,53 @@ def test_a_chunk_is_bounded_by_bytes_and_batches(runtime, monkeypatch: pytest.Mo
     assert all(len(b) and dataset._frames._chunk is None for b in dataset.iter_batches(5))
 
 
+def test_chunks_are_kept_for_later_epochs_within_their_budget(
+    runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later epoch's ordered batches slice the chunks the first one read (no stored
+    rows read again), with frames equal to the batches' own; the kept chunks never take
+    more than _CHUNK_KEEP_BYTES, the least recently used going first."""
+    from dataset_rt import dataset as dataset_module
+
+    path = FIXTURES / "plain_many_shards"
+    want = [
+        b.metadata for b in _own_frames(open_dataset(runtime, "threads", [path])).iter_batches(5)
+    ]
+    dataset = open_dataset(runtime, "threads", [path])
+    built = _count_frames(monkeypatch)
+    first = [b.metadata for b in dataset.iter_batches(5)]
+    chunks = built[0]
+    frames = dataset._frames
+    assert len(frames._kept) >= 2
+    assert frames._kept_bytes == sum(nbytes for _, nbytes in frames._kept.values())
+    built[0] = 0
+    second = [b.metadata for b in dataset.iter_batches(5)]
+    # Only the first batch (which continues no run) takes its own frame.
+    assert built[0] == 1, (built, chunks)
+    _expect_same_frames(first, want)
+    _expect_same_frames(second, want)
+    # A budget of about two chunks: the first epoch's early chunks are dropped (so a
+    # later epoch reads them again), and the total stays within the budget.
+    budget = 2 * max(nbytes for _, nbytes in frames._kept.values())
+    monkeypatch.setattr(dataset_module, "_CHUNK_KEEP_BYTES", budget)
+    dataset = open_dataset(runtime, "threads", [path])
+    for _ in range(2):
+        built[0] = 0
+        got = []
+        for b in dataset.iter_batches(5):
+            got.append(b.metadata)
+            assert dataset._frames._kept_bytes <= budget
+        _expect_same_frames(got, want)
+        assert dataset._frames._kept
+        assert built[0] > 1
+    assert len(dataset._frames._kept) <= 2
+    # Nothing kept with no budget.
+    monkeypatch.setattr(dataset_module, "_CHUNK_KEEP_BYTES", 0)
+    dataset = open_dataset(runtime, "threads", [path])
+    _expect_same_frames([b.metadata for b in dataset.iter_batches(5)], want)
+    assert not dataset._frames._kept and dataset._frames._kept_bytes == 0
+
+
 def test_arrow_nulls_in_stored_rows_take_the_embedded_json(
     runtime, io_backend: str, fixture_copy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
