@@ -28,7 +28,7 @@
 //! runs of such records with one read each into a small reused buffer instead
 //! (`takeAdjacent`: no pages mapped and unmapped per epoch); the runs after the one being
 //! copied are read ahead on the runtime's worker pool (read/adjacent.zig), as many as
-//! the byte budget holds (2 to 64 runs of at most 128 KiB), so the workers read the next
+//! the byte budget holds (2 to 16 runs of at most 128 KiB), so the workers read the next
 //! batch while the caller works on this one.
 //!
 //! A caller may also give buffers for the payloads read next (`givePayloadBuffers`;
@@ -116,10 +116,11 @@ const adjacent_read_max = 128 << 10;
 /// Runs of `Iter.takeAdjacent` read ahead on the worker pool (`adjacent_mod.Ring`), each in a
 /// buffer of `adjacent_read_max` bytes: as many as the byte budget holds, within these
 /// bounds. Two are not enough: the consumer catches up and reads inline while the workers
-/// sleep; 16 or more keep the workers reading the next batch while the caller works on
-/// the one it has (measured: benchmarks/README.md, round 14).
+/// sleep; 16 keep the workers reading the next batch while the caller works on the one
+/// it has (measured: benchmarks/README.md, round 14). More are slower: the runs ahead
+/// (8 MiB at 64) leave the caches before the consumer copies them (round 18).
 const adjacent_ahead_min = 2;
-const adjacent_ahead_max = 64;
+const adjacent_ahead_max = 16;
 
 /// A record read into a caller's payload buffer (`Iter.planDest`) has at most this many
 /// bytes of header and JSON, read from the page cache when it is planned.
