@@ -15,13 +15,20 @@ pub const Record = struct {
     payload_offset: usize,
 };
 
+/// Where the stored payload of a record image starts (after its header and JSON), or
+/// null when its length prefix does not fit the record: `split` without the error, for
+/// callers that split many records and stop at the first bad one.
+pub fn payloadOffset(record: []const u8) ?usize {
+    if (record.len < header_bytes) return null;
+    const json_len = std.mem.readInt(u64, record[0..header_bytes], .little);
+    if (json_len > record.len - header_bytes) return null;
+    return header_bytes + @as(usize, @intCast(json_len));
+}
+
 /// Splits a record image. A length prefix that does not fit the record is the
 /// reference's "invalid binary record".
 pub fn split(record: []const u8) status.Error!Record {
-    if (record.len < header_bytes) return status.fail(error.InvalidCache, "invalid binary record", .{});
-    const json_len = std.mem.readInt(u64, record[0..8], .little);
-    if (json_len > record.len - header_bytes) return status.fail(error.InvalidCache, "invalid binary record", .{});
-    const json_end: usize = header_bytes + @as(usize, @intCast(json_len));
+    const json_end = payloadOffset(record) orelse return status.fail(error.InvalidCache, "invalid binary record", .{});
     return .{
         .json = record[header_bytes..json_end],
         .stored_payload = record[json_end..],
@@ -48,6 +55,10 @@ test "fuzz: record splitting never reads out of bounds" {
         if (len >= 8 and random.boolean()) std.mem.writeInt(u64, buf[0..8], random.uintAtMost(u64, 80), .little);
         if (split(buf[0..len])) |r| {
             try std.testing.expectEqual(len, header_bytes + r.json.len + r.stored_payload.len);
-        } else |err| try std.testing.expectEqual(error.InvalidCache, err);
+            try std.testing.expectEqual(@as(?usize, r.payload_offset), payloadOffset(buf[0..len]));
+        } else |err| {
+            try std.testing.expectEqual(error.InvalidCache, err);
+            try std.testing.expectEqual(@as(?usize, null), payloadOffset(buf[0..len]));
+        }
     }
 }

@@ -43,18 +43,18 @@ pub const Run = struct {
     }
 };
 
-/// `shard.split` of records lying back to back in `bytes`, of lengths `lens`: writes
-/// where each payload starts (`bytes[starts[i] .. end of record i]`) up to the first
-/// record that does not split (or does not fit in `bytes`), and returns how many split.
+/// `shard.payloadOffset` of records lying back to back in `bytes`, of lengths `lens`:
+/// writes where each payload starts (`bytes[starts[i] .. end of record i]`) up to the
+/// first record that does not split (or does not fit in `bytes`), and returns how many
+/// split.
 pub fn splitRun(bytes: []const u8, lens: []const u64, starts: []u32) usize {
     std.debug.assert(starts.len >= lens.len and bytes.len <= std.math.maxInt(u32));
     var at: usize = 0;
     for (lens, 0..) |len64, i| {
-        if (len64 < shard.header_bytes or len64 > bytes.len - at) return i;
+        if (len64 > bytes.len - at) return i;
         const len: usize = @intCast(len64);
-        const json_len = std.mem.readInt(u64, bytes[at..][0..shard.header_bytes], .little);
-        if (json_len > len - shard.header_bytes) return i;
-        starts[i] = @intCast(at + shard.header_bytes + @as(usize, @intCast(json_len)));
+        const offset = shard.payloadOffset(bytes[at..][0..len]) orelse return i;
+        starts[i] = @intCast(at + offset);
         at += len;
     }
     return lens.len;
