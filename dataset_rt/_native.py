@@ -1213,6 +1213,22 @@ class Iterator(_Handle):
         placed = len(target) > 0 and raw.payload_base == ffi.cast("uint8_t *", target)
         return Batch(raw), bool(placed)
 
+    def stage_batch(self, max_count: int, destination: Any) -> int:
+        """``drt_iter_stage_batch`` (ABI 1.14): lets a worker read the next
+        ``next_batch_into(max_count, flags, destination)`` batch straight into the
+        writable buffer ``destination`` (None: only ask). Returns the bytes it needs for
+        that (0: the batch cannot be staged); nothing is staged when ``destination`` is
+        shorter. While staged, the caller keeps ``destination`` alive and untouched until
+        its next call on the iterator returns or the iterator is closed."""
+        if destination is None:
+            target, size = ffi.NULL, 0
+        else:
+            target = ffi.from_buffer("uint8_t[]", destination, require_writable=True)
+            size = len(target)
+        needed = ffi.new("uint64_t *")
+        check(lib.drt_iter_stage_batch(self._ptr, max_count, target, size, needed))
+        return int(needed[0])
+
     def give_payload_buffers(self, buffers: Sequence[Any], reset: bool) -> tuple[int, int]:
         """``drt_iter_give_payload_buffers`` (ABI 1.9): ``buffers`` (objects with the
         buffer protocol, kept alive and untouched by the caller as the C function says)

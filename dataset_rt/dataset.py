@@ -353,7 +353,13 @@ class CachedDataset:
         back for a later batch when ``data`` and every view of it are gone (a
         ``memoryview`` or a buffer handed to C keeps it, as the buffer protocol does). A
         consumer that keeps batches gets fresh memory (owned by its arrays) once the pool
-        is full: the pool never grows for it. Smaller batches own fresh memory.
+        is full: the pool never grows for it. Smaller batches own fresh memory; of those,
+        batches of small uncompressed records read in order from the page cache whose
+        records take 1 MiB or more are staged two ahead (with at least two runtime
+        workers): workers read each record straight into the batch's memory while the
+        caller works on the batch it has, and move its payload down over its header and
+        JSON, so the calling thread copies nothing (that memory holds the records whole:
+        a little more than the payloads).
 
         With ``copy=False``, ``data``,
         ``cache_id`` and ``sample_id`` are zero-copy views of the native batch buffer,
@@ -1165,6 +1171,14 @@ class _StoredFrames:
 # (trimmed to what the batch takes).
 _GATHER_SLACK = 1.125
 _GATHER_MARGIN = 64 << 10
+# Staged batches (`_Gather._stage`): their memory holds the records whole (header, JSON
+# and payload), whose bytes a sample vary less than payloads between batches.
+_STAGE_SLACK = 1.03
+# Batches staged ahead at once (the library's bound): read on two workers. Smaller
+# batches are not staged (the library's `staged_bytes_min`: the job costs more than the
+# copy it saves); not even asked about when their payloads alone are smaller.
+_STAGED_BATCHES = 2
+_STAGE_MIN_BYTES = 1 << 20
 # The reused memory of iter_batches(copy=True): a pool of this many batches' bytes (the
 # consumer holds the previous batch while the next one is built, and sizes vary), at
 # least the minimum, at most the maximum (larger batches take fresh memory each time).
@@ -1240,11 +1254,22 @@ class _Gather:
     :class:`_BatchMemory`, sized from the latest batch's bytes a sample
     (``_GATHER_SLACK``, ``_GATHER_MARGIN``; trimmed to what the batch takes). The first
     batch of a dataset, and a batch larger than foreseen, is copied out of the
-    iterator's buffer instead (one more copy). The same samples, bytes and batch
-    boundaries as contiguous native batches of the same size; a read error met after
-    some samples of a batch is raised by the next call (natively)."""
+    iterator's buffer instead (one more copy). After each batch, up to two next batches
+    are staged (``drt_iter_stage_batch``, :meth:`_stage`): when they are ordered runs
+    of small records in the page cache, workers read them straight into their memory
+    while the caller works, and their calls copy nothing. The same samples, bytes and
+    batch boundaries as contiguous native batches of the same size; a read error met
+    after some samples of a batch is raised by the next call (natively)."""
 
-    __slots__ = ("_frames", "_iterator", "_left", "_memory", "_per_sample")
+    __slots__ = (
+        "_frames",
+        "_iterator",
+        "_left",
+        "_memory",
+        "_per_sample",
+        "_record_bytes",
+        "_staged",
+    )
 
     def __init__(
         self, iterator: _native.Iterator, frames: _StoredFrames, memory: _BatchMemory
@@ -1255,6 +1280,10 @@ class _Gather:
         # Payload bytes a sample in the latest batch (before the first one: the dataset's).
         self._per_sample = memory.per_sample
         self._left = iterator.window().count  # samples not yet handed out (at most)
+        # Record bytes a sample of the latest staged batch (0: none staged yet), and the
+        # memory and size of the batches staged for the next calls, in order.
+        self._record_bytes = 0.0
+        self._staged: list[tuple[Any, int]] = []
 
     def next(self, size: int) -> SampleBatch | None:
         """The next batch of up to ``size`` samples, None at the end of the window."""
@@ -1263,10 +1292,15 @@ class _Gather:
         iterator, memory = self._iterator, self._memory
         region: Any = np.empty(0, dtype=np.uint8)
         lease: Any = None
-        if self._per_sample >= 0 and self._left > 0:
-            region, lease = memory.take(
-                int(self._per_sample * min(size, self._left) * _GATHER_SLACK) + _GATHER_MARGIN
-            )
+        staged = self._staged
+        if staged and staged[0][1] == size:
+            region = staged.pop(0)[0]  # the library is reading this batch into it
+        else:
+            staged.clear()  # this call drops them
+            if self._per_sample >= 0 and self._left > 0:
+                region, lease = memory.take(
+                    int(self._per_sample * min(size, self._left) * _GATHER_SLACK) + _GATHER_MARGIN
+                )
         batch, placed = iterator.next_batch_into(size, _STORED, region)
         count = batch.count
         if count == 0:
@@ -1283,13 +1317,47 @@ class _Gather:
             region[:total] = payloads
         self._per_sample = memory.per_sample = total / count
         self._left -= count
-        return SampleBatch(
+        built = SampleBatch(
             memory.trim(region, lease, total),
             offsets,
             ids.copy(),
             samples.copy(),
             self._frames.frame(batch),
         )
+        while len(self._staged) < _STAGED_BATCHES and self._stage(size):
+            pass
+        return built
+
+    def _stage(self, size: int) -> bool:
+        """Stages the batch after those staged (``drt_iter_stage_batch``) in new memory
+        when it can be (an ordered read of small records in the page cache): a worker
+        reads it straight into that memory while the caller works on this batch, and the
+        call that reaches it copies nothing. Batches the pool of :class:`_BatchMemory`
+        would hold are not staged (their memory would be taken early). Returns whether
+        one was staged."""
+        import numpy as np
+
+        iterator = self._iterator
+        count = min(size, self._left - size * len(self._staged))
+        if count <= 0 or self._per_sample * count < _STAGE_MIN_BYTES:
+            return False
+        if self._record_bytes > 0:
+            nbytes = int(self._record_bytes * count * _STAGE_SLACK) + _GATHER_MARGIN
+        else:
+            nbytes = iterator.stage_batch(size, None)  # asks how much
+        if nbytes == 0 or nbytes >= _POOL_BATCH_MIN_BYTES:
+            return False
+        region = np.empty(nbytes, dtype=np.uint8)
+        needed = iterator.stage_batch(size, region)
+        if needed > nbytes and needed < _POOL_BATCH_MIN_BYTES:
+            region = np.empty(needed, dtype=np.uint8)
+            needed = iterator.stage_batch(size, region)
+        if 0 < needed <= len(region):
+            self._staged.append((region, size))
+            self._record_bytes = needed / count
+            return True
+        self._record_bytes = 0.0
+        return False
 
 
 def _gathered_batch(batch: _native.Batch, frames: _StoredFrames) -> SampleBatch:

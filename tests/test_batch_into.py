@@ -98,3 +98,103 @@ def test_copied_batches_are_built_in_the_pool_after_the_first(runtime, monkeypat
     # the slack now and then, not most of the time).
     assert calls[0] is False
     assert sum(calls) >= len(calls) - 3
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_staged_batches_match_batches_read_at_the_call(
+    runtime, io_backend: str, shuffle: bool, monkeypatch, tmp_path
+) -> None:
+    """``iter_batches(copy=True)`` stages the next batches (``drt_iter_stage_batch``):
+    ordered reads of the uncompressed cache have them read ahead into their memory, and
+    every batch (bytes, boundaries, identities, metadata) equals what the same read
+    gives without staging; shuffled reads stage nothing."""
+    staged = []
+    original = _native.Iterator.stage_batch
+
+    def spy(self, max_count, destination):
+        needed = original(self, max_count, destination)
+        if destination is not None and 0 < needed <= len(destination):
+            staged.append(needed)
+        return needed
+
+    monkeypatch.setattr(_native.Iterator, "stage_batch", spy)
+    config = drt.ReaderConfig(seed=4, shuffle=shuffle, prefetch_size=8, io_backend=io_backend)
+    # Two datasets reading the same stream (each window continues the one before) of a
+    # cache whose batches of 1,200 are large enough to be staged (1 MiB).
+    paths = [_large_cache(runtime, tmp_path)]
+    staging = runtime.cached_dataset(paths, reader_config=config)
+    unstaged = runtime.cached_dataset(paths, reader_config=config)
+
+    def read(dataset: drt.CachedDataset, size: int) -> list[tuple]:
+        return [
+            (
+                b.data.tobytes(),
+                b.offsets.tolist(),
+                b.cache_id.tolist(),
+                b.sample_id.tolist(),
+                b.metadata.rows(),
+            )
+            for b in dataset.iter_batches(size)
+        ]
+
+    for size in [1, 7, 1_200]:
+        got = read(staging, size)
+        with monkeypatch.context() as off:
+            off.setattr(dataset_module._Gather, "_stage", lambda self, size: False)
+            want = read(unstaged, size)
+        assert got == want
+    assert bool(staged) == (not shuffle)
+
+
+class _Records:
+    """3,000 records of 1 KiB (JSON of varied lengths): batches of 1,100 or more take
+    the 1 MiB worth staging."""
+
+    name = "records"
+
+    def __iter__(self):
+        rng = np.random.default_rng(7)
+        for i in range(3_000):
+            yield drt.CacheInput(rng.bytes(1024), {"label": i, "name": "x" * (i % 37)})
+
+
+def _large_cache(runtime, tmp_path) -> str:
+    config = drt.WriterConfig(
+        show_progress=False, shard_compression=drt.ShardCompression(algo="none")
+    )
+    [result] = runtime.write_cache(_Records(), tmp_path, writer_config=config)
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    return result.path
+
+
+def test_stage_batch_asks_and_refuses(runtime, tmp_path) -> None:
+    """``stage_batch`` before the first batch stages nothing, nor for a batch under 1
+    MiB; without memory it only says how many bytes a batch needs (its records whole),
+    and stages nothing into memory shorter than that; the staged batch is taken by the
+    call for it, in place."""
+    config = drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=8)
+    path = _large_cache(runtime, tmp_path)
+    dataset = runtime.cached_dataset([path], reader_config=config)
+    reference = _native.Iterator.open(runtime.cached_dataset([path], reader_config=config)._handle)
+    iterator = _native.Iterator.open(dataset._handle)
+    try:
+        assert iterator.stage_batch(1_100, None) == 0
+        memory = np.empty(1 << 21, dtype=np.uint8)
+        first, _ = iterator.next_batch_into(5, _STORED, memory)
+        assert _contents(first) == _contents(reference.next_batch(5, _CONTIGUOUS))
+        assert iterator.stage_batch(900, None) == 0  # under 1 MiB: not worth it
+        needed = iterator.stage_batch(1_100, None)
+        assert needed > 1_100 * 1024
+        assert iterator.stage_batch(1_100, np.empty(needed - 1, dtype=np.uint8)) == needed
+        region = np.empty(needed, dtype=np.uint8)
+        assert iterator.stage_batch(1_100, region) == needed
+        batch, placed = iterator.next_batch_into(1_100, _STORED, region)
+        assert placed
+        assert _contents(batch) == _contents(reference.next_batch(1_100, _CONTIGUOUS))
+        # More than the payloads: each record's header and JSON too.
+        assert needed > int(batch.arrays(False)[1][-1])
+        with pytest.raises(ValueError):
+            iterator.stage_batch(0, None)
+    finally:
+        iterator.close()
+        reference.close()

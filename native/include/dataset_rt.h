@@ -41,7 +41,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 13
+    DRT_ABI_VERSION_MINOR = 14
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -564,6 +564,29 @@ int32_t drt_iter_next_batch(drt_iter *iter, uint64_t max_count, uint32_t flags, 
  * stay valid for the call only. Statuses of drt_iter_next_batch. */
 int32_t drt_iter_next_batch_into(drt_iter *iter, uint64_t max_count, uint32_t flags, uint8_t *dst,
                                  uint64_t capacity, drt_batch *out);
+
+/* (ABI 1.14) Stages a batch: lets a worker thread read the samples of a later
+ * drt_iter_next_batch_into(iter, max_count, flags, dst, capacity, ...) call straight into
+ * dst now, while the caller works on the batch it has, so that the call finds the payloads
+ * in place and copies nothing. The staged batch is the next call's, or, with one batch
+ * staged already (a whole one of the same max_count), the call after it: at most two are
+ * staged. It is staged only when its samples (max_count, or those up to the end of the
+ * window) are runs of small uncompressed records lying back to back in local shards whose
+ * pages are in the page cache: an ordered read, without validate_cache, after the
+ * iterator's first batch, with a runtime of at least two worker threads. Each record is
+ * read whole into dst and its payload moved down over its header and JSON; a record that
+ * does not split, or is no longer in the page cache, is read by the call as usual: the
+ * same samples, bytes, batch boundaries and errors as without staging.
+ * *out_needed is the bytes dst needs (the records' whole length; 0: the batch cannot be
+ * staged); nothing is staged when capacity is smaller. dst may be NULL when capacity is 0
+ * (to ask for *out_needed). The batch last returned stays valid.
+ * While staged, dst belongs to the library: the caller neither reads nor writes it until
+ * the call that takes it returns, the iterator is closed, or a call that does not take
+ * the first staged batch (another dst, max_count or call) returns: such a call drops every
+ * staged batch, waiting for their reads. Returns DRT_E_INVALID_ARGUMENT (max_count 0),
+ * DRT_E_OUT_OF_MEMORY, DRT_E_FORKED. */
+int32_t drt_iter_stage_batch(drt_iter *iter, uint64_t max_count, uint8_t *dst, uint64_t capacity,
+                             uint64_t *out_needed);
 
 /* (ABI 1.9) Gives the iterator caller memory for the payloads of the samples it reads
  * next: appends buffers[0 .. count) (lens[i] bytes each) to its queue of buffers not yet

@@ -522,6 +522,16 @@ export fn drt_iter_next_batch_into(it: ?*IterHandle, max_count: u64, flags: u32,
     return ok();
 }
 
+export fn drt_iter_stage_batch(it: ?*IterHandle, max_count: u64, dst: ?[*]u8, capacity: u64, out_needed: ?*u64) Rc {
+    const h = it orelse return nullArgument("iter");
+    const o = out_needed orelse return nullArgument("out_needed");
+    status.clear();
+    o.* = 0;
+    const dest: []u8 = if (dst) |d| d[0..@intCast(capacity)] else &.{};
+    o.* = h.reader.stageBatch(max_count, dest) catch |err| return fromError(err);
+    return ok();
+}
+
 export fn drt_iter_give_payload_buffers(it: ?*IterHandle, buffers: ?[*]const ?[*]u8, lens: ?[*]const u64, count: u64, flags: u32, out_taken: ?*u64, out_budget: ?*u64) Rc {
     const h = it orelse return nullArgument("iter");
     const taken = out_taken orelse return nullArgument("out_taken");

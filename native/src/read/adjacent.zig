@@ -210,6 +210,165 @@ pub const Ring = struct {
     }
 };
 
+/// A contiguous batch read ahead straight into the caller's memory (`Iter.stageBatch`):
+/// runs of adjacent records (planned by the consumer from index rows) read one after the
+/// other by one pool job into `dest`, each at the end of the payloads before it, and
+/// compacted there (each record's header and JSON dropped, its payload moved down over
+/// them) while the run is in the reading core's caches. The payloads then lie back to
+/// back from `dest[0]` as the batch wants them: the consumer only records where they are
+/// (no copy on its thread). Only bytes in the page cache are read (`files.readResident`);
+/// the job stops at the first run that is not, that does not fit in `dest`, or at the
+/// first record that does not split, leaving the rest of the batch to the usual paths
+/// (which read it again and meet its errors).
+///
+/// Bounded: the run list and lengths hold at most the staged batch's records (its
+/// `max_count`), reused from batch to batch; the bytes are the caller's.
+///
+/// Invariants: while `active`, the job owns `dest`, `runs`, `lens`, `handles` and
+/// `placed_lens` until `settle` returns; each handle pins its run's shard descriptor
+/// until `release`.
+pub const Fill = struct {
+    task: runtime.Task = .init(runJob),
+    active: bool = false,
+    /// The caller's memory, and the plan index of the batch's first sample.
+    dest: []u8 = &.{},
+    first: u64 = 0,
+    /// The batch's size, and whether the runs cover all of it (the next batch starts
+    /// at `first + max_count`).
+    max_count: u64 = 0,
+    whole: bool = false,
+    /// The runs in plan order (each continuing the previous one), their records'
+    /// lengths back to back, and each run's pinned shard descriptor.
+    runs: std.ArrayList(Run) = .empty,
+    lens: std.ArrayList(u64) = .empty,
+    handles: std.ArrayList(files_mod.Files.Handle) = .empty,
+    /// Set by the job: the payload length of each record it placed (a prefix of the
+    /// runs' records: `placed` of them, `placed_bytes` in all from `dest[0]`).
+    placed_lens: []u64 = &.{},
+    placed: usize = 0,
+    placed_bytes: usize = 0,
+
+    pub fn deinit(f: *Fill, gpa: std.mem.Allocator) void {
+        std.debug.assert(!f.active);
+        f.runs.deinit(gpa);
+        f.lens.deinit(gpa);
+        f.handles.deinit(gpa);
+        gpa.free(f.placed_lens);
+        f.* = .{};
+    }
+
+    /// Empties the run list for planning a new batch (`add`), with room for `records`
+    /// lengths (`add`'s `lens` come from `lensRoom`). Pre: not active.
+    pub fn begin(f: *Fill, gpa: std.mem.Allocator, records: usize) error{OutOfMemory}!void {
+        std.debug.assert(!f.active);
+        f.runs.clearRetainingCapacity();
+        f.lens.clearRetainingCapacity();
+        f.handles.clearRetainingCapacity();
+        try f.lens.ensureTotalCapacity(gpa, records);
+        if (f.placed_lens.len < records) {
+            gpa.free(f.placed_lens);
+            f.placed_lens = &.{};
+            f.placed_lens = try gpa.alloc(u64, records);
+        }
+    }
+
+    /// Where the next run's record lengths go (`records` of room at most).
+    pub fn lensRoom(f: *Fill) []u64 {
+        return f.lens.unusedCapacitySlice();
+    }
+
+    /// Appends `run` (its lengths written to `lensRoom()[0..run.count]`) with its
+    /// shard's pinned descriptor.
+    pub fn add(f: *Fill, gpa: std.mem.Allocator, run: Run, handle: files_mod.Files.Handle) error{OutOfMemory}!void {
+        std.debug.assert(run.count <= f.lensRoom().len);
+        if (f.runs.items.len > 0) std.debug.assert(run.first == f.runs.items[f.runs.items.len - 1].end());
+        try f.runs.ensureUnusedCapacity(gpa, 1);
+        try f.handles.ensureUnusedCapacity(gpa, 1);
+        f.runs.appendAssumeCapacity(run);
+        f.handles.appendAssumeCapacity(handle);
+        f.lens.items.len += run.count;
+    }
+
+    /// Bytes of the runs added so far (the memory the job needs).
+    pub fn bytes(f: *const Fill) u64 {
+        var total: u64 = 0;
+        for (f.runs.items) |r| total += r.len;
+        return total;
+    }
+
+    /// Starts the job reading the runs into `dest` for the batch from plan index
+    /// `first`. Pre: at least one run, `bytes() <= dest.len`.
+    pub fn start(f: *Fill, pool: *runtime.Pool, dest: []u8, first: u64, max_count: u64, whole: bool) void {
+        std.debug.assert(!f.active and f.runs.items.len > 0 and f.bytes() <= dest.len);
+        f.dest = dest;
+        f.first = first;
+        f.max_count = max_count;
+        f.whole = whole;
+        f.placed = 0;
+        f.placed_bytes = 0;
+        f.active = true;
+        f.task.reset();
+        f.task.submit(pool);
+    }
+
+    /// Waits until the job is done (run here if the pool has not started it): then
+    /// `placed`, `placed_lens` and `placed_bytes` are set and the job no longer writes
+    /// `dest`. Pre: active.
+    pub fn settle(f: *Fill, pool: *runtime.Pool) void {
+        std.debug.assert(f.active);
+        if (f.task.takeBack(pool)) f.fill();
+    }
+
+    /// Settles the job and unpins the descriptors; the staged batch is dropped.
+    pub fn release(f: *Fill, pool: *runtime.Pool, files: *files_mod.Files) void {
+        if (!f.active) return;
+        f.settle(pool);
+        f.unpin(files);
+        f.active = false;
+        f.dest = &.{};
+    }
+
+    /// Unpins the runs' descriptors (of runs planned but not started, or released).
+    pub fn unpin(f: *Fill, files: *files_mod.Files) void {
+        std.debug.assert(!f.active or f.task.is(runtime.Task.done));
+        for (f.handles.items) |h| files.release(h);
+        f.handles.clearRetainingCapacity();
+    }
+
+    fn runJob(job: *runtime.Job) void {
+        const task: *runtime.Task = @fieldParentPtr("job", job);
+        const f: *Fill = @fieldParentPtr("task", task);
+        f.fill();
+        task.finish();
+    }
+
+    fn fill(f: *Fill) void {
+        var to: usize = 0; // payload bytes placed so far
+        var placed: usize = 0;
+        var record: usize = 0; // index of the run's first record in `lens`
+        runs: for (f.runs.items, f.handles.items) |run, handle| {
+            const len: usize = @intCast(run.len);
+            if (len > f.dest.len - to) break;
+            if (!files_mod.readResident(handle.fd, f.dest[to..][0..len], run.offset)) break;
+            var at = to; // where the run's next record starts
+            for (f.lens.items[record..][0..run.count]) |record_len64| {
+                const record_len: usize = @intCast(record_len64);
+                const offset = shard.payloadOffset(f.dest[at..][0..record_len]) orelse break :runs;
+                const n = record_len - offset;
+                // Down over the headers and JSON before it (`to <= at`).
+                @memmove(f.dest[to..][0..n], f.dest[at + offset ..][0..n]);
+                f.placed_lens[placed] = n;
+                placed += 1;
+                to += n;
+                at += record_len;
+            }
+            record += run.count;
+        }
+        f.placed = placed;
+        f.placed_bytes = to;
+    }
+};
+
 // ---------------------------------------------------------------- tests
 
 const testing = std.testing;
@@ -303,4 +462,68 @@ test "splitRun finds each payload and stops at the first record that does not sp
     try testing.expectEqual(@as(usize, 2), splitRun(bytes[0..at], &.{ 14, 8, 7 }, &starts));
     try testing.expectEqual(@as(usize, 2), splitRun(bytes[0 .. at - 1], &lens, &starts));
     try testing.expectEqual(@as(usize, 0), splitRun(bytes[0..0], &.{}, &starts));
+}
+
+test "Fill reads runs into the caller's memory with the payloads back to back, stopping where a run or record fails" {
+    const rt = try runtime.Runtime.open(testing.allocator, 2);
+    defer rt.release();
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    // Four records: header (JSON length), JSON, payload; the third's JSON length is
+    // past its record.
+    const records = [_]struct { json: []const u8, payload: []const u8 }{
+        .{ .json = "{}", .payload = "abcd" },
+        .{ .json = "", .payload = "efghij" },
+        .{ .json = "{\"a\":1}", .payload = "k" },
+        .{ .json = "{}", .payload = "lmno" },
+    };
+    var file: [256]u8 = undefined;
+    var lens: [records.len]u64 = undefined;
+    var at: usize = 0;
+    for (records, &lens, 0..) |r, *len, i| {
+        std.mem.writeInt(u64, file[at..][0..8], if (i == 2) 1000 else r.json.len, .little);
+        @memcpy(file[at + 8 ..][0..r.json.len], r.json);
+        @memcpy(file[at + 8 + r.json.len ..][0..r.payload.len], r.payload);
+        len.* = 8 + r.json.len + r.payload.len;
+        at += @intCast(len.*);
+    }
+    try tmp.dir.writeFile(.{ .sub_path = "shard", .data = file[0..at] });
+    var files: files_mod.Files = .{};
+    defer files.deinit();
+    const opener: TestOpener = .{ .dir = tmp.dir };
+    const key: files_mod.Key = .{ .cache = 0, .shard_id = 0 };
+    var fill: Fill = .{};
+    defer fill.deinit(testing.allocator);
+    var dest: [256]u8 = undefined;
+    // Runs {0, 1} and {2, 3} (stopping at record 2), then {0} and {1} in memory just as
+    // long as the records.
+    const plans = [_]struct { runs: []const [2]usize, placed: []const u8 }{
+        .{ .runs = &.{ .{ 0, 2 }, .{ 2, 4 } }, .placed = "abcdefghij" },
+        .{ .runs = &.{ .{ 0, 1 }, .{ 1, 2 } }, .placed = "abcdefghij" },
+    };
+    for (plans) |plan| {
+        try fill.begin(testing.allocator, 8);
+        for (plan.runs) |r| {
+            var offset: u64 = 0;
+            for (lens[0..r[0]]) |len| offset += len;
+            var len: u64 = 0;
+            for (lens[r[0]..r[1]], fill.lensRoom()[0 .. r[1] - r[0]]) |l, *out| {
+                out.* = l;
+                len += l;
+            }
+            const run: Run = .{ .key = key, .offset = offset, .len = len, .first = r[0], .sample_id = r[0], .count = r[1] - r[0] };
+            try fill.add(testing.allocator, run, try files.acquire(key, opener));
+        }
+        @memset(&dest, '!');
+        fill.start(&rt.pool, dest[0..@intCast(fill.bytes())], 0, 4, true);
+        fill.settle(&rt.pool);
+        // A kernel without RWF_NOWAIT for buffered reads refuses the reads: nothing placed.
+        if (fill.placed > 0) {
+            try testing.expectEqualStrings(plan.placed, dest[0..fill.placed_bytes]);
+            var total: usize = 0;
+            for (fill.placed_lens[0..fill.placed]) |n| total += @intCast(n);
+            try testing.expectEqual(fill.placed_bytes, total);
+        }
+        fill.release(&rt.pool, &files);
+    }
 }

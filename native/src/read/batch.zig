@@ -359,17 +359,32 @@ pub const Buffers = struct {
     /// when batches parse the embedded JSON: the caller adds those with `addCopy`, which
     /// gives the same values and errors). Nothing is added when it fails.
     pub fn addCopyRun(b: *Buffers, ds: *Dataset, cache: u32, first: u64, payloads: []const []const u8) status.Error!usize {
-        if (!b.stored_metadata or ds.options.validate_cache or payloads.len == 0) return 0;
+        const added = try b.addRun(ds, cache, first, payloads, false);
+        return added.count;
+    }
+
+    /// What `addRun` added: `count` samples, and the bytes of `dest` their payloads take
+    /// (null when they were copied into the arena).
+    pub const Added = struct { count: usize, space: ?[]u8 };
+
+    /// `addCopyRun`; with `in_place`, the payloads already lie back to back in `dest`
+    /// where the batch's next payload bytes go (read there, `Iter.takeStaged`): they are
+    /// claimed there, not copied, and nothing is added when they are not there.
+    pub fn addRun(b: *Buffers, ds: *Dataset, cache: u32, first: u64, payloads: []const []const u8, in_place: bool) status.Error!Added {
+        const none: Added = .{ .count = 0, .space = null };
+        if (!b.stored_metadata or ds.options.validate_cache or payloads.len == 0) return none;
+        if (in_place and (!b.in_dest or payloads[0].ptr != b.dest.ptr + b.dest_used)) return none;
         const gpa = ds.gpa;
         std.debug.assert(b.payload_offsets.items.len == b.count());
         const columns, const row = try b.storedRow(ds, .{ .cache = cache, .sample_id = first });
         const n = nullFreeRows(columns, row, @intCast(@min(payloads.len, b.stored_end - first)));
-        if (n == 0) return 0;
+        if (n == 0) return none;
         var total: usize = 0;
         for (payloads[0..n]) |p| total += p.len;
         // Room first, so that nothing below fails halfway.
         try b.reserveRows(gpa, ds.fields, columns, row, n);
-        const space = try b.claim(gpa, total);
+        const placed = if (in_place) b.claimDest(total) orelse return none else null;
+        const space = placed orelse try b.claim(gpa, total);
         const at0 = b.payloadBytes() - total;
         b.appendRows(ds.fields, columns, row, n);
         // Each array written through its unused capacity (reserved above), its length
@@ -382,7 +397,7 @@ pub const Buffers = struct {
         const sample_ids = b.sample_ids.unusedCapacitySlice()[0..n];
         var at: usize = 0;
         for (payloads[0..n], ptrs, lens, offsets, cache_ids, sample_ids, first..) |p, *ptr, *len, *offset, *cache_id_out, *sample_id, id| {
-            @memcpy(space[at..][0..p.len], p);
+            if (placed == null) @memcpy(space[at..][0..p.len], p);
             // The pointer is rebased by `view` (a contiguous batch); any real address.
             ptr.* = space.ptr;
             len.* = p.len;
@@ -396,7 +411,7 @@ pub const Buffers = struct {
         b.payload_offsets.items.len += n;
         b.cache_ids.items.len += n;
         b.sample_ids.items.len += n;
-        return n;
+        return .{ .count = n, .space = placed };
     }
 
     /// How many of the rows `row..row + n` of `columns` (a metadata.arrow record

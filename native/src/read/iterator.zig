@@ -31,6 +31,12 @@
 //! the byte budget holds (2 to 16 runs of at most 128 KiB), so the workers read the next
 //! batch while the caller works on this one.
 //!
+//! A caller that knows the memory of its next batches may stage them (`stageBatch`, two
+//! at most): one pool job per batch reads its runs straight into that memory and moves
+//! each payload down over its header and JSON (`adjacent_mod.Fill`), and the call that
+//! reaches the batch only records where the payloads lie (`takeStaged`): no copy on the
+//! caller's thread, whose copy out of the read-ahead was most of a W1 batch's time.
+//!
 //! A caller may also give buffers for the payloads read next (`givePayloadBuffers`;
 //! Python's per-sample iteration gives the `bytes` objects it hands out): a large
 //! uncompressed record whose payload is exactly as long as the first one is planned alone
@@ -104,6 +110,21 @@ const prefetch_record_bytes = 1024;
 /// the backend's threads. Smaller ones go through the slots (a header read each would
 /// cost more than their second copy).
 const direct_record_min = 64 << 10;
+
+/// Records at most in one staged batch (`Iter.stageBatch`; a larger batch is staged in
+/// part, the rest read the usual way).
+const staged_records_max = 1 << 16;
+
+/// Batches staged at once (`Iter.stageBatch`): the next call's, and the one after it,
+/// read on two workers while the caller works on the batch it has.
+const staged_batches_max = 2;
+
+/// Batches whose records take fewer bytes are not staged (`Iter.stageBatch`): below it the
+/// job, its wake-up and the caller's memory for it cost about what the copy they save
+/// does (W1 batches staged against not, one process alternating: 1 and 16 samples 0.57x
+/// and 0.65x, 512 (300 KiB) and 1,024 (600 KiB) 0.95x and 0.98x, 2,048 (1.2 MiB) 1.20x,
+/// 4,096 1.33x; benchmarks/README.md, round 19).
+const staged_bytes_min = 1 << 20;
 
 /// Records at most in one run of `Iter.takeAdjacent` (its scratch arrays hold this many;
 /// the run's bytes are bounded by `adjacent_read_max` too).
@@ -390,6 +411,11 @@ pub const Iter = struct {
     inline_reads: u64 = 0,
     /// Of `mapped_records`, those taken in runs by `takeAdjacent` (tests check it ran).
     adjacent_records: u64 = 0,
+    /// Of those, the ones taken from a staged batch (`takeStaged`; tests check it ran).
+    staged_records: u64 = 0,
+    /// Batches whose records take fewer bytes are not staged (tests lower it: the
+    /// fixtures' batches are small).
+    stage_min: u64 = staged_bytes_min,
     /// Records at least this long may be read straight into a batch's destination
     /// (`takeDirect`; tests lower it, the fixtures' records are small), and how many were.
     direct_min: u64 = direct_record_min,
@@ -425,6 +451,11 @@ pub const Iter = struct {
     /// `takeAdjacent`'s runs read ahead on the pool. Allocated at its first use
     /// (`adjacent_ahead_min..max` runs within `budget`).
     ahead: adjacent_mod.Ring = .{},
+    /// Contiguous batches read ahead into the caller's memory (`stageBatch`), in order
+    /// from `staged_head`: the next call's, then the one after it.
+    staged: [staged_batches_max]adjacent_mod.Fill = .{ .{}, .{} },
+    /// The first of `staged` (the next call's batch); the other one follows it.
+    staged_head: u1 = 0,
     /// Caller buffers for payloads read next (`givePayloadBuffers`): those not yet
     /// assigned to a record are `dests.items[dest_head..]`, in the order given.
     dests: std.ArrayList([]u8) = .empty,
@@ -982,6 +1013,9 @@ pub const Iter = struct {
     fn nextBatchTo(it: *Iter, max_count: u64, contiguous: bool, dest: []u8, own: bool) status.Error!batch_mod.View {
         const ds = it.ds;
         try ds.runtime.checkPid();
+        // The first staged batch is this call's (taken below) or dropped.
+        var took_staged = false;
+        defer it.advanceStaged(took_staged);
         if (max_count == 0) return status.fail(error.InvalidArgument, "max_count must be at least 1", .{});
         it.releaseDelivered();
         if (it.deferred) |err| {
@@ -1015,6 +1049,7 @@ pub const Iter = struct {
             // nothing is planned ahead, records served from mappings go straight into the
             // batch, as many as it takes (no slot, no window round).
             it.batch.into(dest);
+            took_staged = try it.takeStaged(max_count, dest);
             // DRT_BATCH_BOUNDED: the payloads stop at about the byte budget.
             const bytes_max: ?u64 = if (it.batch.bounded) it.budget else null;
             while (it.batch.count() < max_count and it.delivered < it.schedule.count and it.deferred == null) {
@@ -1039,6 +1074,130 @@ pub const Iter = struct {
         if (own) it.fitOwnDest();
         it.checkInvariants();
         return it.batch.view(ds.fields, contiguous);
+    }
+
+    /// Stages a contiguous batch (see drt_iter_stage_batch): the batch after those staged
+    /// already (at most `staged_batches_max`; the first one from the next position) when
+    /// its `max_count` samples (or those up to the end of the window) are runs of
+    /// adjacent records that `takeAdjacent` would take and their records' bytes fit in
+    /// `dest`: one pool job starts reading them into `dest` (`adjacent_mod.Fill`), and
+    /// the `nextBatchInto(max_count, dest)` that reaches them takes them without
+    /// copying. Returns the bytes `dest` needs for that (0: it cannot be staged); nothing
+    /// is staged when `dest` is shorter. A next call that is not the first staged
+    /// batch's drops every staged batch (waiting for their jobs), and so does `close`:
+    /// `dest` is not written after either returns.
+    pub fn stageBatch(it: *Iter, max_count: u64, dest: []u8) status.Error!u64 {
+        const ds = it.ds;
+        try ds.runtime.checkPid();
+        const pool = &ds.runtime.pool;
+        if (max_count == 0) return status.fail(error.InvalidArgument, "max_count must be at least 1", .{});
+        if (it.finished or it.deferred != null or !it.started or it.used != 0 or it.planned != it.delivered) return 0;
+        if (ds.options.shuffle or it.table.cache.len != 0 or ds.options.validate_cache) return 0;
+        // One worker would read the staged batches one after the other into memory not
+        // in its caches, slower than the read-ahead and the caller's copy side by side.
+        if (ds.runtime.num_workers < staged_batches_max) return 0;
+        // From the end of the batch staged last, which must be a whole batch of this size.
+        var start = it.delivered;
+        const slot = for ([_]u1{ it.staged_head, it.staged_head ^ 1 }) |i| {
+            const f = &it.staged[i];
+            if (!f.active) break f;
+            if (!f.whole or f.max_count != max_count) return 0;
+            start = f.first + max_count;
+        } else return 0;
+        const end = @min(it.schedule.count, start +| max_count);
+        if (start >= end) return 0;
+        // Plan: runs from index rows alone, each descriptor pinned (released below when
+        // nothing is staged).
+        const f = slot;
+        try f.begin(ds.gpa, @intCast(@min(end - start, staged_records_max) + adjacent_records_max));
+        var k = start;
+        while (k < end and f.lens.items.len < staged_records_max) {
+            const run = it.planRun(k, end, f.lensRoom()) orelse break;
+            const handle = it.files.acquire(run.key, Dataset.ShardOpener{ .ds = ds }) catch break;
+            f.add(ds.gpa, run, handle) catch |err| {
+                it.files.release(handle);
+                f.unpin(&it.files);
+                return err;
+            };
+            k = run.end();
+        }
+        const needed = f.bytes();
+        if (f.runs.items.len == 0 or needed < it.stage_min) {
+            f.unpin(&it.files);
+            return 0;
+        }
+        if (needed > dest.len) {
+            f.unpin(&it.files);
+            return needed;
+        }
+        // The read-ahead's runs are for these positions: the jobs read them instead.
+        if (start == it.delivered) it.ahead.clear(pool, &it.files);
+        f.start(pool, dest, start, max_count, k == end and end - start == max_count);
+        return needed;
+    }
+
+    /// At the start of a contiguous batch into `dest`: the records the first staged
+    /// batch placed in `dest` (when it was staged for this call: same memory, same
+    /// position, same size), added where they lie (`Buffers.addRun` without a copy).
+    /// Stops at the first that `addRun` leaves (the usual paths then read it and what
+    /// follows, overwriting the rest of `dest`). Returns whether the staged batch was
+    /// this call's.
+    fn takeStaged(it: *Iter, max_count: u64, dest: []u8) status.Error!bool {
+        const f = &it.staged[it.staged_head];
+        if (!f.active) return false;
+        const ds = it.ds;
+        f.settle(&ds.runtime.pool);
+        if (dest.ptr != f.dest.ptr or dest.len != f.dest.len or it.delivered != f.first or max_count != f.max_count) return false;
+        if (!it.batch.stored_metadata or it.batch.bounded or it.used != 0 or it.planned != it.delivered) return false;
+        std.debug.assert(it.batch.count() == 0 and it.batch.payloadBytes() == 0);
+        const payloads = it.adjacent_payloads;
+        var left: usize = @intCast(@min(f.placed, max_count));
+        var run_first: usize = 0;
+        var at: usize = 0;
+        for (f.runs.items) |run| {
+            var j: usize = 0;
+            while (j < run.count and left > 0) {
+                const n = @min(run.count - j, left, payloads.len);
+                for (payloads[0..n], f.placed_lens[run_first + j ..][0..n]) |*p, len| {
+                    p.* = dest[at..][0..@intCast(len)];
+                    at += @intCast(len);
+                }
+                const added = it.batch.addRun(ds, run.key.cache, run.sample_id + j, payloads[0..n], true) catch |err| switch (err) {
+                    error.OutOfMemory => return error.OutOfMemory,
+                    else => return true,
+                };
+                if (added.count == 0) return true;
+                // Claimed where they lie: nothing to copy.
+                std.debug.assert(added.space.?.ptr == payloads[0].ptr);
+                // What `addRun` did not take is read again by the usual paths.
+                for (payloads[added.count..n]) |p| at -= p.len;
+                it.delivered += added.count;
+                it.planned += added.count;
+                it.adjacent_records += added.count;
+                it.staged_records += added.count;
+                it.started = true;
+                left -= added.count;
+                j += added.count;
+            }
+            if (j < run.count) return true;
+            run_first += run.count;
+        }
+        return true;
+    }
+
+    /// After a call: the first staged batch is done with (taken or not); the next one
+    /// becomes the first when the call took its predecessor and ended where it starts,
+    /// else every staged batch is dropped.
+    fn advanceStaged(it: *Iter, took: bool) void {
+        const pool = &it.ds.runtime.pool;
+        it.staged[it.staged_head].release(pool, &it.files);
+        const next = &it.staged[it.staged_head ^ 1];
+        // (Jobs may be running: the slots are rotated, never moved.)
+        if (next.active and took and it.deferred == null and !it.finished and it.delivered == next.first) {
+            it.staged_head ^= 1;
+            return;
+        }
+        next.release(pool, &it.files);
     }
 
     /// After a contiguous batch into `own_dest`: when it did not fit (its payloads are in
@@ -1555,6 +1714,10 @@ pub const Iter = struct {
         it.io.deinit();
         it.ahead.clear(&ds.runtime.pool, &it.files);
         it.ahead.deinit(gpa);
+        for (&it.staged) |*f| {
+            f.release(&ds.runtime.pool, &it.files);
+            f.deinit(gpa);
+        }
         it.hints.deinit(&it.files);
         it.files.deinit();
         it.maps.deinit(gpa);
@@ -1909,6 +2072,151 @@ fn expectPayloadBuffers(backend: io.Kind) !void {
         }
     }
     try testing.expect(used > 0);
+}
+
+/// Staged batches (`stageBatch`): read as a caller that stages up to two batches ahead
+/// in memory of their own would (Python's `iter_batches`), every batch holds the samples
+/// unstaged batches hold, in the caller's memory; a call into other memory drops the
+/// staged batches and still reads right; nothing is staged for shuffled windows or one
+/// worker; closing with batches staged leaks nothing. With a corrupt record (sample 5's
+/// JSON length), the staged batches end before it and the error comes where it does
+/// without staging.
+fn expectStagedBatches(backend: io.Kind) !void {
+    const gpa = testing.allocator;
+    var bufs: [3][]u8 = undefined;
+    for (&bufs) |*b| b.* = try gpa.alloc(u8, 1 << 16);
+    defer for (bufs) |b| gpa.free(b);
+    const Run = struct {
+        /// Reads a window to its end or first error, staging as it goes (every
+        /// `drop_every`-th call goes into memory nothing was staged in). Returns the
+        /// samples read, and whether the read ended in an error.
+        fn read(env: *helpers.Env, it: *Iter, bs: *[3][]u8, max_count: u64, drop_every: u64, whole: bool) !struct { u64, bool } {
+            var staged: [2]usize = undefined;
+            var n_staged: usize = 0;
+            var k: u64 = 0;
+            var call: u64 = 0;
+            while (true) : (call += 1) {
+                const drop = drop_every != 0 and call % drop_every == drop_every - 1;
+                var into: usize = 0;
+                if (n_staged > 0 and !drop) {
+                    into = staged[0];
+                    staged[0] = staged[1];
+                    n_staged -= 1;
+                } else {
+                    // Memory no staged batch uses; the call drops the staged ones.
+                    into = for (0..3) |b| {
+                        if (std.mem.indexOfScalar(usize, staged[0..n_staged], b) == null) break b;
+                    } else unreachable;
+                    n_staged = 0;
+                }
+                const view = it.nextBatchInto(max_count, bs[into]) catch return .{ k, true };
+                if (view.count == 0) return .{ k, false };
+                // (A batch ends before a failing record.)
+                if (whole) try testing.expectEqual(@min(max_count, it.schedule.count - k), view.count);
+                try testing.expect(view.payload_base.? == bs[into].ptr);
+                var total: u64 = 0;
+                for (0..@intCast(view.count)) |i| {
+                    try env.expectSample(view, i, env.expectedLoc(it, k + i));
+                    try testing.expectEqual(total, view.payload_offsets.?[i]);
+                    total += view.payload_lens.?[i];
+                }
+                k += view.count;
+                // Up to two batches ahead, each in memory the others do not use.
+                while (n_staged < 2) {
+                    const b = for (0..3) |b| {
+                        if (b != into and std.mem.indexOfScalar(usize, staged[0..n_staged], b) == null) break b;
+                    } else unreachable;
+                    const needed = try it.stageBatch(max_count, bs[b]);
+                    if (needed == 0 or needed > bs[b].len) break;
+                    staged[n_staged] = b;
+                    n_staged += 1;
+                }
+            }
+        }
+    };
+    for ([_]bool{ false, true }) |shuffle| {
+        var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 64, .shuffle = shuffle });
+        defer env.close();
+        for ([_]u64{ 1, 7, 100 }) |max_count| for ([_]u64{ 0, 3 }) |drop_every| {
+            errdefer std.debug.print("shuffle {} max_count {d} drop_every {d}\n", .{ shuffle, max_count, drop_every });
+            const it = try env.openIter();
+            defer it.close();
+            it.batch.stored_metadata = true;
+            it.stage_min = 0;
+            // Nothing before the first batch; asking (no memory) stages nothing.
+            try testing.expectEqual(@as(u64, 0), try it.stageBatch(max_count, bufs[0]));
+            const k, const failed = try Run.read(&env, it, &bufs, max_count, drop_every, true);
+            try testing.expect(!failed);
+            try testing.expectEqual(it.schedule.count, k);
+            // Ordered windows' batches after the first were staged (the lz4 cache's
+            // records are not: they are read the usual way).
+            try testing.expectEqual(!shuffle, it.staged_records > 0);
+        };
+        // Closed with two batches staged: no worker writes freed memory, nothing leaks.
+        const it = try env.openIter();
+        it.batch.stored_metadata = true;
+        try testing.expect(try it.stageBatch(2, bufs[1]) == 0); // before the first batch
+        _ = try it.nextBatchInto(1, bufs[0]);
+        // Too small to be worth staging at the default minimum.
+        try testing.expectEqual(@as(u64, 0), try it.stageBatch(2, bufs[1]));
+        it.stage_min = 0;
+        try testing.expect(!shuffle or try it.stageBatch(2, &.{}) == 0);
+        if (!shuffle) {
+            try testing.expect(try it.stageBatch(2, &.{}) > 0); // only asks
+            try testing.expect(!it.staged[0].active and !it.staged[1].active);
+            try testing.expect(try it.stageBatch(2, bufs[1]) > 0);
+            try testing.expect(try it.stageBatch(2, bufs[2]) > 0);
+            try testing.expectEqual(@as(u64, 0), try it.stageBatch(2, bufs[0])); // two at most
+        }
+        it.close();
+    }
+    {
+        // One worker: nothing is staged.
+        var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 64, .workers = 1 });
+        defer env.close();
+        const it = try env.openIter();
+        defer it.close();
+        it.batch.stored_metadata = true;
+        it.stage_min = 0;
+        _ = try it.nextBatchInto(1, bufs[0]);
+        try testing.expectEqual(@as(u64, 0), try it.stageBatch(2, bufs[1]));
+    }
+    // A corrupt record: the error comes after the samples before it, staged or not.
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try helpers.copyFixture(gpa, tmp.dir, "plain_one_shard");
+    const rows = try helpers.readIndex(gpa, tmp.dir, "plain_one_shard");
+    defer gpa.free(rows);
+    {
+        const file = try tmp.dir.openFile("plain_one_shard/shards/000000.bin", .{ .mode = .read_write });
+        defer file.close();
+        var prefix: [8]u8 = undefined;
+        std.mem.writeInt(u64, &prefix, 1 << 40, .little);
+        try file.pwriteAll(&prefix, rows[5].offset);
+    }
+    const path = try tmp.dir.realpathAlloc(gpa, "plain_one_shard");
+    defer gpa.free(path);
+    var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = 64 });
+    defer env.close();
+    for ([_]u64{ 2, 3 }) |max_count| {
+        const it = try env.openIter();
+        defer it.close();
+        it.batch.stored_metadata = true;
+        it.stage_min = 0;
+        const k, const failed = try Run.read(&env, it, &bufs, max_count, 0, false);
+        try testing.expect(failed);
+        try testing.expectEqualStrings("invalid binary record", status.lastMessage());
+        // Batches before the corrupt record's whole, the one holding it cut before it.
+        try testing.expectEqual(@as(u64, 5), k);
+    }
+}
+
+test "iterator (io_uring): staged batches are read into the caller's memory ahead" {
+    try expectStagedBatches(.io_uring);
+}
+
+test "iterator (threads): staged batches are read into the caller's memory ahead" {
+    try expectStagedBatches(.threads);
 }
 
 test "iterator (io_uring): payloads read straight into caller buffers" {
