@@ -217,9 +217,9 @@ pub const Ring = struct {
 /// them) while the run is in the reading core's caches. The payloads then lie back to
 /// back from `dest[0]` as the batch wants them: the consumer only records where they are
 /// (no copy on its thread). Only bytes in the page cache are read (`files.readResident`);
-/// the job stops at the first run that is not, that does not fit in `dest`, or at the
-/// first record that does not split, leaving the rest of the batch to the usual paths
-/// (which read it again and meet its errors).
+/// the job stops at the first run that is not, or at the first record that does not
+/// split, leaving the rest of the batch to the usual paths (which read it again and meet
+/// its errors).
 ///
 /// Bounded: the run list and lengths hold at most the staged batch's records (its
 /// `max_count`), reused from batch to batch; the bytes are the caller's.
@@ -348,7 +348,8 @@ pub const Fill = struct {
         var record: usize = 0; // index of the run's first record in `lens`
         runs: for (f.runs.items, f.handles.items) |run, handle| {
             const len: usize = @intCast(run.len);
-            if (len > f.dest.len - to) break;
+            // Fits: `start` checked that all runs do, and the payloads before take less.
+            std.debug.assert(len <= f.dest.len - to);
             if (!files_mod.readResident(handle.fd, f.dest[to..][0..len], run.offset)) break;
             var at = to; // where the run's next record starts
             for (f.lens.items[record..][0..run.count]) |record_len64| {
