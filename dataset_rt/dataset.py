@@ -1174,11 +1174,8 @@ _GATHER_MARGIN = 64 << 10
 # Staged batches (`_Gather._stage`): their memory holds the records whole (header, JSON
 # and payload), whose bytes a sample vary less than payloads between batches.
 _STAGE_SLACK = 1.03
-# Batches staged ahead at once (the library's bound): read on two workers. Smaller
-# batches are not staged (the library's `staged_bytes_min`: the job costs more than the
-# copy it saves); not even asked about when their payloads alone are smaller.
+# Batches staged ahead at once (the library's bound): read on two workers.
 _STAGED_BATCHES = 2
-_STAGE_MIN_BYTES = 1 << 20
 # The reused memory of iter_batches(copy=True): a pool of this many batches' bytes (the
 # consumer holds the previous batch while the next one is built, and sizes vary), at
 # least the minimum, at most the maximum (larger batches take fresh memory each time).
@@ -1268,6 +1265,7 @@ class _Gather:
         "_memory",
         "_per_sample",
         "_record_bytes",
+        "_stageable",
         "_staged",
     )
 
@@ -1280,9 +1278,11 @@ class _Gather:
         # Payload bytes a sample in the latest batch (before the first one: the dataset's).
         self._per_sample = memory.per_sample
         self._left = iterator.window().count  # samples not yet handed out (at most)
-        # Record bytes a sample of the latest staged batch (0: none staged yet), and the
-        # memory and size of the batches staged for the next calls, in order.
+        # Record bytes a sample of the latest staged batch (0: none staged yet), whether
+        # to stage (until the library says a batch cannot be), and the memory and size
+        # of the batches staged for the next calls, in order.
         self._record_bytes = 0.0
+        self._stageable = True
         self._staged: list[tuple[Any, int]] = []
 
     def next(self, size: int) -> SampleBatch | None:
@@ -1333,18 +1333,21 @@ class _Gather:
         when it can be (an ordered read of small records in the page cache): a worker
         reads it straight into that memory while the caller works on this batch, and the
         call that reaches it copies nothing. Batches the pool of :class:`_BatchMemory`
-        would hold are not staged (their memory would be taken early). Returns whether
-        one was staged."""
+        would hold are not staged (their memory would be taken early). Once the library
+        answers that a batch cannot be staged (a shuffled read, large records, batches
+        too small to be worth it), the iterator stops asking. Returns whether one was
+        staged."""
         import numpy as np
 
         iterator = self._iterator
         count = min(size, self._left - size * len(self._staged))
-        if count <= 0 or self._per_sample * count < _STAGE_MIN_BYTES:
+        if count <= 0 or not self._stageable:
             return False
         if self._record_bytes > 0:
             nbytes = int(self._record_bytes * count * _STAGE_SLACK) + _GATHER_MARGIN
         else:
             nbytes = iterator.stage_batch(size, None)  # asks how much
+            self._stageable = nbytes > 0
         if nbytes == 0 or nbytes >= _POOL_BATCH_MIN_BYTES:
             return False
         region = np.empty(nbytes, dtype=np.uint8)

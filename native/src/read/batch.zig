@@ -358,32 +358,23 @@ pub const Buffers = struct {
     /// record batch and before the first row holding a null (0 when the first does, or
     /// when batches parse the embedded JSON: the caller adds those with `addCopy`, which
     /// gives the same values and errors). Nothing is added when it fails.
-    pub fn addCopyRun(b: *Buffers, ds: *Dataset, cache: u32, first: u64, payloads: []const []const u8) status.Error!usize {
-        const added = try b.addRun(ds, cache, first, payloads, false);
-        return added.count;
-    }
-
-    /// What `addRun` added: `count` samples, and the bytes of `dest` their payloads take
-    /// (null when they were copied into the arena).
-    pub const Added = struct { count: usize, space: ?[]u8 };
-
-    /// `addCopyRun`; with `in_place`, the payloads already lie back to back in `dest`
-    /// where the batch's next payload bytes go (read there, `Iter.takeStaged`): they are
-    /// claimed there, not copied, and nothing is added when they are not there.
-    pub fn addRun(b: *Buffers, ds: *Dataset, cache: u32, first: u64, payloads: []const []const u8, in_place: bool) status.Error!Added {
-        const none: Added = .{ .count = 0, .space = null };
-        if (!b.stored_metadata or ds.options.validate_cache or payloads.len == 0) return none;
-        if (in_place and (!b.in_dest or payloads[0].ptr != b.dest.ptr + b.dest_used)) return none;
+    ///
+    /// With `in_place`, the payloads already lie back to back in `dest` where the batch's
+    /// next payload bytes go (read there: `Iter.takeStaged`): they are claimed there, not
+    /// copied, and nothing is added when they are not there.
+    pub fn addRun(b: *Buffers, ds: *Dataset, cache: u32, first: u64, payloads: []const []const u8, in_place: bool) status.Error!usize {
+        if (!b.stored_metadata or ds.options.validate_cache or payloads.len == 0) return 0;
+        if (in_place and (!b.in_dest or payloads[0].ptr != b.dest.ptr + b.dest_used)) return 0;
         const gpa = ds.gpa;
         std.debug.assert(b.payload_offsets.items.len == b.count());
         const columns, const row = try b.storedRow(ds, .{ .cache = cache, .sample_id = first });
         const n = nullFreeRows(columns, row, @intCast(@min(payloads.len, b.stored_end - first)));
-        if (n == 0) return none;
+        if (n == 0) return 0;
         var total: usize = 0;
         for (payloads[0..n]) |p| total += p.len;
         // Room first, so that nothing below fails halfway.
         try b.reserveRows(gpa, ds.fields, columns, row, n);
-        const placed = if (in_place) b.claimDest(total) orelse return none else null;
+        const placed = if (in_place) b.claimDest(total) orelse return 0 else null;
         const space = placed orelse try b.claim(gpa, total);
         const at0 = b.payloadBytes() - total;
         b.appendRows(ds.fields, columns, row, n);
@@ -411,7 +402,7 @@ pub const Buffers = struct {
         b.payload_offsets.items.len += n;
         b.cache_ids.items.len += n;
         b.sample_ids.items.len += n;
-        return .{ .count = n, .space = placed };
+        return n;
     }
 
     /// How many of the rows `row..row + n` of `columns` (a metadata.arrow record
@@ -1072,7 +1063,7 @@ test "batch: stored metadata with validate_cache still parses and compares the J
     try testing.expectEqualStrings("embedded metadata does not match metadata.arrow for sample 4", status.lastMessage());
 }
 
-test "batch: addCopyRun gives what addCopy gives, in runs cut at record batches" {
+test "batch: addRun gives what addCopy gives, in runs cut at record batches" {
     const gpa = testing.allocator;
     var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
     defer env.close();
@@ -1094,7 +1085,7 @@ test "batch: addCopyRun gives what addCopy gives, in runs cut at record batches"
         for (payloads[0..n], 0..) |p, i| try one.addCopy(ds, .{ .cache = cache, .sample_id = i }, "not json", p);
         var added: usize = 0;
         while (added < n) {
-            const k = try run.addCopyRun(ds, cache, added, payloads[added..n]);
+            const k = try run.addRun(ds, cache, added, payloads[added..n], false);
             try testing.expect(k > 0); // writer-made caches hold no nulls
             added += k;
         }
@@ -1119,10 +1110,10 @@ test "batch: addCopyRun gives what addCopy gives, in runs cut at record batches"
     // Parsed metadata (validate_cache, or not stored): nothing in bulk.
     run.stored_metadata = false;
     try run.reset(gpa, ds.fields);
-    try testing.expectEqual(@as(usize, 0), try run.addCopyRun(ds, 0, 0, payloads[0..3]));
+    try testing.expectEqual(@as(usize, 0), try run.addRun(ds, 0, 0, payloads[0..3], false));
 }
 
-test "batch: addStoredRows gives the rows addCopyRun gives, with empty payloads, across record batches" {
+test "batch: addStoredRows gives the rows addRun gives, with empty payloads, across record batches" {
     const gpa = testing.allocator;
     var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{});
     defer env.close();

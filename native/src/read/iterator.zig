@@ -1166,18 +1166,17 @@ pub const Iter = struct {
                     error.OutOfMemory => return error.OutOfMemory,
                     else => return true,
                 };
-                if (added.count == 0) return true;
-                // Claimed where they lie: nothing to copy.
-                std.debug.assert(added.space.?.ptr == payloads[0].ptr);
-                // What `addRun` did not take is read again by the usual paths.
-                for (payloads[added.count..n]) |p| at -= p.len;
-                it.delivered += added.count;
-                it.planned += added.count;
-                it.adjacent_records += added.count;
-                it.staged_records += added.count;
+                if (added == 0) return true;
+                // Claimed where they lie: nothing copied. What `addRun` did not take is
+                // read again by the usual paths.
+                for (payloads[added..n]) |p| at -= p.len;
+                it.delivered += added;
+                it.planned += added;
+                it.adjacent_records += added;
+                it.staged_records += added;
                 it.started = true;
-                left -= added.count;
-                j += added.count;
+                left -= added;
+                j += added;
             }
             if (j < run.count) return true;
             run_first += run.count;
@@ -1261,7 +1260,7 @@ pub const Iter = struct {
             }
             var j: usize = 0;
             while (j < mapped) {
-                // Runs of one cache's consecutive samples in bulk (`addCopyRun`); a record
+                // Runs of one cache's consecutive samples in bulk (`addRun`); a record
                 // it leaves (a null in its metadata.arrow row, a record that does not
                 // split, parsed metadata) one at a time, which raises its error.
                 const run = try it.copyRun(locs[j..mapped], images[j..mapped]);
@@ -1302,7 +1301,7 @@ pub const Iter = struct {
     /// would serve), from one read of their whole range (at most `adjacent_read_max`
     /// bytes and `adjacent_records_max` records) into `adjacent_bytes`, made only when
     /// every byte is in the page cache (`readAdjacent`), split here and added with one
-    /// `Buffers.addCopyRun`. Per run, not per record: one system call, one kind dispatch
+    /// `Buffers.addRun`. Per run, not per record: one system call, one kind dispatch
     /// per column, every array reserved once. A read, not a mapping: mapping the pages
     /// and unmapping them when the window is evicted (every epoch of a dataset larger
     /// than the map budget) cost more than the copy into a buffer the CPU caches keep
@@ -1367,7 +1366,7 @@ pub const Iter = struct {
             at += @intCast(len);
             payload.* = bytes[start..at];
         }
-        const added = it.batch.addCopyRun(ds, cache, first_id, payloads[0..split]) catch |err| switch (err) {
+        const added = it.batch.addRun(ds, cache, first_id, payloads[0..split], false) catch |err| switch (err) {
             error.OutOfMemory => return error.OutOfMemory,
             // Nothing was added; `addCopy` meets the same failure for this record.
             else => return .{ 0, 0 },
@@ -1527,7 +1526,7 @@ pub const Iter = struct {
 
     /// `takeMapped`'s bulk copy: adds the leading records of `images` (mapped, located at
     /// `locs`) that are consecutive samples of one cache and split cleanly, with one
-    /// `Buffers.addCopyRun`. Returns the samples added (0: add the first one alone, which
+    /// `Buffers.addRun`. Returns the samples added (0: add the first one alone, which
     /// reports any failure as `addCopy` does); only running out of memory fails.
     fn copyRun(it: *Iter, locs: []const Loc, images: []const []const u8) error{OutOfMemory}!usize {
         var payloads: [mapped_step][]const u8 = undefined;
@@ -1537,7 +1536,7 @@ pub const Iter = struct {
             const rec = shard.split(images[n]) catch break;
             payloads[n] = rec.stored_payload;
         }
-        return it.batch.addCopyRun(it.ds, locs[0].cache, locs[0].sample_id, payloads[0..n]) catch |err| switch (err) {
+        return it.batch.addRun(it.ds, locs[0].cache, locs[0].sample_id, payloads[0..n], false) catch |err| switch (err) {
             error.OutOfMemory => error.OutOfMemory,
             // Nothing was added; `addCopy` meets the same failure for this record.
             else => 0,
