@@ -355,11 +355,13 @@ class CachedDataset:
         consumer that keeps batches gets fresh memory (owned by its arrays) once the pool
         is full: the pool never grows for it. Smaller batches own fresh memory; of those,
         batches of small uncompressed records read in order from the page cache whose
-        records take 1 MiB or more are staged two ahead (with at least two runtime
-        workers): workers read each record straight into the batch's memory while the
-        caller works on the batch it has, and move its payload down over its header and
-        JSON, so the calling thread copies nothing (that memory holds the records whole:
-        a little more than the payloads).
+        records take 256 KiB or more (1 MiB or more where a shard is not among those
+        the dataset keeps mapped, up to 256 MiB of them) are staged two ahead (with at
+        least two runtime workers): workers copy each payload into the batch's memory
+        while the caller works on the batch it has, out of the dataset's mapping of its
+        shard (or read each record there and move its payload down over its header and
+        JSON), so the calling thread copies nothing (that memory is sized for the
+        records whole: a little more than the payloads).
 
         With ``copy=False``, ``data``,
         ``cache_id`` and ``sample_id`` are zero-copy views of the native batch buffer,

@@ -148,7 +148,8 @@ def test_staged_batches_match_batches_read_at_the_call(
 
 class _Records:
     """3,000 records of 1 KiB (JSON of varied lengths): batches of 1,100 or more take
-    the 1 MiB worth staging."""
+    the 1 MiB worth staging when read, 250 or more the 256 KiB worth it when copied out of
+    the shard's mapping (these: local and in the page cache)."""
 
     name = "records"
 
@@ -168,10 +169,10 @@ def _large_cache(runtime, tmp_path) -> str:
 
 
 def test_stage_batch_asks_and_refuses(runtime, tmp_path) -> None:
-    """``stage_batch`` before the first batch stages nothing, nor for a batch under 1
-    MiB; without memory it only says how many bytes a batch needs (its records whole),
-    and stages nothing into memory shorter than that; the staged batch is taken by the
-    call for it, in place."""
+    """``stage_batch`` before the first batch stages nothing, nor for a batch under 256
+    KiB (its shard mapped); without memory it only says how many bytes a batch needs
+    (its records whole), and stages nothing into memory shorter than that; the staged
+    batch is taken by the call for it, in place."""
     config = drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=8)
     path = _large_cache(runtime, tmp_path)
     dataset = runtime.cached_dataset([path], reader_config=config)
@@ -182,7 +183,8 @@ def test_stage_batch_asks_and_refuses(runtime, tmp_path) -> None:
         memory = np.empty(1 << 21, dtype=np.uint8)
         first, _ = iterator.next_batch_into(5, _STORED, memory)
         assert _contents(first) == _contents(reference.next_batch(5, _CONTIGUOUS))
-        assert iterator.stage_batch(900, None) == 0  # under 1 MiB: not worth it
+        assert iterator.stage_batch(200, None) == 0  # under 256 KiB: not worth it
+        assert iterator.stage_batch(300, None) > 0
         needed = iterator.stage_batch(1_100, None)
         assert needed > 1_100 * 1024
         assert iterator.stage_batch(1_100, np.empty(needed - 1, dtype=np.uint8)) == needed

@@ -573,10 +573,13 @@ int32_t drt_iter_next_batch_into(drt_iter *iter, uint64_t max_count, uint32_t fl
  * staged. It is staged only when its samples (max_count, or those up to the end of the
  * window) are runs of small uncompressed records lying back to back in local shards whose
  * pages are in the page cache: an ordered read, without validate_cache, after the
- * iterator's first batch, with a runtime of at least two worker threads. Each record is
- * read whole into dst and its payload moved down over its header and JSON; a record that
- * does not split, or is no longer in the page cache, is read by the call as usual: the
- * same samples, bytes, batch boundaries and errors as without staging.
+ * iterator's first batch, with a runtime of at least two worker threads, and its records
+ * take 1 MiB or more (256 KiB when every shard is among those the dataset keeps mapped
+ * for this: up to 256 MiB and 1,024 shards, until the dataset is closed). Each payload is
+ * copied into dst out of that mapping, or its record read whole into dst and the payload
+ * moved down over its header and JSON; a record that does not split, or is no longer in
+ * the page cache, is read by the call as usual: the same samples, bytes, batch
+ * boundaries and errors as without staging.
  * *out_needed is the bytes dst needs (the records' whole length; 0: the batch cannot be
  * staged); nothing is staged when capacity is smaller. dst may be NULL when capacity is 0
  * (to ask for *out_needed). The batch last returned stays valid.

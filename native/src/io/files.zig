@@ -534,6 +534,86 @@ pub const Maps = struct {
     }
 };
 
+/// The byte budget of a dataset's `ShardMaps`: whole shards mapped at most, so at most
+/// what its staged batches' mappings add to the process's resident set.
+pub const shard_maps_bytes_max = 256 << 20;
+/// Shards a dataset's `ShardMaps` maps at most: each mapping is one of the process's
+/// memory map areas (`vm.max_map_count`, 65,530 by default), and a dataset of many
+/// small caches must not use them up.
+pub const shard_maps_max = 1024;
+
+/// A dataset's read-only shared mappings of whole shards, used by its pool jobs (staged
+/// batches, `read/adjacent.zig` `Fill`) to copy resident payloads straight out of the
+/// page cache: a shard is mapped on first use and stays mapped until the dataset is
+/// closed, so every later epoch copies from pages already mapped (no system call, no
+/// page-cache lookup, no page fault; mappings made and dropped per iterator cost as much
+/// as the reads they replace, see benchmarks/README.md round 20).
+///
+/// A shard is mapped only when its file is at least its manifest length (as `Maps`);
+/// touching a page of a shard truncated after that raises SIGBUS, the risk `Maps` and
+/// the mapped index.bin carry. At most `budget` bytes are mapped: a shard asked for when
+/// it does not fit, or past `shard_maps_max` shards, is never mapped (its runs are read
+/// with `pread`), so nothing is ever
+/// unmapped while a job may copy from it. Thread-safe: the table is used under `mutex`
+/// (one hash lookup per shard a job meets); a mapping, once made, never changes.
+pub const ShardMaps = struct {
+    mutex: std.Thread.Mutex = .{},
+    budget: u64 = shard_maps_bytes_max,
+    mapped_bytes: u64 = 0,
+    mapped_count: usize = 0,
+    /// Per shard asked for: its mapping (its manifest length), or empty when it is not
+    /// mapped (file too short, mmap failed, over the budget or the count).
+    shards: std.AutoHashMapUnmanaged(Key, []align(std.heap.page_size_min) const u8) = .empty,
+
+    /// The mapping of shard `key` (`shard_len` bytes long in its manifest, open as `fd`),
+    /// made on the first call for it; null when it is not mapped. Valid until `deinit`.
+    pub fn get(m: *ShardMaps, gpa: std.mem.Allocator, key: Key, shard_len: u64, fd: posix.fd_t) ?[]const u8 {
+        m.mutex.lock();
+        defer m.mutex.unlock();
+        const entry = m.shards.getOrPut(gpa, key) catch return null;
+        if (!entry.found_existing) entry.value_ptr.* = m.map(shard_len, fd);
+        const bytes = entry.value_ptr.*;
+        return if (bytes.len == 0) null else bytes;
+    }
+
+    fn map(m: *ShardMaps, shard_len: u64, fd: posix.fd_t) []align(std.heap.page_size_min) const u8 {
+        if (shard_len == 0 or shard_len > std.math.maxInt(usize) or shard_len > m.budget - m.mapped_bytes or m.mapped_count == shard_maps_max) return &.{};
+        const st = posix.fstat(fd) catch return &.{};
+        if (st.size < 0 or @as(u64, @intCast(st.size)) < shard_len) return &.{};
+        const bytes = posix.mmap(null, @intCast(shard_len), posix.PROT.READ, .{ .TYPE = .SHARED }, fd, 0) catch return &.{};
+        m.mapped_bytes += shard_len;
+        m.mapped_count += 1;
+        return bytes;
+    }
+
+    pub fn deinit(m: *ShardMaps, gpa: std.mem.Allocator) void {
+        var it = m.shards.valueIterator();
+        while (it.next()) |bytes| if (bytes.len > 0) posix.munmap(bytes.*);
+        m.shards.deinit(gpa);
+        m.* = .{};
+    }
+};
+
+/// Whether every page of `[offset, offset + len)` of `fd`, mapped whole at `bytes`, is
+/// in the page cache now (`rangeCached`, else `mincore` of the mapping: before Linux
+/// 6.5, or for a file this user could not write, whose unmapped pages `mincore` does not
+/// report, which then counts as not resident). Pre: the range is inside `bytes`.
+pub fn mappedResident(fd: posix.fd_t, bytes: []const u8, offset: u64, len: u64) bool {
+    std.debug.assert(len > 0 and offset + len <= bytes.len);
+    if (rangeCached(fd, offset, len)) return true;
+    const page = std.heap.pageSize();
+    var at: usize = @intCast(offset / page * page);
+    const end: usize = @intCast(offset + len);
+    var vec: [256]u8 = undefined;
+    while (at < end) {
+        const n = @min(end - at, vec.len * page);
+        posix.mincore(@constCast(@alignCast(bytes.ptr + at)), n, &vec) catch return false;
+        for (vec[0 .. (n + page - 1) / page]) |v| if (v & 1 == 0) return false;
+        at += n;
+    }
+    return true;
+}
+
 /// The tests' opener: every key opens the file "a" of `dir`, counting the opens.
 const TestOpener = struct {
     dir: std.fs.Dir,
@@ -839,4 +919,28 @@ test "willNeed is only a hint: a bad descriptor or a range past the end is ignor
     var buf: [3]u8 = undefined;
     try std.testing.expectEqual(@as(usize, 3), try f.preadAll(&buf, 0));
     try std.testing.expectEqualStrings("abc", &buf);
+}
+
+test "ShardMaps maps a shard once, within the budget, only when its file is long enough" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.writeFile(.{ .sub_path = "a", .data = "0123456789" });
+    const f = try tmp.dir.openFile("a", .{});
+    defer f.close();
+    const gpa = std.testing.allocator;
+    var maps: ShardMaps = .{ .budget = 16 };
+    defer maps.deinit(gpa);
+    const k0: Key = .{ .cache = 0, .shard_id = 0 };
+    const a = maps.get(gpa, k0, 10, f.handle).?;
+    try std.testing.expectEqualStrings("0123456789", a);
+    try std.testing.expectEqual(a.ptr, maps.get(gpa, k0, 10, f.handle).?.ptr);
+    // Just written, so resident (mincore reports the pages of a file this user wrote).
+    try std.testing.expect(mappedResident(f.handle, a, 3, 5));
+    // Longer than its file, or past what the budget has left: never mapped.
+    try std.testing.expect(maps.get(gpa, .{ .cache = 1, .shard_id = 0 }, 11, f.handle) == null);
+    try std.testing.expect(maps.get(gpa, .{ .cache = 2, .shard_id = 0 }, 7, f.handle) == null);
+    try std.testing.expect(maps.get(gpa, .{ .cache = 2, .shard_id = 0 }, 7, f.handle) == null);
+    try std.testing.expectEqual(@as(u64, 10), maps.mapped_bytes);
+    try std.testing.expectEqualStrings("012345", maps.get(gpa, .{ .cache = 3, .shard_id = 0 }, 6, f.handle).?);
+    try std.testing.expectEqual(@as(u64, 16), maps.mapped_bytes);
 }

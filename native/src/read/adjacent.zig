@@ -211,22 +211,24 @@ pub const Ring = struct {
 };
 
 /// A contiguous batch read ahead straight into the caller's memory (`Iter.stageBatch`):
-/// runs of adjacent records (planned by the consumer from index rows) read one after the
-/// other by one pool job into `dest`, each at the end of the payloads before it, and
-/// compacted there (each record's header and JSON dropped, its payload moved down over
-/// them) while the run is in the reading core's caches. The payloads then lie back to
-/// back from `dest[0]` as the batch wants them: the consumer only records where they are
-/// (no copy on its thread). Only bytes in the page cache are read (`files.readResident`);
-/// the job stops at the first run that is not, or at the first record that does not
-/// split, leaving the rest of the batch to the usual paths (which read it again and meet
-/// its errors).
+/// runs of adjacent records (planned by the consumer from index rows) placed one after
+/// the other by one pool job in `dest`, each record's payload right after the payloads
+/// before it (its header and JSON dropped). A run of a shard the dataset keeps mapped
+/// (`files.ShardMaps`) has each payload copied straight out of the mapping; any other is
+/// read into `dest` at the end of the payloads before it and compacted there (each
+/// payload moved down over its header and JSON) while the run is in the reading core's
+/// caches. The payloads then lie back to back from `dest[0]` as the batch wants them: the
+/// consumer only records where they are (no copy on its thread). Only bytes in the page
+/// cache are copied (`files.mappedResident`, `files.readResident`); the job stops at the
+/// first run that is not, or at the first record that does not split, leaving the rest
+/// of the batch to the usual paths (which read it again and meet its errors).
 ///
 /// Bounded: the run list and lengths hold at most the staged batch's records (its
 /// `max_count`), reused from batch to batch; the bytes are the caller's.
 ///
-/// Invariants: while `active`, the job owns `dest`, `runs`, `lens`, `handles` and
-/// `placed_lens` until `settle` returns; each handle pins its run's shard descriptor
-/// until `release`.
+/// Invariants: while `active`, the job owns `dest`, `runs`, `lens`, `sources` and
+/// `placed_lens` until `settle` returns; each source's handle pins its run's shard
+/// descriptor until `release`; a mapping outlives the job (the dataset's).
 pub const Fill = struct {
     task: runtime.Task = .init(runJob),
     active: bool = false,
@@ -238,10 +240,10 @@ pub const Fill = struct {
     max_count: u64 = 0,
     whole: bool = false,
     /// The runs in plan order (each continuing the previous one), their records'
-    /// lengths back to back, and each run's pinned shard descriptor.
+    /// lengths back to back, and where each run's bytes come from.
     runs: std.ArrayList(Run) = .empty,
     lens: std.ArrayList(u64) = .empty,
-    handles: std.ArrayList(files_mod.Files.Handle) = .empty,
+    sources: std.ArrayList(Source) = .empty,
     /// Set by the job: the payload length of each record it placed (a prefix of the
     /// runs' records: `placed` of them, `placed_bytes` in all from `dest[0]`).
     placed_lens: []u64 = &.{},
@@ -252,7 +254,7 @@ pub const Fill = struct {
         std.debug.assert(!f.active);
         f.runs.deinit(gpa);
         f.lens.deinit(gpa);
-        f.handles.deinit(gpa);
+        f.sources.deinit(gpa);
         gpa.free(f.placed_lens);
         f.* = .{};
     }
@@ -263,7 +265,7 @@ pub const Fill = struct {
         std.debug.assert(!f.active);
         f.runs.clearRetainingCapacity();
         f.lens.clearRetainingCapacity();
-        f.handles.clearRetainingCapacity();
+        f.sources.clearRetainingCapacity();
         try f.lens.ensureTotalCapacity(gpa, records);
         if (f.placed_lens.len < records) {
             gpa.free(f.placed_lens);
@@ -277,15 +279,22 @@ pub const Fill = struct {
         return f.lens.unusedCapacitySlice();
     }
 
+    /// A run's shard: its pinned descriptor, and its whole mapping when the dataset keeps
+    /// one (`files.ShardMaps`).
+    pub const Source = struct {
+        handle: files_mod.Files.Handle,
+        mapping: ?[]const u8 = null,
+    };
+
     /// Appends `run` (its lengths written to `lensRoom()[0..run.count]`) with its
-    /// shard's pinned descriptor.
-    pub fn add(f: *Fill, gpa: std.mem.Allocator, run: Run, handle: files_mod.Files.Handle) error{OutOfMemory}!void {
+    /// shard's source.
+    pub fn add(f: *Fill, gpa: std.mem.Allocator, run: Run, source: Source) error{OutOfMemory}!void {
         std.debug.assert(run.count <= f.lensRoom().len);
         if (f.runs.items.len > 0) std.debug.assert(run.first == f.runs.items[f.runs.items.len - 1].end());
         try f.runs.ensureUnusedCapacity(gpa, 1);
-        try f.handles.ensureUnusedCapacity(gpa, 1);
+        try f.sources.ensureUnusedCapacity(gpa, 1);
         f.runs.appendAssumeCapacity(run);
-        f.handles.appendAssumeCapacity(handle);
+        f.sources.appendAssumeCapacity(source);
         f.lens.items.len += run.count;
     }
 
@@ -331,8 +340,8 @@ pub const Fill = struct {
     /// Unpins the runs' descriptors (of runs planned but not started, or released).
     pub fn unpin(f: *Fill, files: *files_mod.Files) void {
         std.debug.assert(!f.active or f.task.is(runtime.Task.done));
-        for (f.handles.items) |h| files.release(h);
-        f.handles.clearRetainingCapacity();
+        for (f.sources.items) |src| files.release(src.handle);
+        f.sources.clearRetainingCapacity();
     }
 
     fn runJob(job: *runtime.Job) void {
@@ -342,22 +351,53 @@ pub const Fill = struct {
         task.finish();
     }
 
+    /// Bytes `[start, end)` of shard `key` known to be in the page cache (`fill`).
+    const Resident = struct { key: ?files_mod.Key = null, start: u64 = 0, end: u64 = 0 };
+
+    /// Run `i`'s shard mapping, when it has one and the run's bytes are in the page
+    /// cache: checked once for it and the runs of its shard that follow it back to back
+    /// (remembered in `resident`).
+    fn residentMapping(f: *const Fill, i: usize, resident: *Resident) ?[]const u8 {
+        const run = f.runs.items[i];
+        const src = f.sources.items[i];
+        const mapping = src.mapping orelse return null;
+        if (resident.key) |key| {
+            if (std.meta.eql(key, run.key) and run.offset >= resident.start and run.offset + run.len <= resident.end) return mapping;
+        }
+        var end = run.offset + run.len;
+        for (f.runs.items[i + 1 ..]) |next| {
+            if (!std.meta.eql(next.key, run.key) or next.offset != end) break;
+            end += next.len;
+        }
+        if (!files_mod.mappedResident(src.handle.fd, mapping, run.offset, end - run.offset)) return null;
+        resident.* = .{ .key = run.key, .start = run.offset, .end = end };
+        return mapping;
+    }
+
     fn fill(f: *Fill) void {
         var to: usize = 0; // payload bytes placed so far
         var placed: usize = 0;
         var record: usize = 0; // index of the run's first record in `lens`
-        runs: for (f.runs.items, f.handles.items) |run, handle| {
+        var resident: Resident = .{};
+        runs: for (f.runs.items, f.sources.items, 0..) |run, src, i| {
             const len: usize = @intCast(run.len);
             // Fits: `start` checked that all runs do, and the payloads before take less.
             std.debug.assert(len <= f.dest.len - to);
-            if (!files_mod.readResident(handle.fd, f.dest[to..][0..len], run.offset)) break;
-            var at = to; // where the run's next record starts
+            // The run's records: in its shard's mapping, or read into `dest` right after
+            // the payloads before.
+            const from: []const u8, var at: usize = if (f.residentMapping(i, &resident)) |mapping|
+                .{ mapping, @intCast(run.offset) }
+            else blk: {
+                if (!files_mod.readResident(src.handle.fd, f.dest[to..][0..len], run.offset)) break :runs;
+                break :blk .{ f.dest, to };
+            };
             for (f.lens.items[record..][0..run.count]) |record_len64| {
                 const record_len: usize = @intCast(record_len64);
-                const offset = shard.payloadOffset(f.dest[at..][0..record_len]) orelse break :runs;
+                const offset = shard.payloadOffset(from[at..][0..record_len]) orelse break :runs;
                 const n = record_len - offset;
-                // Down over the headers and JSON before it (`to <= at`).
-                @memmove(f.dest[to..][0..n], f.dest[at + offset ..][0..n]);
+                // Out of the mapping, or down over the headers and JSON before it in
+                // `dest` (`to <= at`).
+                @memmove(f.dest[to..][0..n], from[at + offset ..][0..n]);
                 f.placed_lens[placed] = n;
                 placed += 1;
                 to += n;
@@ -465,7 +505,7 @@ test "splitRun finds each payload and stops at the first record that does not sp
     try testing.expectEqual(@as(usize, 0), splitRun(bytes[0..0], &.{}, &starts));
 }
 
-test "Fill reads runs into the caller's memory with the payloads back to back, stopping where a run or record fails" {
+test "Fill places runs in the caller's memory (read, or copied out of the mapping) with the payloads back to back, stopping where a run or record fails" {
     const rt = try runtime.Runtime.open(testing.allocator, 2);
     defer rt.release();
     var tmp = testing.tmpDir(.{});
@@ -493,18 +533,21 @@ test "Fill reads runs into the caller's memory with the payloads back to back, s
     defer files.deinit();
     const opener: TestOpener = .{ .dir = tmp.dir };
     const key: files_mod.Key = .{ .cache = 0, .shard_id = 0 };
+    var maps: files_mod.ShardMaps = .{};
+    defer maps.deinit(testing.allocator);
     var fill: Fill = .{};
     defer fill.deinit(testing.allocator);
     var dest: [256]u8 = undefined;
     // Runs {0, 1} and {2, 3} (stopping at record 2), then {0} and {1} in memory just as
-    // long as the records.
+    // long as the records; each run read, or copied out of the shard's mapping (`mapped`:
+    // a bit per run), or some of each.
     const plans = [_]struct { runs: []const [2]usize, placed: []const u8 }{
         .{ .runs = &.{ .{ 0, 2 }, .{ 2, 4 } }, .placed = "abcdefghij" },
         .{ .runs = &.{ .{ 0, 1 }, .{ 1, 2 } }, .placed = "abcdefghij" },
     };
-    for (plans) |plan| {
+    for (plans) |plan| for (0..4) |mapped| {
         try fill.begin(testing.allocator, 8);
-        for (plan.runs) |r| {
+        for (plan.runs, 0..) |r, i| {
             var offset: u64 = 0;
             for (lens[0..r[0]]) |len| offset += len;
             var len: u64 = 0;
@@ -513,12 +556,16 @@ test "Fill reads runs into the caller's memory with the payloads back to back, s
                 len += l;
             }
             const run: Run = .{ .key = key, .offset = offset, .len = len, .first = r[0], .sample_id = r[0], .count = r[1] - r[0] };
-            try fill.add(testing.allocator, run, try files.acquire(key, opener));
+            const handle = try files.acquire(key, opener);
+            const mapping = if (mapped >> @intCast(i) & 1 != 0) maps.get(testing.allocator, key, at, handle.fd).? else null;
+            try fill.add(testing.allocator, run, .{ .handle = handle, .mapping = mapping });
         }
         @memset(&dest, '!');
         fill.start(&rt.pool, dest[0..@intCast(fill.bytes())], 0, 4, true);
         fill.settle(&rt.pool);
-        // A kernel without RWF_NOWAIT for buffered reads refuses the reads: nothing placed.
+        // A kernel without RWF_NOWAIT for buffered reads refuses the reads: nothing placed
+        // (but a mapped first run is copied: the file was just written).
+        if (mapped & 1 != 0) try testing.expect(fill.placed > 0);
         if (fill.placed > 0) {
             try testing.expectEqualStrings(plan.placed, dest[0..fill.placed_bytes]);
             var total: usize = 0;
@@ -526,5 +573,5 @@ test "Fill reads runs into the caller's memory with the payloads back to back, s
             try testing.expectEqual(fill.placed_bytes, total);
         }
         fill.release(&rt.pool, &files);
-    }
+    };
 }

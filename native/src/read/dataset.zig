@@ -170,6 +170,10 @@ pub const Dataset = struct {
     /// the dataset.
     spare: []u8 = &.{},
 
+    /// Whole shards of local caches mapped for the iterators' staged batches
+    /// (`shardMapping`), until the dataset is closed.
+    shard_maps: files.ShardMaps = .{},
+
     /// `migrateManifests` runs one at a time; the resolved paths of the last one live in
     /// `migration_arena` until the next one or close.
     migration_mutex: std.Thread.Mutex = .{},
@@ -282,6 +286,7 @@ pub const Dataset = struct {
         gpa.free(ds.prefix);
         ds.ids.deinit(gpa);
         freeUninit(gpa, ds.spare);
+        ds.shard_maps.deinit(gpa);
         ds.migration_arena.deinit();
         ds.runtime.release();
         gpa.destroy(ds);
@@ -324,6 +329,16 @@ pub const Dataset = struct {
             return o.ds.caches[key.cache].openShard(key.shard_id);
         }
     };
+
+    /// The whole mapping of shard `key`, open as `fd`, that the dataset keeps
+    /// (`files.ShardMaps`: made on first use, within its budget), or null: the shard is not
+    /// mapped, or belongs to a remote cache (whose shard cache may delete the file: a
+    /// mapping would keep its disk space until close). Thread-safe.
+    pub fn shardMapping(ds: *Dataset, key: files.Key, fd: std.posix.fd_t) ?[]const u8 {
+        const c = &ds.caches[key.cache];
+        if (c.url != null) return null;
+        return ds.shard_maps.get(ds.gpa, key, c.manifest.shards[@intCast(key.shard_id)].byte_len, fd);
+    }
 
     /// Counts one read by an iterator backend (`kind`) or by a lookup (null).
     pub fn countRead(ds: *Dataset, kind: ?io.Kind, bytes: u64) void {

@@ -121,10 +121,14 @@ const staged_batches_max = 2;
 
 /// Batches whose records take fewer bytes are not staged (`Iter.stageBatch`): below it the
 /// job, its wake-up and the caller's memory for it cost about what the copy they save
-/// does (W1 batches staged against not, one process alternating: 1 and 16 samples 0.57x
-/// and 0.65x, 512 (300 KiB) and 1,024 (600 KiB) 0.95x and 0.98x, 2,048 (1.2 MiB) 1.20x,
-/// 4,096 1.33x; benchmarks/README.md, round 19).
+/// does. Jobs whose runs are all copied out of the dataset's shard mappings cost less
+/// than reads, so such batches are staged from `staged_mapped_bytes_min`. W1 batches
+/// staged against not, one process alternating (benchmarks/README.md rounds 19 and 20):
+/// read, 1 and 16 samples 0.57x and 0.65x, 512 (300 KiB) and 1,024 (600 KiB) 0.95x and
+/// 0.98x, 2,048 (1.2 MiB) 1.20x, 4,096 1.33x; mapped, 256 (150 KiB) 0.77x, 480 (264 KiB)
+/// 1.05x, 512 1.45-1.6x, 1,024 1.26-1.29x.
 const staged_bytes_min = 1 << 20;
+const staged_mapped_bytes_min = 256 << 10;
 
 /// Records at most in one run of `Iter.takeAdjacent` (its scratch arrays hold this many;
 /// the run's bytes are bounded by `adjacent_read_max` too).
@@ -413,9 +417,9 @@ pub const Iter = struct {
     adjacent_records: u64 = 0,
     /// Of those, the ones taken from a staged batch (`takeStaged`; tests check it ran).
     staged_records: u64 = 0,
-    /// Batches whose records take fewer bytes are not staged (tests lower it: the
-    /// fixtures' batches are small).
-    stage_min: u64 = staged_bytes_min,
+    /// Batches whose records take fewer bytes are not staged, read or all mapped (tests
+    /// lower them: the fixtures' batches are small).
+    stage_min: struct { read: u64 = staged_bytes_min, mapped: u64 = staged_mapped_bytes_min } = .{},
     /// Records at least this long may be read straight into a batch's destination
     /// (`takeDirect`; tests lower it, the fixtures' records are small), and how many were.
     direct_min: u64 = direct_record_min,
@@ -1111,10 +1115,13 @@ pub const Iter = struct {
         const f = slot;
         try f.begin(ds.gpa, @intCast(@min(end - start, staged_records_max) + adjacent_records_max));
         var k = start;
+        var all_mapped = true;
         while (k < end and f.lens.items.len < staged_records_max) {
             const run = it.planRun(k, end, f.lensRoom()) orelse break;
             const handle = it.files.acquire(run.key, Dataset.ShardOpener{ .ds = ds }) catch break;
-            f.add(ds.gpa, run, handle) catch |err| {
+            const mapping = ds.shardMapping(run.key, handle.fd);
+            all_mapped = all_mapped and mapping != null;
+            f.add(ds.gpa, run, .{ .handle = handle, .mapping = mapping }) catch |err| {
                 it.files.release(handle);
                 f.unpin(&it.files);
                 return err;
@@ -1122,7 +1129,7 @@ pub const Iter = struct {
             k = run.end();
         }
         const needed = f.bytes();
-        if (f.runs.items.len == 0 or needed < it.stage_min) {
+        if (f.runs.items.len == 0 or needed < if (all_mapped) it.stage_min.mapped else it.stage_min.read) {
             f.unpin(&it.files);
             return 0;
         }
@@ -2133,15 +2140,18 @@ fn expectStagedBatches(backend: io.Kind) !void {
             }
         }
     };
-    for ([_]bool{ false, true }) |shuffle| {
+    // Staged runs copied out of the dataset's shard mappings (`mapped`), or read (a
+    // mapping budget of 0: no shard is mapped).
+    for ([_]bool{ false, true }) |shuffle| for ([_]bool{ true, false }) |mapped| {
         var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 64, .shuffle = shuffle });
         defer env.close();
+        if (!mapped) env.ds.shard_maps.budget = 0;
         for ([_]u64{ 1, 7, 100 }) |max_count| for ([_]u64{ 0, 3 }) |drop_every| {
-            errdefer std.debug.print("shuffle {} max_count {d} drop_every {d}\n", .{ shuffle, max_count, drop_every });
+            errdefer std.debug.print("shuffle {} mapped {} max_count {d} drop_every {d}\n", .{ shuffle, mapped, max_count, drop_every });
             const it = try env.openIter();
             defer it.close();
             it.batch.stored_metadata = true;
-            it.stage_min = 0;
+            it.stage_min = .{ .read = 0, .mapped = 0 };
             // Nothing before the first batch; asking (no memory) stages nothing.
             try testing.expectEqual(@as(u64, 0), try it.stageBatch(max_count, bufs[0]));
             const k, const failed = try Run.read(&env, it, &bufs, max_count, drop_every, true);
@@ -2150,15 +2160,19 @@ fn expectStagedBatches(backend: io.Kind) !void {
             // Ordered windows' batches after the first were staged (the lz4 cache's
             // records are not: they are read the usual way).
             try testing.expectEqual(!shuffle, it.staged_records > 0);
+            try testing.expectEqual(!shuffle and mapped, env.ds.shard_maps.mapped_bytes > 0);
         };
         // Closed with two batches staged: no worker writes freed memory, nothing leaks.
         const it = try env.openIter();
         it.batch.stored_metadata = true;
         try testing.expect(try it.stageBatch(2, bufs[1]) == 0); // before the first batch
         _ = try it.nextBatchInto(1, bufs[0]);
-        // Too small to be worth staging at the default minimum.
+        // Too small to be worth staging at the default minimums.
         try testing.expectEqual(@as(u64, 0), try it.stageBatch(2, bufs[1]));
-        it.stage_min = 0;
+        // The minimum of batches read applies unless every run is copied out of a mapping.
+        it.stage_min = .{ .read = std.math.maxInt(u64), .mapped = 0 };
+        try testing.expectEqual(!shuffle and mapped, try it.stageBatch(2, &.{}) > 0);
+        it.stage_min = .{ .read = 0, .mapped = 0 };
         try testing.expect(!shuffle or try it.stageBatch(2, &.{}) == 0);
         if (!shuffle) {
             try testing.expect(try it.stageBatch(2, &.{}) > 0); // only asks
@@ -2168,7 +2182,7 @@ fn expectStagedBatches(backend: io.Kind) !void {
             try testing.expectEqual(@as(u64, 0), try it.stageBatch(2, bufs[0])); // two at most
         }
         it.close();
-    }
+    };
     {
         // One worker: nothing is staged.
         var env = try helpers.Env.openFixtures(gpa, &helpers.same_schema, .{ .backend = backend, .prefetch_size = 64, .workers = 1 });
@@ -2176,7 +2190,7 @@ fn expectStagedBatches(backend: io.Kind) !void {
         const it = try env.openIter();
         defer it.close();
         it.batch.stored_metadata = true;
-        it.stage_min = 0;
+        it.stage_min = .{ .read = 0, .mapped = 0 };
         _ = try it.nextBatchInto(1, bufs[0]);
         try testing.expectEqual(@as(u64, 0), try it.stageBatch(2, bufs[1]));
     }
@@ -2195,19 +2209,21 @@ fn expectStagedBatches(backend: io.Kind) !void {
     }
     const path = try tmp.dir.realpathAlloc(gpa, "plain_one_shard");
     defer gpa.free(path);
-    var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = 64 });
-    defer env.close();
-    for ([_]u64{ 2, 3 }) |max_count| {
+    for ([_]bool{ true, false }) |mapped| for ([_]u64{ 2, 3 }) |max_count| {
+        var env = try helpers.Env.open(gpa, &.{path}, &.{"plain_one_shard"}, .{ .backend = backend, .prefetch_size = 64 });
+        defer env.close();
+        if (!mapped) env.ds.shard_maps.budget = 0;
         const it = try env.openIter();
         defer it.close();
         it.batch.stored_metadata = true;
-        it.stage_min = 0;
+        it.stage_min = .{ .read = 0, .mapped = 0 };
         const k, const failed = try Run.read(&env, it, &bufs, max_count, 0, false);
         try testing.expect(failed);
         try testing.expectEqualStrings("invalid binary record", status.lastMessage());
         // Batches before the corrupt record's whole, the one holding it cut before it.
         try testing.expectEqual(@as(u64, 5), k);
-    }
+        try testing.expectEqual(mapped, env.ds.shard_maps.mapped_bytes > 0);
+    };
 }
 
 test "iterator (io_uring): staged batches are read into the caller's memory ahead" {
