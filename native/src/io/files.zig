@@ -551,11 +551,12 @@ pub const shard_maps_max = 1024;
 ///
 /// A shard is mapped only when its file is at least its manifest length (as `Maps`);
 /// touching a page of a shard truncated after that raises SIGBUS, the risk `Maps` and
-/// the mapped index.bin carry. At most `budget` bytes are mapped: a shard asked for when
-/// it does not fit, or past `shard_maps_max` shards, is never mapped (its runs are read
-/// with `pread`), so nothing is ever
-/// unmapped while a job may copy from it. Thread-safe: the table is used under `mutex`
-/// (one hash lookup per shard a job meets); a mapping, once made, never changes.
+/// the mapped index.bin carry (a job first checks that its runs are in the page cache,
+/// which pages past a truncated end are not). At most `budget` bytes are mapped: a shard
+/// asked for when it does not fit, or past `shard_maps_max` shards, is never mapped (its
+/// runs are read with `pread`), so nothing is ever unmapped while a job may copy from
+/// it. Thread-safe: the table is used under `mutex` (one hash lookup per run planned); a
+/// mapping, once made, never changes.
 pub const ShardMaps = struct {
     mutex: std.Thread.Mutex = .{},
     budget: u64 = shard_maps_bytes_max,
@@ -607,7 +608,7 @@ pub fn mappedResident(fd: posix.fd_t, bytes: []const u8, offset: u64, len: u64) 
     var vec: [256]u8 = undefined;
     while (at < end) {
         const n = @min(end - at, vec.len * page);
-        posix.mincore(@constCast(@alignCast(bytes.ptr + at)), n, &vec) catch return false;
+        posix.mincore(@alignCast(@constCast(bytes.ptr + at)), n, &vec) catch return false;
         for (vec[0 .. (n + page - 1) / page]) |v| if (v & 1 == 0) return false;
         at += n;
     }
