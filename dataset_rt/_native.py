@@ -1214,9 +1214,9 @@ class Iterator(_Handle):
         return Batch(raw), bool(placed)
 
     def stage_batch(self, max_count: int, destination: Any) -> int:
-        """``drt_iter_stage_batch`` (ABI 1.14): lets a worker read the next
-        ``next_batch_into(max_count, flags, destination)`` batch straight into the
-        writable buffer ``destination`` (None: only ask). Returns the bytes it needs for
+        """``drt_iter_stage_batch`` (ABI 1.14): lets a worker place the payloads of the
+        next ``next_batch_into(max_count, flags, destination)`` batch in the writable
+        buffer ``destination`` now (None: only ask). Returns the bytes it needs for
         that (0: the batch cannot be staged); nothing is staged when ``destination`` is
         shorter. While staged, the caller keeps ``destination`` alive and untouched until
         its next call on the iterator returns or the iterator is closed."""

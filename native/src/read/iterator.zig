@@ -32,10 +32,11 @@
 //! batch while the caller works on this one.
 //!
 //! A caller that knows the memory of its next batches may stage them (`stageBatch`, two
-//! at most): one pool job per batch reads its runs straight into that memory and moves
-//! each payload down over its header and JSON (`adjacent_mod.Fill`), and the call that
-//! reaches the batch only records where the payloads lie (`takeStaged`): no copy on the
-//! caller's thread, whose copy out of the read-ahead was most of a W1 batch's time.
+//! at most): one pool job per batch places their payloads in that memory, back to back
+//! (`adjacent_mod.Fill`: copied out of the dataset's mappings of their shards, or each
+//! run read there and each payload moved down over its header and JSON), and the call
+//! that reaches the batch only records where the payloads lie (`takeStaged`): no copy on
+//! the caller's thread, whose copy out of the read-ahead was most of a W1 batch's time.
 //!
 //! A caller may also give buffers for the payloads read next (`givePayloadBuffers`;
 //! Python's per-sample iteration gives the `bytes` objects it hands out): a large
@@ -1083,10 +1084,10 @@ pub const Iter = struct {
     /// Stages a contiguous batch (see drt_iter_stage_batch): the batch after those staged
     /// already (at most `staged_batches_max`; the first one from the next position) when
     /// its `max_count` samples (or those up to the end of the window) are runs of
-    /// adjacent records that `takeAdjacent` would take and their records' bytes fit in
-    /// `dest`: one pool job starts reading them into `dest` (`adjacent_mod.Fill`), and
-    /// the `nextBatchInto(max_count, dest)` that reaches them takes them without
-    /// copying. Returns the bytes `dest` needs for that (0: it cannot be staged); nothing
+    /// adjacent records that `takeAdjacent` would take, their records' bytes reach the
+    /// staging minimum (`stage_min`) and fit in `dest`: one pool job starts placing their
+    /// payloads in `dest` (`adjacent_mod.Fill`), and the `nextBatchInto(max_count, dest)`
+    /// that reaches them takes them without copying. Returns the bytes `dest` needs for that (0: it cannot be staged); nothing
     /// is staged when `dest` is shorter. A next call that is not the first staged
     /// batch's drops every staged batch (waiting for their jobs), and so does `close`:
     /// `dest` is not written after either returns.
