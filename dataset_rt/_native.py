@@ -1487,10 +1487,11 @@ def row_getter(
 
     The payload and string bytes: rows of one shape (payload length and every string's
     length) are the common case (fixed-size records, constant strings), so once two rows
-    in a row missed with the same shape, a second precompiled unpack for that shape
-    (``_shape_unpacker``) makes them in one C call (``bytes`` objects, then one
-    ``decode`` per string); a row of another shape is cut out with memoryview slices.
-    Both give equal values.
+    in a row had the same shape, one precompiled unpack for that shape
+    (``_shape_unpacker``) makes the header's values and the ``bytes`` objects in one C
+    call (then one ``decode`` per string); a row whose header says another shape (its
+    bytes taken by that unpack are dropped: the buffer never shrinks, so the unpack stays
+    inside it) is cut out with memoryview slices. Both give equal values.
 
     Argument errors are ``get_item``'s: ``TypeError`` unless both are ``int``, and for an
     ``int`` that does not fit in 64 bits unsigned (cffi refuses it with ``OverflowError``
@@ -1506,14 +1507,15 @@ def row_getter(
     layout = "<8xQ" + "".join(codes[int(kind)] for kind in kinds)
     header = 16 + 8 * len(kinds)
     slots = ", ".join(["n", *(f"v{i}" for i in range(len(kinds)))])
-    unpack = f"            {slots}, = _unpack(view)"
     strings = [i for i, kind in enumerate(kinds) if int(kind) == int(Kind.STRING)]
     # The shape of a row: its payload length and string lengths (as `shape` spells it).
     shape = "(" + "".join(f"{v}, " for v in ["n", *(f"v{i}" for i in strings)]) + ")"
     same = " and ".join(["n == _n", *(f"v{i} == _m{i}" for i in strings)])
     lines = [
         "def build(_acquire, _release, _ptr, _sample_type, _refusal, _grow, view, capacity):",
-        "    _shaped = _missed = None",
+        # Until a shape repeats: the header's values and empty bytes, which `same` refuses.
+        f"    _shaped = _shape_unpacker({layout!r}, {tuple(0 for _ in range(1 + len(strings)))!r})",
+        "    _missed = None",
         "    _n = " + " = ".join(f"_m{i}" for i in strings) + (" = " if strings else "") + "-1",
         "    def get_row(cache_id, sample_id):",
         "        nonlocal view, capacity, _shaped, _missed, "
@@ -1532,11 +1534,12 @@ def row_getter(
         "                view = _grow(size)",
         "                capacity = size",
         "                _check(min(0, _row(_ptr, cache_id, sample_id)))",
-        unpack,
+        f"            {slots}, data, " + "".join(f"b{i}, " for i in strings) + "= _shaped(view)",
         f"            if {same}:",
-        "                " + ", ".join(["data", *(f"b{i}" for i in strings)]) + ", = _shaped(view)",
     ]
-    lines += [f"                s{i} = b{i}.decode('utf-8')" for i in strings]
+    lines += [f"                s{i} = b{i}.decode()" for i in strings]
+    if not strings:
+        lines.append("                pass")
     lines += [
         "            else:",
         f"                at = {header} + n",
@@ -1547,7 +1550,7 @@ def row_getter(
         lines.append(f"                at += v{i}")
     lines += [
         f"                if {shape} == _missed:",
-        f"                    _shaped = _shape_unpacker({header}, {shape})",
+        f"                    _shaped = _shape_unpacker({layout!r}, {shape})",
         "                    " + " = ".join(["_n", "n"]),
     ]
     lines += [f"                    _m{i} = v{i}" for i in strings]
@@ -1569,7 +1572,6 @@ def row_getter(
     )
     lines.append("    return get_row")
     namespace: dict[str, Any] = {
-        "_unpack": struct.Struct(layout).unpack_from,
         "_row": lib.drt_lookup_row,
         "_fail": _row_failure,
         "_REFUSED": _REFUSED,
@@ -1593,11 +1595,11 @@ def row_getter(
 
 
 @functools.lru_cache(maxsize=64)
-def _shape_unpacker(header: int, shape: tuple[int, ...]) -> Callable[[Any], tuple[bytes, ...]]:
+def _shape_unpacker(layout: str, shape: tuple[int, ...]) -> Callable[[Any], tuple[Any, ...]]:
     """The ``unpack_from`` of a packed row (``drt_lookup_get_row``) whose payload and
-    string values have the lengths ``shape``, after its ``header`` bytes: one ``bytes``
-    object each."""
-    return struct.Struct(f"{header}x" + "".join(f"{length}s" for length in shape)).unpack_from
+    string values have the lengths ``shape``: the values ``layout`` (its header's struct
+    format) gives, then one ``bytes`` object per length."""
+    return struct.Struct(layout + "".join(f"{length}s" for length in shape)).unpack_from
 
 
 _INT, _FLOAT, _BOOL = int(Kind.INT), int(Kind.FLOAT), int(Kind.BOOL)

@@ -483,7 +483,9 @@ class CachedDataset:
         """``get_item`` before the first read: refuses bad arguments as every later call
         does (before any native call), then opens the lookup handle if ``get_items`` has
         not, binds the row getter to it (``_native.row_getter``: the argument checks, the
-        lock, one C call, the unpacking) and reads through it from now on."""
+        lock, one C call, the unpacking) and reads through it from now on: the getter is
+        also the instance's own ``get_item`` attribute (same name, documentation and
+        behaviour as the method), so a call no longer passes through the method's frame."""
         if (
             type(cache_id) is not int
             or type(sample_id) is not int
@@ -496,7 +498,7 @@ class CachedDataset:
                 # One lookup handle (with its call buffers) per dataset, reused by every call.
                 lookup = self._lookup = _native.Lookup.open(self._handle)
             if self._get_item == self._first_get_item:
-                self._get_item = _native.row_getter(
+                getter = _native.row_getter(
                     lookup,
                     self._lookup_lock,
                     self._field_names,
@@ -504,6 +506,12 @@ class CachedDataset:
                     CachedSample,
                     _refusal,
                 )
+                method = CachedDataset.get_item
+                getter.__name__, getter.__qualname__ = method.__name__, method.__qualname__
+                getter.__doc__ = method.__doc__
+                self._get_item = getter
+                # Shadows the method (a non-data descriptor) for this instance.
+                self.__dict__["get_item"] = getter
         return self._get_item(cache_id, sample_id)
 
     # get_item's reader until the first call sets the instance's own (a closure holding

@@ -323,6 +323,23 @@ def test_get_item_refuses_arguments_alike_before_and_after_its_first_read(
             assert dataset.get_item(good_c, good_s).sample_id == good_s
 
 
+def test_get_item_keeps_its_name_and_documentation_once_bound(runtime, io_backend: str) -> None:
+    """After the first call get_item is the dataset's own row getter (no method frame):
+    it keeps the method's name, documentation and signature."""
+    import inspect
+
+    dataset = open_dataset(runtime, io_backend)
+    key = identities(dataset)[0]
+    method = type(dataset).get_item
+    for _ in range(2):
+        assert dataset.get_item.__name__ == "get_item"
+        assert dataset.get_item.__qualname__ == method.__qualname__
+        assert dataset.get_item.__doc__ == method.__doc__
+        assert list(inspect.signature(dataset.get_item).parameters) == ["cache_id", "sample_id"]
+        assert dataset.get_item(*key) == method(dataset, *key)
+    assert "get_item" in vars(dataset)  # bound by the first call
+
+
 def test_get_item_from_several_threads(runtime, io_backend: str) -> None:
     """Concurrent get_item calls share one lookup and row buffer: each gets its sample."""
     import threading
