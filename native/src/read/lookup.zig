@@ -509,12 +509,17 @@ pub const Lookup = struct {
         };
     }
 
-    /// How many identities ahead a call in random order starts loading a record's bytes
-    /// and its metadata.arrow values (enough to overlap several memory latencies).
+    /// How many identities ahead a call in random order starts loading a record's
+    /// metadata.arrow values (enough to overlap several memory latencies).
     const prefetch_distance = 8;
 
-    /// Records up to this long are loaded whole ahead of their split (`splitPlanned`).
-    const prefetch_record_bytes_max = 4096;
+    /// How many records ahead a planned call starts loading an index row (`planKeys`)
+    /// and a record's first bytes (`splitPlanned`): only the line its split reads. Loading
+    /// whole records there (up to 4 KiB each, 8 ahead) kept so many lines in flight that
+    /// the headers waited behind payload bytes: W1's 4096 random records per call took
+    /// 1.4-1.6x as long (in-process A/B, 2026-12-06). The payloads are loaded by their
+    /// copy (`batch.gatherPayloads` prefetches its own).
+    const header_prefetch_distance = 16;
 
     /// Marks a planned record's payload that is still an offset in `raw`.
     const in_raw: u64 = 1 << 63;
@@ -612,10 +617,10 @@ pub const Lookup = struct {
         var c: *const Cache = undefined;
         var span: ?*SpanRead = null;
         for (sorted, 0..) |key, k| {
-            if (k + prefetch_distance < n) {
+            if (k + header_prefetch_distance < n) {
                 // Start loading an index row a few records ahead (random calls read rows
                 // far apart).
-                const ahead = layout.locOf(layout.identityOf(sorted[k + prefetch_distance]));
+                const ahead = layout.locOf(layout.identityOf(sorted[k + header_prefetch_distance]));
                 @prefetch(ds.caches[ahead.cache].index_map.ptr + index.row_bytes * @as(usize, @intCast(ahead.sample_id)), .{});
             }
             const i = layout.positionOf(key);
@@ -677,14 +682,13 @@ pub const Lookup = struct {
         var decompressed = false;
         const records = lk.records.items;
         for (records, 0..) |*r, k| {
-            if (k + prefetch_distance < records.len) {
-                // Start loading a record a few ahead (records lie apart in random calls).
-                const ahead = records[k + prefetch_distance];
+            if (k + header_prefetch_distance < records.len) {
+                // Start loading the header of a record a few ahead (records lie apart in
+                // random calls).
+                const ahead = records[k + header_prefetch_distance];
                 const s = spans[ahead.span];
                 const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
-                const first = base + @as(usize, @intCast(ahead.at - s.at));
-                // The whole of a small record: its payload is copied out next.
-                batch_mod.prefetchBytes(first, @intCast(@min(ahead.len, prefetch_record_bytes_max)));
+                @prefetch(base + @as(usize, @intCast(ahead.at - s.at)), .{});
             }
             const s = spans[r.span];
             const base: [*]const u8 = s.mapped orelse reads[@intCast(s.at)..].ptr;
