@@ -503,8 +503,10 @@ def measure_limits(
     record_file: Path | None = None,
     record_bytes: int = 512,
     random_records: int = 200_000,
+    cold: bool = True,
 ) -> dict[str, float]:
-    """The machine's limits, in bytes/s (``*_bps``) and records/s (``*_rps``).
+    """The machine's limits, in bytes/s (``*_bps``) and records/s (``*_rps``); with
+    ``cold=False`` only the warm ones (the page cache, memcpy and the Python loops).
 
     - ``pagecache_bps``: a warm ``file_bytes`` file read with 4 MiB ``preadv``.
     - ``pagecache_batches_bps``: the same file read into 64 MiB batches on 2 threads
@@ -526,6 +528,8 @@ def measure_limits(
     best, _, _ = best_of(lambda _: read_into_batches(path), repeat)
     limits["pagecache_batches_bps"] = file_bytes / best
     limits["memcpy_bps"] = memcpy_bandwidth(256 * MiB, repeat)
+    if not cold:
+        return limits | _python_loop_limits(record_file, record_bytes, random_records, repeat)
 
     limits["cold_seq_bps"] = max(cold_files_bps(path) for _ in range(repeat))
     limits["cold_rand_bps"] = max(
@@ -533,17 +537,25 @@ def measure_limits(
     )
     drop_page_cache(path)
     limits["cold_resident_after_drop"] = resident_fraction(path)
+    return limits | _python_loop_limits(record_file, record_bytes, random_records, repeat)
 
-    if record_file is not None:
-        records = record_file.stat().st_size // record_bytes
-        best, _, _ = best_of(lambda _: python_ordered_loop(record_file, record_bytes), repeat)
-        limits["py_ordered_rps"] = records / best
-        order = list(range(records))
-        random.Random(2).shuffle(order)
-        order = order[:random_records]
-        best, _, _ = best_of(lambda _: python_random_loop(record_file, record_bytes, order), repeat)
-        limits["py_random_rps"] = len(order) / best
-    return limits
+
+def _python_loop_limits(
+    record_file: Path | None, record_bytes: int, random_records: int, repeat: int
+) -> dict[str, float]:
+    """``py_ordered_rps`` and ``py_random_rps`` of :func:`measure_limits` (none without a
+    ``record_file``)."""
+    if record_file is None:
+        return {}
+    records = record_file.stat().st_size // record_bytes
+    best, _, _ = best_of(lambda _: python_ordered_loop(record_file, record_bytes), repeat)
+    order = list(range(records))
+    random.Random(2).shuffle(order)
+    order = order[:random_records]
+    best_random, _, _ = best_of(
+        lambda _: python_random_loop(record_file, record_bytes, order), repeat
+    )
+    return {"py_ordered_rps": records / best, "py_random_rps": len(order) / best_random}
 
 
 # ------------------------------------------------------------------ machine facts
