@@ -175,7 +175,8 @@ pub const Compressor = struct {
 };
 
 /// Compresses `src` into `dst` (dst.len >= compressBound(src.len)); returns bytes written.
-/// Cannot fail. Uses a 16 KiB hash table on the stack; hold a `Compressor` instead to
+/// Cannot fail. Uses a 16 KiB hash table on the stack, which safe builds fill on every
+/// call (longer than compressing a short record takes): hold a `Compressor` instead to
 /// reuse one table across calls.
 /// Preconditions: `dst.len >= compressBound(src.len)`; `src` and `dst` do not overlap.
 /// Postcondition: `dst[0..result]` is a valid block that decodes to exactly `src`;
@@ -185,7 +186,8 @@ pub fn compressBlock(src: []const u8, dst: []u8) usize {
     return compressor.compress(src, dst);
 }
 
-/// Writes u32 LE length then one block of `src`; returns the total bytes written.
+/// Writes u32 LE length then one block of `src`; returns the total bytes written. A
+/// `Compressor` per call, as `compressBlock`.
 /// Preconditions: `src.len` fits in u32 (asserted); `dst.len >= prependedBound(src.len)`;
 /// `src` and `dst` do not overlap.
 /// Postcondition: the result is at least 5, and exactly 5 (`00 00 00 00 00`) for empty `src`.

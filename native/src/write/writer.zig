@@ -111,6 +111,10 @@ const Chunk = struct {
     record_lens: std.ArrayList(u64) = .empty,
     raw_lens: std.ArrayList(u64) = .empty,
     compressed: std.ArrayList(u8) = .empty,
+    /// LZ4's hash table, kept for every record of the chunk: a compressor made per call
+    /// (`lz4.compressPrepended`) has its 16 KiB table filled in safe builds, which took
+    /// longer than compressing a 512-byte record.
+    compressor: lz4.Compressor = .{},
     encode_error: ?status.Error = null,
     profile: Profile = .{ .enabled = false },
 
@@ -154,7 +158,7 @@ const Chunk = struct {
                     const bound = lz4.prependedBound(payload.len);
                     try c.compressed.ensureTotalCapacity(gpa, bound);
                     c.compressed.items.len = bound; // overwritten by the compressor
-                    const n = lz4.compressPrepended(payload, c.compressed.items);
+                    const n = c.compressor.compressPrepended(payload, c.compressed.items);
                     try c.records.appendSlice(gpa, c.compressed.items[0..n]);
                     c.profile.stop(.compression, t, payload.len);
                 },
