@@ -2,7 +2,8 @@
 //! every file's unit tests.
 //!
 //! Layers, imports only downward (enforced by tests/test_native_layers.py):
-//!   base/   status (errors, the thread-local message), runtime (the worker pool)
+//!   base/   status (errors, the thread-local message), runtime (the worker pool), mem
+//!           (buffers allocated without safe builds' fill)
 //!   codec/  lz4, sha256, chacha: bytes in, bytes out
 //!   format/ schema, manifest, index, shard record, record JSON, Arrow IPC: the bytes on disk
 //!   store/  a cache on disk: open and validate; publish (staging, lock, sweep, fsync, rename)
@@ -20,6 +21,7 @@ test {
     std.testing.refAllDecls(@import("abi/exports.zig"));
     _ = @import("base/status.zig");
     _ = @import("base/runtime.zig");
+    _ = @import("base/mem.zig");
     _ = @import("codec/lz4.zig");
     _ = @import("codec/sha256.zig");
     _ = @import("codec/chacha.zig");

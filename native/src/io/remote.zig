@@ -30,6 +30,7 @@
 //! Thread safety: the callbacks may be called from any thread, concurrently.
 
 const std = @import("std");
+const mem_mod = @import("../base/mem.zig");
 const posix = std.posix;
 const status = @import("../base/status.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
@@ -762,7 +763,7 @@ const Origin = struct {
         if (o.ahead_bytes + len > ahead_bytes_max) return .full;
         const gpa = o.remote.gpa;
         const url = gpa.dupeZ(u8, c.shard_paths[@intCast(shard_id)]) catch return .taken;
-        const buf = gpa.alloc(u8, @intCast(len)) catch {
+        const buf = mem_mod.allocUninit(gpa, @intCast(len)) catch {
             gpa.free(url);
             return .taken;
         };
@@ -782,7 +783,7 @@ const Origin = struct {
     /// Under `mutex`: frees the entry `a`.
     fn dropAhead(o: *Origin, a: *Ahead) void {
         std.debug.assert(a.state != .running);
-        o.remote.gpa.free(a.buf);
+        mem_mod.freeUninit(o.remote.gpa, a.buf);
         o.remote.gpa.free(a.url);
         o.ahead_bytes -= a.buf.len;
         a.* = .{};

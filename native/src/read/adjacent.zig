@@ -20,10 +20,10 @@
 //!   so no worker writes a buffer after they return.
 
 const std = @import("std");
+const mem_mod = @import("../base/mem.zig");
 const runtime = @import("../base/runtime.zig");
 const status = @import("../base/status.zig");
 const files_mod = @import("../io/files.zig");
-const dataset_mod = @import("dataset.zig");
 const shard = @import("../format/shard.zig");
 
 /// One run: `len` bytes at `offset` of shard `key`, the records of `count` consecutive
@@ -112,15 +112,15 @@ pub const Ring = struct {
         var made: usize = 0;
         errdefer {
             for (slots[0..made]) |s| {
-                dataset_mod.freeUninit(gpa, s.buf);
+                mem_mod.freeUninit(gpa, s.buf);
                 gpa.free(s.lens);
                 gpa.free(s.starts);
             }
             gpa.free(slots);
         }
         while (made < depth) : (made += 1) {
-            const buf = try dataset_mod.allocUninit(gpa, bytes_max);
-            errdefer dataset_mod.freeUninit(gpa, buf);
+            const buf = try mem_mod.allocUninit(gpa, bytes_max);
+            errdefer mem_mod.freeUninit(gpa, buf);
             const lens = try gpa.alloc(u64, records_max);
             errdefer gpa.free(lens);
             slots[made] = .{ .buf = buf, .lens = lens, .starts = try gpa.alloc(u32, records_max) };
@@ -132,7 +132,7 @@ pub const Ring = struct {
     pub fn deinit(r: *Ring, gpa: std.mem.Allocator) void {
         std.debug.assert(r.count == 0);
         for (r.slots) |s| {
-            dataset_mod.freeUninit(gpa, s.buf);
+            mem_mod.freeUninit(gpa, s.buf);
             gpa.free(s.lens);
             gpa.free(s.starts);
         }

@@ -22,6 +22,7 @@
 //! - With `validate_cache`, every sample's parsed values equal its `metadata.arrow` row.
 
 const std = @import("std");
+const mem_mod = @import("../base/mem.zig");
 const builtin = @import("builtin");
 const status = @import("../base/status.zig");
 const schema = @import("../format/schema.zig");
@@ -662,7 +663,7 @@ pub const Buffers = struct {
     /// builds (an arena of a large batch is many MiB).
     pub fn freeArena(b: *Buffers, gpa: std.mem.Allocator) void {
         std.debug.assert(b.arena.items.len == 0);
-        dataset_mod.freeUninit(gpa, b.arena.allocatedSlice());
+        mem_mod.freeUninit(gpa, b.arena.allocatedSlice());
         b.arena = .empty;
     }
 

@@ -13,6 +13,7 @@
 //!   run continues exactly where the saved one stopped.
 
 const std = @import("std");
+const mem_mod = @import("../base/mem.zig");
 const schema = @import("../format/schema.zig");
 const status = @import("../base/status.zig");
 const sampler = @import("sampler.zig");
@@ -24,19 +25,6 @@ const files = @import("../io/files.zig");
 const remote = @import("../io/remote.zig");
 const runtime_mod = @import("../base/runtime.zig");
 const Runtime = runtime_mod.Runtime;
-
-/// `n` uninitialized bytes: `gpa.alloc` would write `undefined` (0xaa) over all of them
-/// in safety-checked builds, touching every page of a large buffer up front (and `free`
-/// again before giving it back). Free with `freeUninit`.
-pub fn allocUninit(gpa: std.mem.Allocator, n: usize) error{OutOfMemory}![]u8 {
-    const p = gpa.rawAlloc(n, .@"1", @returnAddress()) orelse return error.OutOfMemory;
-    return p[0..n];
-}
-
-/// Frees bytes from `allocUninit` (or an empty slice) without filling them first.
-pub fn freeUninit(gpa: std.mem.Allocator, mem: []u8) void {
-    if (mem.len > 0) gpa.rawFree(mem, .@"1", @returnAddress());
-}
 
 pub const Options = struct {
     seed: u64,
@@ -258,7 +246,7 @@ pub const Dataset = struct {
         return mem;
     }
 
-    /// Hands `mem` (from `allocUninit`, or empty) back as `spare`, freeing whichever of it
+    /// Hands `mem` (from `mem_mod.allocUninit`, or empty) back as `spare`, freeing whichever of it
     /// and the current spare is smaller.
     pub fn giveSpare(ds: *Dataset, mem: []u8) void {
         var free = mem;
@@ -267,7 +255,7 @@ pub const Dataset = struct {
             defer ds.mutex.unlock();
             if (mem.len > ds.spare.len) std.mem.swap([]u8, &free, &ds.spare);
         }
-        freeUninit(ds.gpa, free);
+        mem_mod.freeUninit(ds.gpa, free);
     }
 
     pub fn retain(ds: *Dataset) *Dataset {
@@ -285,7 +273,7 @@ pub const Dataset = struct {
         gpa.free(ds.caches);
         gpa.free(ds.prefix);
         ds.ids.deinit(gpa);
-        freeUninit(gpa, ds.spare);
+        mem_mod.freeUninit(gpa, ds.spare);
         ds.shard_maps.deinit(gpa);
         ds.migration_arena.deinit();
         ds.runtime.release();

@@ -71,6 +71,7 @@
 //!   buffers the reads target. An error finishes the iterator; the dataset stays usable.
 
 const std = @import("std");
+const mem_mod = @import("../base/mem.zig");
 const status = @import("../base/status.zig");
 const shard = @import("../format/shard.zig");
 const manifest = @import("../format/manifest.zig");
@@ -315,7 +316,7 @@ const ByteRing = struct {
     live: usize = 0,
 
     fn deinit(r: *ByteRing, gpa: std.mem.Allocator) void {
-        dataset_mod.freeUninit(gpa, r.mem);
+        mem_mod.freeUninit(gpa, r.mem);
         r.* = .{};
     }
 
@@ -345,8 +346,8 @@ const ByteRing = struct {
             r.tail = 0;
             r.wrapped = false;
             if (n > r.mem.len) {
-                const mem = try dataset_mod.allocUninit(gpa, @max(n, capacity));
-                dataset_mod.freeUninit(gpa, r.mem);
+                const mem = try mem_mod.allocUninit(gpa, @max(n, capacity));
+                mem_mod.freeUninit(gpa, r.mem);
                 r.mem = mem;
             }
         }
@@ -510,8 +511,8 @@ pub const Iter = struct {
         errdefer gpa.free(adjacent_starts);
         const adjacent_payloads = try gpa.alloc([]const u8, adjacent_records_max);
         errdefer gpa.free(adjacent_payloads);
-        const adjacent_bytes = try gpa.alloc(u8, adjacent_read_max);
-        errdefer gpa.free(adjacent_bytes);
+        const adjacent_bytes = try mem_mod.allocUninit(gpa, adjacent_read_max);
+        errdefer mem_mod.freeUninit(gpa, adjacent_bytes);
         const it = try gpa.create(Iter);
         errdefer gpa.destroy(it);
         var backend = io.Io.init(ds.io_kind, @intCast(prefetch), &ds.runtime.pool, ds.options.io_backend);
@@ -1215,8 +1216,8 @@ pub const Iter = struct {
         if (it.batch.in_dest) return it.batch.freeArena(gpa);
         const bytes = it.batch.payloadBytes();
         if (bytes <= it.own_dest.len) return;
-        const mem = dataset_mod.allocUninit(gpa, bytes + bytes / 8) catch return;
-        dataset_mod.freeUninit(gpa, it.own_dest);
+        const mem = mem_mod.allocUninit(gpa, bytes + bytes / 8) catch return;
+        mem_mod.freeUninit(gpa, it.own_dest);
         it.own_dest = mem;
     }
 
@@ -1736,7 +1737,7 @@ pub const Iter = struct {
         gpa.free(it.adjacent_lens);
         gpa.free(it.adjacent_starts);
         gpa.free(it.adjacent_payloads);
-        gpa.free(it.adjacent_bytes);
+        mem_mod.freeUninit(gpa, it.adjacent_bytes);
         gpa.free(it.loc_ring);
         it.batch.deinit(gpa);
         ds.giveSpare(it.own_dest);

@@ -18,6 +18,7 @@
 //!   raised by the writer's next `check`; nothing is published after one.
 
 const std = @import("std");
+const mem_mod = @import("../base/mem.zig");
 const linux = std.os.linux;
 const status = @import("../base/status.zig");
 const runtime_mod = @import("../base/runtime.zig");
@@ -105,9 +106,9 @@ pub const Sealer = struct {
         errdefer gpa.free(slots);
         @memset(slots, .{});
         var allocated: usize = 0;
-        errdefer for (slots[0..allocated]) |*slot| gpa.free(slot.read_buf);
+        errdefer for (slots[0..allocated]) |*slot| mem_mod.freeUninit(gpa, slot.read_buf);
         for (slots) |*slot| {
-            slot.read_buf = try gpa.alloc(u8, read_bytes);
+            slot.read_buf = try mem_mod.allocUninit(gpa, read_bytes);
             slot.sealer = s;
             allocated += 1;
         }
@@ -122,7 +123,7 @@ pub const Sealer = struct {
         for (s.slots) |*slot| {
             if (slot.state == .open or slot.state == .closed) slot.file.close();
             slot.path.deinit(s.gpa);
-            s.gpa.free(slot.read_buf);
+            mem_mod.freeUninit(s.gpa, slot.read_buf);
         }
         s.gpa.free(s.slots);
         s.digests.deinit(s.gpa);
