@@ -204,7 +204,7 @@ pub const Writer = struct {
     /// when the pool has fewer workers than this process has CPUs, so that the caller's
     /// CPU is otherwise idle; with a worker on every CPU it would only take turns with them.
     caller_encodes: bool = false,
-    /// Chunks the caller encoded so (tests check that it happened).
+    /// Chunks the caller encoded so far (tests check that it happened).
     caller_encoded: u64 = 0,
     /// First failure of a commit (an I/O error), raised by the next append or finish.
     async_failure: ?status.Error = null,
