@@ -944,6 +944,32 @@ fn expectSameFile(gpa: std.mem.Allocator, a: std.fs.Dir, b: std.fs.Dir, sub: []c
     try testing.expectEqualSlices(u8, x, y);
 }
 
+/// Expects caches `a` and `b` (directories of `base`) to hold the same `index.bin` and
+/// shard files, and returns how many shards they have. Their manifests name the source, so
+/// only what they say about the bytes is compared (the shard count).
+fn expectSameCacheBytes(gpa: std.mem.Allocator, base: std.fs.Dir, a: []const u8, b: []const u8) !usize {
+    var a_dir = try base.openDir(a, .{});
+    defer a_dir.close();
+    var b_dir = try base.openDir(b, .{});
+    defer b_dir.close();
+    const a_text = try a_dir.readFileAlloc(gpa, "manifest.json", 1 << 20);
+    defer gpa.free(a_text);
+    var a_manifest = try manifest.parse(gpa, a_text, "manifest.json");
+    defer a_manifest.deinit();
+    const b_text = try b_dir.readFileAlloc(gpa, "manifest.json", 1 << 20);
+    defer gpa.free(b_text);
+    var b_manifest = try manifest.parse(gpa, b_text, "manifest.json");
+    defer b_manifest.deinit();
+    try testing.expectEqual(a_manifest.shards.len, b_manifest.shards.len);
+    try expectSameFile(gpa, a_dir, b_dir, "index.bin");
+    for (a_manifest.shards) |sh| {
+        const sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{sh.name});
+        defer gpa.free(sub);
+        try expectSameFile(gpa, a_dir, b_dir, sub);
+    }
+    return a_manifest.shards.len;
+}
+
 fn sha256Of(bytes: []const u8) [64]u8 {
     var digest: [32]u8 = undefined;
     Sha256.hash(bytes, &digest);
@@ -1039,29 +1065,9 @@ test "writer: large payloads written from the caller's buffers give the same byt
         errdefer std.debug.print("case {s}\n", .{case.name});
         try writeCache(gpa, rt, base, case.name, .{ .max_shard_bytes = 300 << 10, .prefetch_size = 4, .compression = .none, .ratio = 1.0, .direct_payload_bytes = case.direct }, &input, case.step, "metadata");
     }
-    var first = try tmp.dir.openDir("chunks", .{});
-    defer first.close();
-    const text = try first.readFileAlloc(gpa, "manifest.json", 1 << 20);
-    defer gpa.free(text);
-    var m = try manifest.parse(gpa, text, "manifest.json");
-    defer m.deinit();
-    try testing.expect(m.shards.len > 3);
     for (cases[1..]) |case| {
         errdefer std.debug.print("case {s}\n", .{case.name});
-        var other = try tmp.dir.openDir(case.name, .{});
-        defer other.close();
-        // The manifest names the source, so compare what it says about the bytes.
-        const other_text = try other.readFileAlloc(gpa, "manifest.json", 1 << 20);
-        defer gpa.free(other_text);
-        var om = try manifest.parse(gpa, other_text, "manifest.json");
-        defer om.deinit();
-        try testing.expectEqual(m.shards.len, om.shards.len);
-        try expectSameFile(gpa, first, other, "index.bin");
-        for (m.shards) |sh| {
-            const sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{sh.name});
-            defer gpa.free(sub);
-            try expectSameFile(gpa, first, other, sub);
-        }
+        try testing.expect(try expectSameCacheBytes(gpa, tmp.dir, "chunks", case.name) > 3);
     }
     try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
 }
@@ -1105,22 +1111,7 @@ test "writer: chunks the caller encodes while it would wait give the same bytes 
     // copies them: the caller runs out of room and takes chunks over.
     errdefer std.debug.print("chunks encoded by the caller: {d}\n", .{encoded_by_caller});
     try testing.expect(encoded_by_caller > 0);
-    var pool_dir = try tmp.dir.openDir("pool", .{});
-    defer pool_dir.close();
-    var caller_dir = try tmp.dir.openDir("caller", .{});
-    defer caller_dir.close();
-    const text_m = try pool_dir.readFileAlloc(gpa, "manifest.json", 1 << 20);
-    defer gpa.free(text_m);
-    var m = try manifest.parse(gpa, text_m, "manifest.json");
-    defer m.deinit();
-    errdefer std.debug.print("shards: {d}\n", .{m.shards.len});
-    try testing.expect(m.shards.len >= 3);
-    try expectSameFile(gpa, pool_dir, caller_dir, "index.bin");
-    for (m.shards) |sh| {
-        const sub = try std.fmt.allocPrint(gpa, "shards/{s}", .{sh.name});
-        defer gpa.free(sub);
-        try expectSameFile(gpa, pool_dir, caller_dir, sub);
-    }
+    try testing.expect(try expectSameCacheBytes(gpa, tmp.dir, "pool", "caller") >= 3);
     try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
 }
 
