@@ -110,7 +110,6 @@ const Chunk = struct {
     records: std.ArrayList(u8) = .empty,
     record_lens: std.ArrayList(u64) = .empty,
     raw_lens: std.ArrayList(u64) = .empty,
-    compressed: std.ArrayList(u8) = .empty,
     /// LZ4's hash table, kept for every record of the chunk: a compressor made per call
     /// (`lz4.compressPrepended`) has its 16 KiB table filled in safe builds, which took
     /// longer than compressing a 512-byte record.
@@ -121,7 +120,7 @@ const Chunk = struct {
     const State = enum { free, queued, encoded };
 
     fn deinit(c: *Chunk, gpa: std.mem.Allocator) void {
-        inline for (.{ "payload", "offsets", "values", "strings", "records", "record_lens", "raw_lens", "compressed" }) |name| {
+        inline for (.{ "payload", "offsets", "values", "strings", "records", "record_lens", "raw_lens" }) |name| {
             @field(c, name).deinit(gpa);
         }
     }
@@ -155,11 +154,10 @@ const Chunk = struct {
                 .none => try c.records.appendSlice(gpa, payload),
                 .lz4 => {
                     t = c.profile.start();
-                    const bound = lz4.prependedBound(payload.len);
-                    try c.compressed.ensureTotalCapacity(gpa, bound);
-                    c.compressed.items.len = bound; // overwritten by the compressor
-                    const n = c.compressor.compressPrepended(payload, c.compressed.items);
-                    try c.records.appendSlice(gpa, c.compressed.items[0..n]);
+                    // Straight into the records' spare room (past the result the compressor
+                    // may leave scratch bytes, which the next record overwrites).
+                    try c.records.ensureUnusedCapacity(gpa, lz4.prependedBound(payload.len));
+                    c.records.items.len += c.compressor.compressPrepended(payload, c.records.unusedCapacitySlice());
                     c.profile.stop(.compression, t, payload.len);
                 },
             }
@@ -981,6 +979,11 @@ fn sha256Of(bytes: []const u8) [64]u8 {
 fn writeCache(gpa: std.mem.Allocator, rt: *Runtime, base: []const u8, name: []const u8, options: Options, input: *const TestInput, step: usize, metadata: []const u8) !void {
     const w = try Writer.open(gpa, rt, base, name, options);
     defer w.close();
+    try fillAndFinish(w, input, step, metadata);
+}
+
+/// `writeCache` after the writer is open: the appends, metadata.arrow and the publication.
+fn fillAndFinish(w: *Writer, input: *const TestInput, step: usize, metadata: []const u8) !void {
     try w.setSchema(input.fields);
     var from: usize = 0;
     while (from < input.count()) {
@@ -1095,16 +1098,7 @@ test "writer: chunks the caller encodes while it would wait give the same bytes 
         const w = try Writer.open(gpa, rt, base, name, .{ .max_shard_bytes = 16 << 10, .prefetch_size = 64, .compression = .lz4, .ratio = 1.0 });
         defer w.close();
         w.caller_encodes = helps;
-        try w.setSchema(input.fields);
-        var from: usize = 0;
-        while (from < input.count()) : (from += 64) try input.appendTo(w, from, @min(input.count(), from + 64));
-        var staging = try std.fs.cwd().openDir(w.stagingPath(), .{});
-        defer staging.close();
-        try staging.writeFile(.{ .sub_path = "metadata.arrow", .data = "metadata" });
-        w.finish() catch |err| {
-            std.debug.print("finish: {s}\n", .{status.lastMessage()});
-            return err;
-        };
+        try fillAndFinish(w, &input, 64, "metadata");
         if (helps) encoded_by_caller = w.caller_encoded else try testing.expectEqual(@as(u64, 0), w.caller_encoded);
     }
     // One worker encodes ~64 records of 2-3.5 KiB of LZ4 per chunk while the caller only
