@@ -746,6 +746,9 @@ def _arrow_rows(cache: Path, schema: list[tuple[str, str]]) -> list[dict[str, An
     try:
         data = (cache / "metadata.arrow").read_bytes()
         table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        # pyarrow trusts offsets until validated: an unchecked damaged column can crash
+        # the test process in to_pylist.
+        table.validate(full=True)
         if table.num_columns < len(schema):
             return None
         columns = []
