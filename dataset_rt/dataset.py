@@ -8,16 +8,18 @@ columns) into ``CachedSample`` tuples, a batch at a time.
 
 from __future__ import annotations
 
+import inspect
 import operator
 import os
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from dataset_rt import _native, manifests, metadata, remote, snapshot
+from dataset_rt import _native, manifests, remote, snapshot
+from dataset_rt import metadata as _metadata
 from dataset_rt.config import ReaderConfig
 from dataset_rt.records import CachedSample
 
@@ -167,7 +169,16 @@ class CachedDataset:
         return self
 
     def __reduce__(self) -> Any:
-        raise TypeError("cannot pickle 'CachedDataset' object")
+        raise TypeError("cannot pickle 'builtins.CachedDataset' object")  # 0.4.8's text
+
+    def __copy__(self) -> CachedDataset:
+        """``copy.copy``: another handle on this dataset that shares all of its state (as
+        0.4.8's copy shares its native state): the active table, the stream position, the
+        epoch length and the attributes. A change made through one shows through the
+        other."""
+        other = object.__new__(type(self))
+        other.__dict__ = self.__dict__
+        return other
 
     def __len__(self) -> int:
         epoch_len = self._handle.epoch_len()
@@ -182,7 +193,7 @@ class CachedDataset:
         """
         if epoch_len < 1:
             raise ValueError("epoch_len must be at least 1")
-        value = epoch_len.__index__()
+        value = operator.index(epoch_len)
         if value >= 2**64:
             raise OverflowError("int too big to convert")
         self._handle.set_epoch_len(value)
@@ -571,7 +582,10 @@ class CachedDataset:
         Before any update: ``cache_id`` (UInt64), ``sample_id`` (UInt64), the stored
         columns in manifest order, ``weight`` (Float64, all 1.0), one row per physical
         sample in path order, built from the memory-mapped ``metadata.arrow`` files. After
-        ``update_metadata(df)``: exactly ``df``. Never touches the cache files.
+        ``update_metadata(metadata)``: equal to ``metadata``. Each call returns a new frame
+        (a Polars clone, which shares the column buffers), so changing it in place
+        (``drop_in_place``, ``insert_column``) leaves the active table as it is. Never
+        touches the cache files.
         """
         with self._state_lock:
             if self._active is None:
@@ -581,33 +595,34 @@ class CachedDataset:
                 if self._active_arrow is not None:
                     self._active = pl.from_arrow(self._active_arrow)
                 else:
-                    self._active = metadata.default_table(self)
-            return self._active
+                    self._active = _metadata.default_table(self)
+            return self._active.clone()
 
     def samples_metadata(self) -> Any:
         """Alias of :meth:`get_metadata`."""
         return self.get_metadata()
 
-    def update_metadata(self, df: Any) -> None:
+    def update_metadata(self, metadata: Any) -> None:
         """Replace the active table that future iterators sample from.
 
-        ``df`` (a Polars DataFrame) needs the stored metadata columns with their Arrow
+        ``metadata`` (a Polars DataFrame) needs the stored metadata columns with their Arrow
         types, and ``cache_id``, ``sample_id`` (integers naming existing samples) and
         ``weight`` (positive, finite) columns; rows may be filtered, reordered or
         duplicated and extra columns are kept. The whole table is validated natively
         first; on any error (``ValueError``) nothing changes. On success the cursor and
         draw stream restart at 0, shuffled reading switches to weighted draws, and the
-        epoch length becomes the row count. Cache files are never rewritten.
+        epoch length becomes the row count. Cache files are never rewritten. The table
+        kept is a clone: changing ``metadata`` in place afterwards does not change it.
         """
         _native.check_owner(self._runtime.pid)
         with self._state_lock:
-            metadata.validate_and_set(self, df)
-            self._table_replaced(df, None)
+            _metadata.validate_and_set(self, metadata)
+            self._table_replaced(metadata.clone(), None)
 
     def _set_arrow_table(self, table: Any) -> None:
         """``update_metadata`` for a pyarrow table from a snapshot, without Polars."""
         with self._state_lock:
-            metadata.set_arrow_table(self, table)
+            _metadata.set_arrow_table(self, table)
             self._table_replaced(None, table)
 
     def _table_replaced(self, frame: Any, arrow: Any) -> None:
@@ -617,9 +632,9 @@ class CachedDataset:
         self._custom_table = True
         self._progress = None
 
-    def set_samples_metadata(self, df: Any) -> None:
+    def set_samples_metadata(self, metadata: Any) -> None:
         """Alias of :meth:`update_metadata`."""
-        self.update_metadata(df)
+        self.update_metadata(metadata)
 
     def update_manifests(self, version: int) -> Any:
         """Rewrite format-2 manifests of this dataset's caches as format 3 (atomically).
@@ -635,7 +650,8 @@ class CachedDataset:
 
     def dump_config(self, path: str | os.PathLike[str]) -> Path:
         """Write ``dataset.json`` and the active table (``metadata.arrow``) into the
-        existing directory ``path``; returns the ``dataset.json`` path."""
+        existing directory ``path``; returns the ``dataset.json`` path (absolute, with
+        symbolic links resolved)."""
         _native.check_owner(self._runtime.pid)
         return snapshot.dump_config(self, path)
 
@@ -873,6 +889,31 @@ class _SampleStream(chain):  # type: ignore[type-arg]
     def close(self) -> None:
         """Stop the iteration now: closes the generator (and so the native iterator)."""
         self._runs.close()
+
+    # The rest of the generator protocol (0.4.8's ``iter(dataset)`` is a generator).
+
+    def send(self, value: Any) -> CachedSample:
+        """The next sample (``value`` is ignored, as the reference's generator ignores
+        it); a value other than None before the first sample raises ``TypeError``, as
+        for a generator that has not started."""
+        if value is not None and inspect.getgeneratorstate(self._runs) == inspect.GEN_CREATED:
+            raise TypeError("can't send non-None value to a just-started generator")
+        return next(self)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> CachedSample:
+        """Raise an exception where the stream stands, as into a generator that does not
+        catch it: the stream is closed (see :meth:`close`) and the exception propagates."""
+        self.close()
+        if isinstance(typ, BaseException):
+            exc = typ
+        elif isinstance(val, BaseException):
+            exc = val
+        else:
+            exc = typ() if val is None else typ(val)
+        raise exc.with_traceback(tb) if tb is not None else exc
+
+
+Generator.register(_SampleStream)
 
 
 class _Progress:

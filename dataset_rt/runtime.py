@@ -53,7 +53,13 @@ class DatasetRuntime:
         return self._runtime.num_workers
 
     def __reduce__(self) -> Any:
-        raise TypeError("cannot pickle 'DatasetRuntime' object")
+        raise TypeError("cannot pickle 'builtins.DatasetRuntime' object")  # 0.4.8's text
+
+    def __copy__(self) -> DatasetRuntime:
+        """``copy.copy``: another handle on the same native pool (as in 0.4.8)."""
+        other = object.__new__(DatasetRuntime)
+        other._runtime = self._runtime
+        return other
 
     def __repr__(self) -> str:
         return f"DatasetRuntime(num_workers={self._runtime.num_workers})"

@@ -36,7 +36,7 @@ def dump_config(dataset: Any, path: str | os.PathLike[str]) -> Path:
         row_count=table.num_rows,
     )
     _publish(directory, CONFIG_NAME, config.model_dump_json(indent=2).encode("utf-8"))
-    return directory / CONFIG_NAME
+    return directory.resolve() / CONFIG_NAME  # absolute, links resolved (as 0.4.8)
 
 
 def _publish(directory: Path, name: str, data: Any) -> None:

@@ -21,6 +21,7 @@ import decimal
 import gc
 import math
 import numbers
+import operator
 import os
 import sys
 import time
@@ -211,6 +212,10 @@ def _is_numpy_bool(value: object) -> bool:
     return cls.__module__ == "numpy" and cls.__name__ in ("bool_", "bool")
 
 
+# 0.4.8's error for a value of another type, and for a string that is not UTF-8 encodable.
+VALUE_TYPES_MESSAGE = "metadata values must be bool, int, float, or str"
+
+
 def value_kind(value: object) -> Kind:
     """Kind of one metadata value (bool before int: bool is an int subclass).
 
@@ -231,7 +236,19 @@ def value_kind(value: object) -> Kind:
         return Kind.INT
     if isinstance(value, (numbers.Real, decimal.Decimal)):
         return Kind.FLOAT
-    raise SourceFailure("metadata values must be bool, int, float, or str")
+    raise SourceFailure(VALUE_TYPES_MESSAGE)
+
+
+def _key_failure(row: dict[Any, Any]) -> SourceFailure | None:
+    """The error for a row's first key that is not UTF-8 encodable (a lone surrogate),
+    if any: 0.4.8 encodes a row's keys before it compares them with the schema."""
+    for key in row:
+        if isinstance(key, str) and not key.isascii():
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return SourceFailure(python_error(exc))
+    return None
 
 
 def kind_name(value: object) -> str:
@@ -284,7 +301,7 @@ def validate_writer_config(config: WriterConfig) -> tuple[int, int, _native.Comp
 
 def _u64(value: Any) -> int:
     """An unsigned 64-bit count, converted like pyo3 does (OverflowError when too big)."""
-    number = value.__index__()
+    number = operator.index(value)
     if number < 0:
         raise OverflowError("can't convert negative int to unsigned")
     if number >= 2**64:
@@ -323,6 +340,12 @@ def _plan_sources(
             continue
         key = _fold(name) if parallel else name
         try:
+            if parallel:
+                # 0.4.8's parallel writer checks names first with its public rules (and
+                # their messages: "" is a reserved segment, 256 bytes are too long).
+                checked = validate_source_name(name)
+                if isinstance(checked, Err):
+                    raise ValueError(checked.error)
             # The library's rules and messages; in parallel mode the reserved name is
             # also refused case- and Unicode-insensitively, as the reference does.
             _native.source_name_check(name)
@@ -719,8 +742,8 @@ class _Ingest:
                         for index, value in enumerate(values):
                             try:
                                 str(value).encode("utf-8")
-                            except UnicodeEncodeError as exc:
-                                bad = (index, position, python_error(exc))
+                            except UnicodeEncodeError:
+                                bad = (index, position, VALUE_TYPES_MESSAGE)
                                 break
             if bad is not None and (first is None or bad < first):
                 first = bad
@@ -733,11 +756,13 @@ class _Ingest:
         finite float, UTF-8)."""
         assert self.keys is not None
         if len(row) != len(self.keys):
-            raise SourceFailure("metadata keys must be identical for every sample")
+            raise _key_failure(row) or SourceFailure(
+                "metadata keys must be identical for every sample"
+            )
         values: list[Any] = []
         for key, kind in zip(self.keys, self.kinds):
             if key not in row:
-                raise SourceFailure(f"metadata field '{key}' is missing")
+                raise _key_failure(row) or SourceFailure(f"metadata field '{key}' is missing")
             value = row[key]
             got = value_kind(value)
             if got != kind:
@@ -753,7 +778,7 @@ class _Ingest:
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError as exc:
-                    raise SourceFailure(python_error(exc)) from exc
+                    raise SourceFailure(VALUE_TYPES_MESSAGE) from exc
             elif kind == Kind.FLOAT:
                 value = float(value)
                 if not math.isfinite(value):
@@ -831,6 +856,9 @@ class _Ingest:
         for key in metadata:
             if not isinstance(key, str):
                 raise SourceFailure("metadata keys must be strings")
+        failure = _key_failure(metadata)
+        if failure is not None:
+            raise failure
         # No keys at all is a schema too: such caches have a metadata.arrow with one row
         # per sample and no columns, which 0.4.8 reads back (it fails to write them).
         keys = sorted(metadata, key=lambda k: k.encode("utf-8", "surrogatepass"))

@@ -39,7 +39,7 @@ def test_initial_table(dataset) -> None:
     for name in ("flag", "label", "name", "score"):
         assert df[name].to_list() == [row["metadata"][name] for row in rows]
     assert df["weight"].to_list() == [1.0] * 130
-    assert dataset.samples_metadata() is df or dataset.samples_metadata().equals(df)
+    assert dataset.samples_metadata().equals(df)
 
 
 def test_update_keeps_frame_and_resets(dataset) -> None:
@@ -53,7 +53,7 @@ def test_update_keeps_frame_and_resets(dataset) -> None:
     )
     subset = pl.concat([subset, subset.head(2)])
     dataset.update_metadata(subset)
-    assert dataset.get_metadata() is subset
+    assert dataset.get_metadata().equals(subset)
     assert len(dataset) == subset.height
     got = [(s.cache_id, s.sample_id) for s in dataset]
     assert got == list(zip(subset["cache_id"].to_list(), subset["sample_id"].to_list()))
@@ -157,6 +157,17 @@ CASES = [
         ),
         "samples metadata column 'cache_id' contains null",
     ),
+    # A column of nulls only (Polars' Null dtype) fails on its type, as in 0.4.8.
+    (
+        "weight all null",
+        lambda df: df.with_columns(pl.lit(None).alias("weight")),
+        "samples metadata column 'weight' must be numeric",
+    ),
+    (
+        "sample_id all null",
+        lambda df: df.with_columns(pl.lit(None).alias("sample_id")),
+        "samples metadata column 'sample_id' must be an integer",
+    ),
     (
         "null weight row 0 before null sample_id row 4",
         lambda df: df.with_columns(
@@ -198,6 +209,21 @@ CASES = [
 ]
 
 
+def test_frames_in_and_out_are_not_the_active_table(dataset) -> None:
+    """As in 0.4.8: changing a frame in place, one that get_metadata returned or one given
+    to update_metadata, leaves the active table as it was."""
+    returned = dataset.get_metadata()
+    returned.drop_in_place("weight")
+    assert "weight" in dataset.get_metadata().columns
+    given = dataset.get_metadata().head(5)
+    dataset.update_metadata(metadata=given)  # 0.4.8's parameter name
+    given.insert_column(0, pl.Series("extra", range(5)))
+    given.drop_in_place("sample_id")
+    assert dataset.get_metadata().columns == [*returned.columns, "weight"]
+    dataset.set_samples_metadata(metadata=dataset.get_metadata())
+    assert len(dataset) == 5
+
+
 @pytest.mark.parametrize("name,edit,message", CASES, ids=[c[0] for c in CASES])
 def test_validation_messages_and_state_kept(dataset, name, edit, message) -> None:
     before = dataset.get_metadata()
@@ -210,7 +236,7 @@ def test_validation_messages_and_state_kept(dataset, name, edit, message) -> Non
     with pytest.raises(ValueError) as info:
         dataset.update_metadata(bad)
     assert str(info.value) == message
-    assert dataset.get_metadata() is before
+    assert dataset.get_metadata().equals(before)
     assert len(dataset) == 4
     assert [s.sample_id for s in dataset] == [4, 5, 6, 7]
     assert first_window == [0, 1, 2, 3]

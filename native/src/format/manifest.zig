@@ -116,8 +116,9 @@ pub fn parse(gpa: std.mem.Allocator, bytes: []const u8, path: []const u8) status
         else => |v| return status.fail(error.Json, "JSON error: invalid type: {s}, expected a manifest object with unique field names at line 1 column 1 in {s}", .{ typeName(v), path }),
     };
 
+    // A missing version is 0.4.8's "requires integer" too (it reads the field untyped).
     const version_value = object.get("format_version") orelse
-        return status.fail(error.Json, "JSON error: missing field `format_version` in {s}", .{path});
+        return status.fail(error.Json, "JSON error: manifest requires integer format_version in {s}", .{path});
     const version = switch (version_value) {
         .number_string => |s| std.fmt.parseInt(i64, s, 10) catch
             return status.fail(error.Json, "JSON error: manifest requires integer format_version in {s}", .{path}),
@@ -628,6 +629,7 @@ test "manifest errors" {
         .{ .text = "[]", .err = error.Json, .prefix = "JSON error: invalid type: sequence, expected a manifest object" },
         .{ .text = "{\"format_version\": 4}", .err = error.Json, .prefix = "JSON error: unsupported format version 4" },
         .{ .text = "{\"format_version\": \"3\"}", .err = error.Json, .prefix = "JSON error: manifest requires integer format_version" },
+        .{ .text = "{\"cache_id\": 5}", .err = error.Json, .prefix = "JSON error: manifest requires integer format_version" },
         .{ .text = "{\"format_version\": 3, \"format_version\": 3}", .err = error.Json, .prefix = "JSON error: duplicate manifest field" },
         .{ .text = "{\"format_version\": 3}", .err = error.Json, .prefix = "JSON error: missing field `cache_id`" },
         .{ .text = "{\"format_version\": 3, \"cache_id\": \"5\"}", .err = error.Json, .prefix = "JSON error: invalid type: string \"5\", expected u64" },

@@ -65,8 +65,10 @@ pub const Column = struct {
 };
 
 fn checkId(col: Column, comptime name: []const u8, row: usize) status.Error!u64 {
-    if (col.isNull(row)) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' contains null", .{});
+    // The type before the cell, as 0.4.8: a column of nulls only (Polars' Null dtype) is
+    // "must be an integer", a null in an integer column "contains null".
     if (!col.isInteger()) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' must be an integer", .{});
+    if (col.isNull(row)) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' contains null", .{});
     const v = col.int(row);
     if (v < 0) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' must be non-negative", .{});
     return @intCast(v);
@@ -104,8 +106,8 @@ pub fn build(ds: *const Dataset, row_count: u64, cid_col: Column, sid_col: Colum
         if (sid >= ds.caches[last_index].sampleCount()) {
             return status.fail(error.InvalidArgument, "unknown samples metadata row identity cache_id={d} sample_id={d}", .{ cid, sid });
         }
-        if (w_col.isNull(row)) return status.fail(error.InvalidArgument, "samples metadata column 'weight' contains null", .{});
         if (!w_col.isNumeric()) return status.fail(error.InvalidArgument, "samples metadata column 'weight' must be numeric", .{});
+        if (w_col.isNull(row)) return status.fail(error.InvalidArgument, "samples metadata column 'weight' contains null", .{});
         cache_index[row] = last_index;
         sample_id[row] = sid;
         weight[row] = w_col.float(row);
@@ -195,6 +197,9 @@ test "table: build checks rows in order, each row's cells in order, then weights
         .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, &row4_null, 0), .w = testColumn(f64, &ones, &row0_null, 0), .message = "samples metadata column 'weight' contains null" },
         // An unknown identity in row 5 before a negative weight in row 0 (weights last).
         .{ .cid = testColumn(u64, &unknown_cid_row5, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &negative_row0, null, 0), .message = "unknown samples metadata row identity cache_id=123 sample_id=5" },
+        // The type before the cell (0.4.8): nulls in a float or a typeless column.
+        .{ .cid = testColumn(f64, &float_ids, &row0_null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be an integer" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = .{ .type = .other, .values = null, .validity = &row0_null, .offset = 0 }, .message = "samples metadata column 'weight' must be numeric" },
         // In one row, cache_id before sample_id.
         .{ .cid = testColumn(i64, &negative_cid_row0, null, 0), .sid = testColumn(u64, &sids, &row0_null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be non-negative" },
         // The validity offset: bit 3 is row 3 at offset 0 (sample_id row 2 fails first)...
