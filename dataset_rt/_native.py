@@ -33,6 +33,7 @@ import functools
 import os
 import struct
 import sys
+import threading
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -257,6 +258,10 @@ def raise_status(status: int, error: ErrorFactory | None = None) -> NoReturn:
     thread's message; with ``error``, raise ``error(message)`` instead (callers that
     report failures as values, like the writer, pass their own exception type)."""
     message = last_error()
+    interrupt = getattr(_interrupted, "exception", None)
+    if interrupt is not None:  # a transport callback of this call was interrupted
+        _interrupted.exception = None
+        raise interrupt
     if error is not None:
         raise error(message)
     raise _EXCEPTIONS.get(status, RuntimeError)(message)
@@ -615,7 +620,19 @@ def _say(message: Any, cap: int, text: str) -> None:
     ffi.memmove(message, raw + b"\0", len(raw) + 1)
 
 
+# A KeyboardInterrupt or SystemExit raised in a transport callback (by a signal handler,
+# on the thread that called into the library), kept for that call to raise (raise_status).
+_interrupted = threading.local()
+
+
 def _remote_failure(exc: BaseException, message: Any, cap: int) -> int:
+    """The status and message a transport callback returns for ``exc``. An interrupt
+    fails the read (``FAILED``: never retried) and is raised again, unchanged, when the
+    library call that made the callback returns its error."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        _interrupted.exception = exc
+        _say(message, cap, f"interrupted ({type(exc).__name__})")
+        return int(RemoteCode.FAILED)
     code = exc.code if isinstance(exc, RemoteError) else RemoteCode.FAILED
     _say(message, cap, str(exc) or type(exc).__name__)
     return int(code)
@@ -682,8 +699,13 @@ class Remote(_Handle):
             context: Any, handle: Any, offset: int, buf: Any, length: int, message: Any, cap: int
         ) -> int:
             if read_into is not None:
-                view = memoryview(ffi.buffer(buf, length))
-                return moved(handle, length, message, cap, lambda o: read_into(o, offset, view))
+                return moved(
+                    handle,
+                    length,
+                    message,
+                    cap,
+                    lambda o: read_into(o, offset, memoryview(ffi.buffer(buf, length))),
+                )
             return moved(handle, length, message, cap, lambda o: copy_read(o, offset, buf, length))
 
         def on_read_file(
@@ -701,18 +723,37 @@ class Remote(_Handle):
                 except Exception:
                     pass
 
+        # An exception escaping a callback (outside its try: a signal handler's, raised
+        # on entry or on return) makes the callback return ``error``, a failure: never
+        # DRT_REMOTE_OK for bytes that were not read. An interrupt is kept for the call to
+        # raise; anything else cffi prints.
+        failed = int(RemoteCode.FAILED)
+
+        def escaped(kind: Any, exc: BaseException, traceback: Any) -> int | None:
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                _interrupted.exception = exc
+                return failed
+            return None
+
         callbacks = (
             ffi.callback(
-                "int32_t(void *, const char *, uint64_t *, void **, char *, uint64_t)", on_open
+                "int32_t(void *, const char *, uint64_t *, void **, char *, uint64_t)",
+                on_open,
+                error=failed,
+                onerror=escaped,
             ),
             ffi.callback(
                 "int32_t(void *, void *, uint64_t, uint8_t *, uint64_t, char *, uint64_t)",
                 on_read,
+                error=failed,
+                onerror=escaped,
             ),
             ffi.callback("void(void *, void *)", on_close),
             ffi.callback(
                 "int32_t(void *, void *, uint64_t, uint64_t, int32_t, char *, uint64_t)",
                 on_read_file,
+                error=failed,
+                onerror=escaped,
             ),
         )
         raw_dir = encode_path(cache_dir)

@@ -114,7 +114,9 @@ class ObstoreTransport:
     A handle pins the object's version seen by ``open``: every ranged GET of it carries
     ``If-Match: <the ETag from the HEAD>``, so a read of an object replaced since fails
     with ``RemoteCode.CHANGED`` (HTTP 412) instead of returning bytes of another version
-    (a store that reports no ETag is read unconditionally)."""
+    (a store that reports no ETag is read unconditionally). Client errors become
+    ``RemoteError``s (``classify``); ``KeyboardInterrupt`` and ``SystemExit`` propagate
+    unchanged (the library call raises them again: ``_native._remote_failure``)."""
 
     def __init__(self) -> None:
         self._stores: dict[str, Any] = {}
@@ -146,7 +148,7 @@ class ObstoreTransport:
         store, key = self.locate(url)
         try:
             meta = obstore.head(store, key)
-        except BaseException as exc:
+        except Exception as exc:
             raise classify(exc) from exc
         return int(meta["size"]), (store, key, meta.get("e_tag"))
 
@@ -164,7 +166,7 @@ class ObstoreTransport:
         try:
             result = obstore.get(store, key, options=self._options(handle, offset, offset + length))
             return result.bytes()
-        except BaseException as exc:
+        except Exception as exc:
             raise classify(exc) from exc
 
     def _stream(
@@ -190,7 +192,7 @@ class ObstoreTransport:
                 streamed += len(view)
         except _native.RemoteError:
             raise
-        except BaseException as exc:
+        except Exception as exc:
             raise classify(exc) from exc
         return streamed
 
@@ -271,7 +273,7 @@ def exists(url: str) -> bool:
     try:
         obstore.head(store, key)
         return True
-    except BaseException as exc:
+    except Exception as exc:
         error = classify(exc)
         if error.code == _native.RemoteCode.NOT_FOUND:
             return False

@@ -679,6 +679,39 @@ def test_slow_server_keeps_memory_bounded(runtime, s3_server, s3_bucket, shard_c
     assert result["growth"] < 40 << 20, result
 
 
+def test_an_interrupt_in_a_transport_read_propagates(
+    runtime, s3_bucket, shard_cache, tmp_path, monkeypatch
+) -> None:
+    """A KeyboardInterrupt raised while the transport reads (a Ctrl-C landing in the
+    callback) fails that read and reaches the caller unchanged, never as an error and
+    never as a sample made of bytes that were not read; the next read works."""
+    from dataset_rt import remote as remote_mod
+
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=120)
+    read_into = remote_mod.ObstoreTransport.read_into
+    calls: list[int] = []
+    armed = [False]
+
+    def interrupted_once(self, handle, offset, out):
+        if armed[0]:
+            calls.append(offset)
+            if len(calls) == 1:
+                raise KeyboardInterrupt
+        return read_into(self, handle, offset, out)
+
+    monkeypatch.setattr(remote_mod.ObstoreTransport, "read_into", interrupted_once)
+    monkeypatch.setattr(remote_mod, "_REMOTES", {})
+    config = drt.ReaderConfig(seed=4, shuffle=False)
+    remote_ds = runtime.cached_dataset([f"{base}/a"], reader_config=config)
+    local_ds = runtime.cached_dataset([local / "a"], reader_config=config)
+    cache_id = remote_ds._handle.cache_info(0).cache_id
+    armed[0] = True
+    with pytest.raises(KeyboardInterrupt):
+        remote_ds.get_item(cache_id, 7)
+    assert remote_ds.get_item(cache_id, 7).data == local_ds.get_item(cache_id, 7).data
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize(
     "without", [("read_into",), ("read_to_file",), ("read_into", "read_to_file")]
 )
