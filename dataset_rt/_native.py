@@ -415,8 +415,16 @@ class _Handle:
     #: The ``ffi.gc`` destructor: ``_destructor(lib.drt_<handle>_close)``.
     _destroy: ClassVar[Callable[[Any], None]]
 
-    def __init__(self, pointer: Any) -> None:
-        self._pointer: Any = ffi.gc(pointer, type(self)._destroy)
+    def __init__(self, pointer: Any, keep: object = None) -> None:
+        """Own ``pointer``; ``keep`` (an object the native handle uses, such as the
+        callbacks of a ``Remote``) stays alive until the handle is released."""
+        destroy = type(self)._destroy
+        if keep is not None:
+            # The destructor holds ``keep`` (its default) until it has run.
+            def destroy(raw: Any, release: Any = destroy, _keep: object = keep) -> None:
+                release(raw)
+
+        self._pointer: Any = ffi.gc(pointer, destroy)
 
     @property
     def _ptr(self) -> Any:
@@ -818,7 +826,8 @@ class Dataset(_Handle):
                 runtime._owned(), strs.array, strs.count, native_options, remote._ptr, out
             )
         )
-        return cls(out[0])
+        # The native remote is reference counted; its Python callbacks live with `remote`.
+        return cls(out[0], keep=remote)
 
     def cache_dir(self, index: int) -> bytes:
         """``drt_dataset_cache_dir``: the local directory of cache ``index`` (its fetched
@@ -1210,8 +1219,8 @@ class Iterator(_Handle):
     __slots__ = ("_batch",)
     _destroy = staticmethod(_destructor(lib.drt_iter_close))
 
-    def __init__(self, pointer: Any) -> None:
-        super().__init__(pointer)
+    def __init__(self, pointer: Any, dataset: Dataset) -> None:
+        super().__init__(pointer, keep=dataset)  # (a remote dataset's callbacks)
         self._batch = ffi.new("drt_batch *")
 
     @classmethod
@@ -1219,7 +1228,7 @@ class Iterator(_Handle):
         """``drt_iter_open``: reserve the dataset's next window and start reading."""
         out = ffi.new("drt_iter **")
         check(lib.drt_iter_open(dataset._ptr, out))
-        return cls(out[0])
+        return cls(out[0], dataset)
 
     @classmethod
     def open_range(cls, dataset: Dataset, positions: IterRange) -> Iterator:
@@ -1228,7 +1237,7 @@ class Iterator(_Handle):
         native = ffi.new("drt_iter_range *", positions._asdict())
         out = ffi.new("drt_iter **")
         check(lib.drt_iter_open_range(dataset._ptr, native, out))
-        return cls(out[0])
+        return cls(out[0], dataset)
 
     def window(self) -> IterRange:
         """``drt_iter_window``: the positions this iterator reads."""
@@ -1408,8 +1417,8 @@ class Lookup(_Handle):
     __slots__ = ("_batch", "_ids", "_row_buffer")
     _destroy = staticmethod(_destructor(lib.drt_lookup_close))
 
-    def __init__(self, pointer: Any) -> None:
-        super().__init__(pointer)
+    def __init__(self, pointer: Any, dataset: Dataset) -> None:
+        super().__init__(pointer, keep=dataset)  # (a remote dataset's callbacks)
         # Call buffers reused by every single-sample get().
         self._ids = ffi.new("uint64_t[2]")
         self._batch = ffi.new("drt_batch *")
@@ -1422,7 +1431,7 @@ class Lookup(_Handle):
         """``drt_lookup_open``."""
         out = ffi.new("drt_lookup **")
         check(lib.drt_lookup_open(dataset._ptr, out))
-        return cls(out[0])
+        return cls(out[0], dataset)
 
     def get(self, cache_ids: Sequence[int], sample_ids: Sequence[int], flags: int = 0) -> Batch:
         """``drt_lookup_get``: the samples ``(cache_ids[i], sample_ids[i])`` in order

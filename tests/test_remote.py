@@ -36,6 +36,20 @@ def shard_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
+# Remotes made by the tests that patch the transport: kept for the life of the process,
+# as dataset_rt.remote keeps its own (a fetch-ahead thread may still call back after the
+# last dataset using one closes).
+_TEST_REMOTES: list[dict[Any, Any]] = []
+
+
+def fresh_remotes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the next dataset build its own Remote (and so use a patched transport)."""
+    from dataset_rt import remote as remote_mod
+
+    _TEST_REMOTES.append({})
+    monkeypatch.setattr(remote_mod, "_REMOTES", _TEST_REMOTES[-1])
+
+
 def rows(dataset: Any) -> list[tuple[bytes, dict[str, Any], int, int]]:
     return [(s.data, s.metadata, s.cache_id, s.sample_id) for s in dataset]
 
@@ -679,6 +693,29 @@ def test_slow_server_keeps_memory_bounded(runtime, s3_server, s3_bucket, shard_c
     assert result["growth"] < 40 << 20, result
 
 
+def test_a_dataset_keeps_the_callbacks_of_its_remote(
+    runtime, s3_bucket, shard_cache, tmp_path, monkeypatch
+) -> None:
+    """The native remote is reference counted, but its callbacks are Python objects: a
+    dataset (and its lookups and iterators) keeps them alive, so dropping every other
+    reference to the Remote leaves the dataset usable (and its close safe)."""
+    from dataset_rt import remote as remote_mod
+
+    base, local = write_both(runtime, tmp_path, s3_bucket, count=120)
+    monkeypatch.setattr(remote_mod, "_REMOTES", {})
+    config = drt.ReaderConfig(seed=4, shuffle=False)
+    remote_ds = runtime.cached_dataset([f"{base}/a"], reader_config=config)
+    remote_mod._REMOTES.clear()  # the dataset holds the only reference now
+    gc.collect()
+    local_ds = runtime.cached_dataset([local / "a"], reader_config=config)
+    cache_id = remote_ds._handle.cache_info(0).cache_id
+    for sample_id in (3, 119):  # byte ranges, through the callbacks
+        got = remote_ds.get_item(cache_id, sample_id)
+        assert got.data == local_ds.get_item(cache_id, sample_id).data
+    del remote_ds
+    gc.collect()
+
+
 def test_an_interrupt_in_a_transport_read_propagates(
     runtime, s3_bucket, shard_cache, tmp_path, monkeypatch
 ) -> None:
@@ -700,7 +737,7 @@ def test_an_interrupt_in_a_transport_read_propagates(
         return read_into(self, handle, offset, out)
 
     monkeypatch.setattr(remote_mod.ObstoreTransport, "read_into", interrupted_once)
-    monkeypatch.setattr(remote_mod, "_REMOTES", {})
+    fresh_remotes(monkeypatch)
     config = drt.ReaderConfig(seed=4, shuffle=False)
     remote_ds = runtime.cached_dataset([f"{base}/a"], reader_config=config)
     local_ds = runtime.cached_dataset([local / "a"], reader_config=config)
@@ -726,7 +763,7 @@ def test_transport_without_the_optional_reads(
     base, local = write_both(runtime, tmp_path, s3_bucket, count=120)
     for name in without:
         monkeypatch.delattr(remote_mod.ObstoreTransport, name)
-    monkeypatch.setattr(remote_mod, "_REMOTES", {})
+    fresh_remotes(monkeypatch)
     config = drt.ReaderConfig(seed=5, shuffle=True, prefetch_size=8)
     got = rows(runtime.cached_dataset([f"{base}/a"], reader_config=config))
     want = rows(runtime.cached_dataset([local / "a"], reader_config=config))
