@@ -21,7 +21,9 @@
 //!   `makeRoom` says so and a background fetch gives up; for a reader's own fetch it
 //!   unlinks pinned shards too (oldest first): the files in the directory never exceed
 //!   the budget.
-//! - Temporary files of processes that no longer exist are removed by `makeRoom`.
+//! - `makeRoom` counts other processes' downloads in flight (their temporary files,
+//!   whose shard lock they hold) against the budget, and removes temporary files whose
+//!   lock is free: their process died mid-download.
 
 const std = @import("std");
 const posix = std.posix;
@@ -133,7 +135,11 @@ pub const ShardCache = struct {
         while (it.next() catch |err| return failDir(err, sc.path)) |e| {
             if (e.kind != .file) continue;
             if (std.mem.endsWith(u8, e.name, ".tmp")) {
-                sweepTemp(sc.dir, e.name);
+                // Another process's download in flight takes room it will keep.
+                if (tempInFlight(sc.dir, e.name)) {
+                    const st = sc.dir.statFile(e.name) catch continue; // committed meanwhile
+                    total += st.size;
+                }
                 continue;
             }
             if (!std.mem.endsWith(u8, e.name, ".bin") or e.name.len > 80) continue;
@@ -194,14 +200,24 @@ fn binName(buf: *[80]u8, sha_hex: []const u8) [:0]const u8 {
     return std.fmt.bufPrintZ(buf, "{s}.bin", .{sha_hex}) catch unreachable;
 }
 
-/// Removes `<sha>.<pid>.<n>.tmp` when process `pid` no longer exists.
-fn sweepTemp(dir: std.fs.Dir, name: []const u8) void {
+/// Whether `<sha>.<pid>.<n>.tmp` is another process's download in flight. A download
+/// holds its shard's lock (`lockShard`) from before its temporary file exists until the
+/// file is renamed or removed, so a temporary file whose lock is free was left by a
+/// process that died: it is removed (false). This process's own are not in flight here
+/// (the caller counts them). The lock, not the pid, decides: processes in other pid
+/// namespaces may share the directory.
+fn tempInFlight(dir: std.fs.Dir, name: []const u8) bool {
     var parts = std.mem.splitScalar(u8, name, '.');
-    _ = parts.next();
-    const pid = std.fmt.parseInt(i32, parts.next() orelse return, 10) catch return;
-    if (pid == std.os.linux.getpid()) return;
-    const rc = std.os.linux.kill(pid, 0);
-    if (posix.errno(rc) == .SRCH) dir.deleteFile(name) catch {};
+    const sha = parts.next() orelse return false;
+    const pid = std.fmt.parseInt(i32, parts.next() orelse return false, 10) catch return false;
+    if (pid == std.os.linux.getpid()) return false;
+    var buf: [80]u8 = undefined;
+    const lock_name = std.fmt.bufPrintZ(&buf, "{s}.lock", .{sha}) catch return false;
+    const lock = posix.openatZ(dir.fd, lock_name, .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644) catch return true;
+    defer posix.close(lock); // releases the flock
+    posix.flock(lock, posix.LOCK.EX | posix.LOCK.NB) catch return true; // downloading
+    dir.deleteFile(name) catch {};
+    return false;
 }
 
 fn failDir(err: anyerror, path: []const u8) status.Error {
@@ -264,6 +280,32 @@ test "lookup, commit, and eviction of the least recently used shards" {
     try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", false));
     try testing.expect(!sc.contains("bb", 4) and sc.contains("ee", 4));
     posix.close(pinned2);
+}
+
+test "downloads of other processes: in flight count against the budget, dead ones go" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
+    defer testing.allocator.free(root);
+    var sc = try ShardCache.open(root, 10);
+    defer sc.close();
+    try addShard(&sc, "cc", 0); // 4 bytes
+    // "aa" of a process that died (its lock is free), "bb" of one still downloading (its
+    // lock is held: flock conflicts between descriptors of one process too).
+    try sc.dir.writeFile(.{ .sub_path = "aa.1.7.tmp", .data = "12345678" });
+    try sc.dir.writeFile(.{ .sub_path = "bb.1.7.tmp", .data = "123456" });
+    const held = try sc.lockShard("bb");
+    // 4 ("cc") + 6 (in flight) + 4 > 10: "cc" goes; the dead download is removed.
+    try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", false));
+    try testing.expect(!sc.contains("cc", 4));
+    try testing.expectError(error.FileNotFound, sc.dir.statFile("aa.1.7.tmp"));
+    _ = try sc.dir.statFile("bb.1.7.tmp");
+    // Without room besides the download in flight, a background fetch gets none.
+    try testing.expect(!try sc.makeRoom(testing.allocator, 5, "a shard", false));
+    // Once its process is gone (lock released), the temporary file goes too.
+    sc.unlockShard(held);
+    try testing.expect(try sc.makeRoom(testing.allocator, 10, "a shard", false));
+    try testing.expectError(error.FileNotFound, sc.dir.statFile("bb.1.7.tmp"));
 }
 
 fn setMtime(dir: std.fs.Dir, sha: []const u8, seconds: u64) !void {
