@@ -130,6 +130,7 @@ pub const Remote = struct {
         const r = try gpa.create(Remote);
         r.* = .{ .gpa = gpa, .ops = ops, .root = root, .shards_path = shards_path, .shards = shards, .options = options };
         r.options.root = root;
+        sweepCacheTemps(root);
         return r;
     }
 
@@ -335,8 +336,12 @@ pub const Remote = struct {
         caches.makeDir(tmp_name) catch |err| return failWrite(err, caches_path, tmp_name);
         var renamed = false;
         defer if (!renamed) caches.deleteTree(tmp_name) catch {};
-        var tmp = caches.openDir(tmp_name, .{}) catch |err| return failWrite(err, caches_path, tmp_name);
-        defer tmp.close();
+        // (`iterate`: a real descriptor, not O_PATH, which flock refuses)
+        var tmp = caches.openDir(tmp_name, .{ .iterate = true }) catch |err| return failWrite(err, caches_path, tmp_name);
+        defer tmp.close(); // (releases the flock)
+        // Held until the directory is renamed or removed: `sweepCacheTemps` of other
+        // processes leaves it alone.
+        posix.flock(tmp.fd, posix.LOCK.EX) catch |err| return failWrite(err, caches_path, tmp_name);
         const tmp_path = try std.fmt.allocPrint(gpa, "{s}/{s}", .{ caches_path, tmp_name });
         defer gpa.free(tmp_path);
         inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 } }) |file| {
@@ -409,6 +414,28 @@ pub const Remote = struct {
         return r.shards.commit(tmp_name, shard.sha256);
     }
 };
+
+/// Removes what fetches of processes that died mid-download left in `<root>/caches`:
+/// `.<sha>.<pid>.<n>.tmp` directories that no fetch holds locked (`fetchCache` locks its
+/// directory right after making it; one made in the last minute is left alone, as its
+/// fetch may not have locked it yet). Best effort: a failure leaves the directory.
+fn sweepCacheTemps(root: []const u8) void {
+    var path_buf: [std.fs.max_path_bytes]u8 = undefined;
+    const path = std.fmt.bufPrint(&path_buf, "{s}/caches", .{root}) catch return;
+    var caches = std.fs.cwd().openDir(path, .{ .iterate = true }) catch return;
+    defer caches.close();
+    const now = std.time.nanoTimestamp();
+    var it = caches.iterate();
+    while (it.next() catch return) |e| {
+        if (e.kind != .directory or e.name[0] != '.' or !std.mem.endsWith(u8, e.name, ".tmp")) continue;
+        var dir = caches.openDir(e.name, .{ .iterate = true }) catch continue;
+        defer dir.close();
+        posix.flock(dir.fd, posix.LOCK.EX | posix.LOCK.NB) catch continue; // a fetch in flight
+        const st = dir.stat() catch continue;
+        if (now - st.mtime < 60 * std.time.ns_per_s) continue;
+        caches.deleteTree(e.name) catch {};
+    }
+}
 
 /// One object being downloaded by several threads (see `Remote.download`) into `map`,
 /// the shared mapping of its preallocated temporary file.
@@ -1597,5 +1624,30 @@ test "a reader that reaches a shard being fetched ahead waits for that fetch (th
     while (origin.refs.load(.acquire) > 1) : (waited += 1) {
         try testing.expect(waited < 10_000);
         posix.nanosleep(0, std.time.ns_per_ms);
+    }
+}
+
+test "what fetches of dead processes left in caches/ is removed, what a fetch holds is not" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
+    defer testing.allocator.free(root);
+    const old = [2]posix.timespec{ .{ .sec = 1000, .nsec = 0 }, .{ .sec = 1000, .nsec = 0 } };
+    for ([_][]const u8{ "caches/.aa.1.1.tmp", "caches/.bb.1.1.tmp", "caches/.cc.1.1.tmp", "caches/dd" }) |sub| {
+        try tmp.dir.makePath(sub);
+        var d = try tmp.dir.openDir(sub, .{ .iterate = true });
+        defer d.close();
+        try d.writeFile(.{ .sub_path = "index.bin", .data = "1234" });
+        if (!std.mem.endsWith(u8, sub, "cc.1.1.tmp")) try posix.futimens(d.fd, &old);
+    }
+    // ".bb" is held by a fetch (this process, through another descriptor), ".cc" was just
+    // made (its fetch may not hold it yet), "dd" is a fetched cache.
+    var held = try tmp.dir.openDir("caches/.bb.1.1.tmp", .{ .iterate = true });
+    defer held.close();
+    try posix.flock(held.fd, posix.LOCK.EX);
+    sweepCacheTemps(root);
+    try testing.expectError(error.FileNotFound, tmp.dir.statFile("caches/.aa.1.1.tmp"));
+    for ([_][]const u8{ "caches/.bb.1.1.tmp/index.bin", "caches/.cc.1.1.tmp/index.bin", "caches/dd/index.bin" }) |sub| {
+        _ = try tmp.dir.statFile(sub);
     }
 }
