@@ -35,7 +35,8 @@ const posix = std.posix;
 const status = @import("../base/status.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
 const manifest = @import("../format/manifest.zig");
-const ShardCache = @import("shardcache.zig").ShardCache;
+const shardcache = @import("shardcache.zig");
+const ShardCache = shardcache.ShardCache;
 const cache = @import("../store/cache.zig");
 const runtime = @import("../base/runtime.zig");
 
@@ -329,7 +330,11 @@ pub const Remote = struct {
         defer caches.close();
         var present_buf: [80]u8 = undefined;
         const present = std.fmt.bufPrint(&present_buf, "{s}/manifest.json", .{&hex}) catch unreachable;
-        if (caches.statFile(present)) |_| return final else |_| {}
+        if (caches.statFile(present)) |st| {
+            const ctime_s: i64 = @intCast(@divFloor(st.ctime, std.time.ns_per_s));
+            if (shardcache.changedThisBoot(r.shards.booted, ctime_s) or fetchedIntact(caches, &hex, text, &m)) return final;
+            caches.deleteTree(&hex) catch {}; // lost in a crash: fetched again below
+        } else |_| {}
 
         var tmp_buf: [128]u8 = undefined;
         const tmp_name = std.fmt.bufPrint(&tmp_buf, ".{s}.{d}.{x}.tmp", .{ &hex, std.os.linux.getpid(), std.crypto.random.int(u32) }) catch unreachable;
@@ -414,6 +419,33 @@ pub const Remote = struct {
         return r.shards.commit(tmp_name, shard.sha256);
     }
 };
+
+/// Whether the fetched cache `caches/<hex>` (written in an earlier boot, renamed into place
+/// without an fsync) still holds `manifest_text` and the index and metadata its manifest
+/// `m` names; when it does, its manifest is touched so that it is trusted for the rest of
+/// this boot (see `ShardCache`).
+fn fetchedIntact(caches: std.fs.Dir, hex: []const u8, manifest_text: []const u8, m: *const manifest.Manifest) bool {
+    var dir = caches.openDir(hex, .{}) catch return false;
+    defer dir.close();
+    inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 } }) |file| {
+        const f = dir.openFile(file[0], .{}) catch return false;
+        defer f.close();
+        const st = f.stat() catch return false;
+        if (!shardcache.fileHashes(f.handle, st.size, file[1])) return false;
+    }
+    const f = dir.openFile("manifest.json", .{}) catch return false;
+    defer f.close();
+    var buf: [4096]u8 = undefined;
+    var at: usize = 0;
+    while (at < manifest_text.len) {
+        const n = f.pread(&buf, at) catch return false;
+        if (n == 0 or !std.mem.eql(u8, buf[0..n], manifest_text[at..@min(at + n, manifest_text.len)])) return false;
+        at += n;
+    }
+    if ((f.stat() catch return false).size != manifest_text.len) return false;
+    posix.futimens(f.handle, null) catch {};
+    return true;
+}
 
 /// Removes what fetches of processes that died mid-download left in `<root>/caches`:
 /// `.<sha>.<pid>.<n>.tmp` directories that no fetch holds locked (`fetchCache` locks its
@@ -1650,4 +1682,25 @@ test "what fetches of dead processes left in caches/ is removed, what a fetch ho
     for ([_][]const u8{ "caches/.bb.1.1.tmp/index.bin", "caches/.cc.1.1.tmp/index.bin", "caches/dd/index.bin" }) |sub| {
         _ = try tmp.dir.statFile(sub);
     }
+}
+
+test "a fetched cache from an earlier boot is used only while its files are intact" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    _ = try copyFixture(tmp.dir, "plain_one_shard");
+    var caches = try tmp.dir.openDir("bucket", .{});
+    defer caches.close();
+    const text = try caches.readFileAlloc(testing.allocator, "plain_one_shard/manifest.json", 1 << 20);
+    defer testing.allocator.free(text);
+    var m = try manifest.parse(testing.allocator, text, "manifest.json");
+    defer m.deinit();
+    try testing.expect(fetchedIntact(caches, "plain_one_shard", text, &m));
+    try testing.expect(!fetchedIntact(caches, "plain_one_shard", text[0 .. text.len - 1], &m));
+    // The index at its size but zeros, as a crash can leave a file never written back.
+    const st = try caches.statFile("plain_one_shard/index.bin");
+    const zeros = try testing.allocator.alloc(u8, @intCast(st.size));
+    defer testing.allocator.free(zeros);
+    @memset(zeros, 0);
+    try caches.writeFile(.{ .sub_path = "plain_one_shard/index.bin", .data = zeros });
+    try testing.expect(!fetchedIntact(caches, "plain_one_shard", text, &m));
 }

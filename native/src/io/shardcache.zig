@@ -21,6 +21,11 @@
 //!   `makeRoom` says so and a background fetch gives up; for a reader's own fetch it
 //!   unlinks pinned shards too (oldest first): the files in the directory never exceed
 //!   the budget.
+//! - Files are renamed into place without an fsync (a cold read would wait for the disk):
+//!   after a crash of the machine, a file can exist at its full size with contents that
+//!   never reached the disk. So a shard whose inode last changed before this boot is
+//!   hashed again on its first `lookup` of this boot (and dropped when it does not match);
+//!   `lookup` touches every shard it returns, so it is trusted for the rest of the boot.
 //! - `makeRoom` counts other processes' downloads in flight (their temporary files,
 //!   whose shard lock they hold) against the budget, and removes temporary files whose
 //!   lock is free: their process died mid-download.
@@ -28,19 +33,22 @@
 const std = @import("std");
 const posix = std.posix;
 const status = @import("../base/status.zig");
+const Sha256 = @import("../codec/sha256.zig").Sha256;
 
 pub const ShardCache = struct {
     dir: std.fs.Dir,
     /// The directory's path, for messages.
     path: []const u8,
     budget: u64,
+    /// When this machine booted (see `changedThisBoot`).
+    booted: i64,
 
     /// Opens (creating it and its parents) the directory `path`.
     pub fn open(path: []const u8, budget: u64) status.Error!ShardCache {
         if (budget == 0) return status.fail(error.InvalidArgument, "the shard cache budget must be greater than zero", .{});
         std.fs.cwd().makePath(path) catch |err| return failDir(err, path);
         const dir = std.fs.cwd().openDir(path, .{ .iterate = true }) catch |err| return failDir(err, path);
-        return .{ .dir = dir, .path = path, .budget = budget };
+        return .{ .dir = dir, .path = path, .budget = budget, .booted = bootTime() };
     }
 
     pub fn close(sc: *ShardCache) void {
@@ -58,8 +66,9 @@ pub const ShardCache = struct {
         };
         errdefer posix.close(fd);
         const st = posix.fstat(fd) catch |err| return failDir(err, sc.path);
-        if (@as(u64, @intCast(st.size)) != size) {
-            // Not written by this cache (renamed files are verified): drop it, fetch again.
+        if (@as(u64, @intCast(st.size)) != size or (!changedThisBoot(sc.booted, st.ctime().sec) and !fileHashes(fd, size, sha_hex))) {
+            // Not written by this cache (renamed files are verified), or not all on the
+            // disk before a crash: drop it, fetch again.
             posix.close(fd);
             posix.unlinkatZ(sc.dir.fd, name, 0) catch {};
             return null;
@@ -196,6 +205,37 @@ pub const ShardCache = struct {
     }
 };
 
+/// When this machine booted, in seconds since the epoch (`btime` of /proc/stat); 0 when it
+/// cannot be read (then every file counts as changed this boot: nothing is hashed again).
+fn bootTime() i64 {
+    var buf: [4096]u8 = undefined;
+    const text = std.fs.cwd().readFile("/proc/stat", &buf) catch return 0;
+    const at = std.mem.indexOf(u8, text, "\nbtime ") orelse return 0;
+    const rest = text[at + "\nbtime ".len ..];
+    const end = std.mem.indexOfScalar(u8, rest, '\n') orelse rest.len;
+    return std.fmt.parseInt(i64, rest[0..end], 10) catch 0;
+}
+
+/// Whether a file whose inode last changed at `ctime_s` (seconds) was created, renamed
+/// or touched since this machine booted at `booted`: then a crash did not lose its bytes.
+pub fn changedThisBoot(booted: i64, ctime_s: i64) bool {
+    return ctime_s >= booted;
+}
+
+/// Whether the `size` bytes of `fd` hash to `sha_hex` (false when they cannot be read).
+pub fn fileHashes(fd: posix.fd_t, size: u64, sha_hex: []const u8) bool {
+    var digest: [32]u8 = undefined;
+    if (size == 0) {
+        Sha256.hash("", &digest);
+    } else {
+        const len = std.math.cast(usize, size) orelse return false;
+        const map = posix.mmap(null, len, posix.PROT.READ, .{ .TYPE = .SHARED }, fd, 0) catch return false;
+        defer posix.munmap(map);
+        Sha256.hash(map, &digest);
+    }
+    return std.mem.eql(u8, &std.fmt.bytesToHex(digest, .lower), sha_hex);
+}
+
 fn binName(buf: *[80]u8, sha_hex: []const u8) [:0]const u8 {
     return std.fmt.bufPrintZ(buf, "{s}.bin", .{sha_hex}) catch unreachable;
 }
@@ -306,6 +346,32 @@ test "downloads of other processes: in flight count against the budget, dead one
     sc.unlockShard(held);
     try testing.expect(try sc.makeRoom(testing.allocator, 10, "a shard", false));
     try testing.expectError(error.FileNotFound, sc.dir.statFile("bb.1.7.tmp"));
+}
+
+test "a shard last changed before this boot is hashed again before it is trusted" {
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
+    defer testing.allocator.free(root);
+    var sc = try ShardCache.open(root, 100);
+    defer sc.close();
+    try testing.expect(sc.booted > 0);
+    var digest: [32]u8 = undefined;
+    Sha256.hash("1234", &digest);
+    const sha = std.fmt.bytesToHex(digest, .lower);
+    var name_buf: [128]u8 = undefined;
+    const tmp_name = ShardCache.tempName(&name_buf, &sha);
+    try sc.dir.writeFile(.{ .sub_path = tmp_name, .data = "1234" });
+    posix.close(try sc.commit(tmp_name, &sha));
+    // As after a reboot: every file changed before it.
+    sc.booted = std.time.timestamp() + 3600;
+    posix.close((try sc.lookup(&sha, 4)).?); // hashes to its name: kept
+    // The same size, zeros (what a crash can leave of a renamed file that was never
+    // written back): dropped, so the shard is fetched again.
+    var bin: [80]u8 = undefined;
+    try sc.dir.writeFile(.{ .sub_path = binName(&bin, &sha), .data = "\x00\x00\x00\x00" });
+    try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup(&sha, 4));
+    try testing.expect(!sc.contains(&sha, 4));
 }
 
 fn setMtime(dir: std.fs.Dir, sha: []const u8, seconds: u64) !void {
