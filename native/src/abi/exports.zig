@@ -137,8 +137,10 @@ export fn drt_writer_append(w: ?*Writer, count: u64, payloads: ?[*]const u8, pay
     const writer = w orelse return nullArgument("writer");
     const offsets = payload_offsets orelse return nullArgument("payload_offsets");
     const empty: [1]u8 = .{0};
-    const data = payloads orelse &empty;
     status.clear();
+    // Without payload bytes, every payload must be empty.
+    if (payloads == null and count > 0 and offsets[@intCast(count)] != offsets[0]) return nullArgument("payloads");
+    const data = payloads orelse &empty;
     const cols = gpa.alloc(WriterColumn, writer.fields.len) catch return fromError(error.OutOfMemory);
     defer gpa.free(cols);
     if (writer.fields.len > 0 and columns == null) return nullArgument("columns");
@@ -182,6 +184,7 @@ export fn drt_staging_sweep(base_dir: ?[*]const u8, base_dir_len: u64) Rc {
     status.clear();
     const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
     if (base.len == 0) return fromError(status.fail(error.InvalidArgument, "base_dir must not be empty", .{}));
+    publish.checkBase(base.slice()) catch |err| return fromError(err);
     return call(publish.sweepBase, .{base.slice()});
 }
 
@@ -239,7 +242,11 @@ fn openDataset(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: u64, options
     status.clear();
     const slices = gpa.alloc([]const u8, @intCast(path_count)) catch return fromError(error.OutOfMemory);
     defer gpa.free(slices);
-    for (slices, 0..) |*s, i| s.* = paths.?[i].slice();
+    for (slices, 0..) |*s, i| {
+        s.* = paths.?[i].slice();
+        if (s.len == 0) return fromError(status.fail(error.InvalidArgument, "cache path {d} is empty", .{i}));
+        if (std.mem.indexOfScalar(u8, s.*, 0) != null) return fromError(status.fail(error.InvalidArgument, "cache path {d} contains a NUL byte", .{i}));
+    }
     if (opts.sampling != abi.sampling_with_replacement and opts.sampling != abi.sampling_permutation) {
         return fromError(status.fail(error.InvalidArgument, "unknown sampling mode {d}", .{opts.sampling}));
     }
@@ -359,20 +366,36 @@ export fn drt_dataset_set_table(
     return ok();
 }
 
+/// The dataset's plain state (epoch length, stream, read-ahead budget) is usable in a
+/// forked child (it is the child's copy) unless a thread of the parent held the dataset's
+/// lock at the fork: that lock is never released, so the call fails instead of waiting.
+fn plainStateUsable(d: *Dataset) status.Error!void {
+    d.runtime.checkPid() catch |err| {
+        if (!d.mutex.tryLock()) return err;
+        d.mutex.unlock();
+    };
+}
+
 export fn drt_dataset_epoch_len(ds: ?*Dataset, out: ?*u64) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    plainStateUsable(d) catch |err| return fromError(err);
     o.* = d.epochLen();
     return ok();
 }
 
 export fn drt_dataset_set_epoch_len(ds: ?*Dataset, epoch_len: u64) Rc {
     const d = ds orelse return nullArgument("dataset");
+    status.clear();
+    plainStateUsable(d) catch |err| return fromError(err);
     return call(Dataset.setEpochLen, .{ d, epoch_len });
 }
 
 export fn drt_dataset_set_prefetch_bytes(ds: ?*Dataset, prefetch_bytes: u64) Rc {
     const d = ds orelse return nullArgument("dataset");
+    status.clear();
+    plainStateUsable(d) catch |err| return fromError(err);
     d.setPrefetchBytes(prefetch_bytes);
     return ok();
 }
@@ -380,6 +403,8 @@ export fn drt_dataset_set_prefetch_bytes(ds: ?*Dataset, prefetch_bytes: u64) Rc 
 export fn drt_dataset_stream(ds: ?*Dataset, out: ?*abi.Stream) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    plainStateUsable(d) catch |err| return fromError(err);
     const s = d.stream();
     o.* = .{ .position = s.position, .window_end = s.window_end };
     return ok();
@@ -388,12 +413,16 @@ export fn drt_dataset_stream(ds: ?*Dataset, out: ?*abi.Stream) Rc {
 export fn drt_dataset_set_stream(ds: ?*Dataset, stream: ?*const abi.Stream) Rc {
     const d = ds orelse return nullArgument("dataset");
     const s = stream orelse return nullArgument("stream");
+    status.clear();
+    plainStateUsable(d) catch |err| return fromError(err);
     return call(Dataset.setStream, .{ d, Dataset.Stream{ .position = s.position, .window_end = s.window_end } });
 }
 
 export fn drt_dataset_table_digest(ds: ?*Dataset, out: ?[*]u8) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    d.runtime.checkPid() catch |err| return fromError(err);
     o[0..32].* = d.tableDigest();
     return ok();
 }
@@ -526,7 +555,6 @@ export fn drt_iter_stage_batch(it: ?*IterHandle, max_count: u64, dst: ?[*]u8, ca
     const h = it orelse return nullArgument("iter");
     const o = out_needed orelse return nullArgument("out_needed");
     status.clear();
-    o.* = 0;
     const dest: []u8 = if (dst) |d| d[0..@intCast(capacity)] else &.{};
     o.* = h.reader.stageBatch(max_count, dest) catch |err| return fromError(err);
     return ok();
@@ -599,11 +627,11 @@ export fn drt_batch_run(b: ?*const abi.Batch, out_cache_id: ?*u64, out_first: ?*
     const first = out_first orelse return nullArgument("out_first");
     const len = out_len orelse return nullArgument("out_len");
     status.clear();
-    cache_id.* = 0;
-    first.* = 0;
-    len.* = 0;
     const n: usize = @intCast(bt.count);
-    if (n == 0) return ok();
+    if (n == 0) {
+        cache_id.*, first.*, len.* = .{ 0, 0, 0 };
+        return ok();
+    }
     const cids = (bt.cache_ids orelse return nullArgument("batch.cache_ids"))[0..n];
     const sids = (bt.sample_ids orelse return nullArgument("batch.sample_ids"))[0..n];
     var k: usize = 1;
@@ -642,9 +670,11 @@ export fn drt_column_string_views(column: ?*const abi.Column, count: u64, views:
     const col = column orelse return nullArgument("column");
     const o = out_data_len orelse return nullArgument("out_data_len");
     status.clear();
-    o.* = 0;
     if (col.kind != @intFromEnum(schema.Kind.string)) return fromError(status.fail(error.InvalidArgument, "column is not a string column (kind {d})", .{col.kind}));
-    if (count == 0) return ok();
+    if (count == 0) {
+        o.* = 0;
+        return ok();
+    }
     const need = std.math.mul(u64, count, batch.string_view_bytes) catch return fromError(status.fail(error.Overflow, "{d} views do not fit in memory", .{count}));
     if (capacity < need) return fromError(status.fail(error.InvalidArgument, "{d} views take {d} bytes, the buffer has {d}", .{ count, need, capacity }));
     const v = views orelse return nullArgument("views");
@@ -864,4 +894,75 @@ export fn drt_file_publish(dir: ?[*]const u8, dir_len: u64, name: ?[*]const u8, 
     const durability = publish.publishFile(gpa, d, n, bytes, flags & abi.publish_replace != 0) catch |err| return fromError(err);
     o.* = @intFromBool(durability == .durable);
     return ok();
+}
+
+test "misuse through the C ABI gets a status, never a panic or a hang" {
+    const t = std.testing;
+    const invalid: Rc = -1;
+    const forked_rc: Rc = -8;
+    var rt: ?*Runtime = null;
+    try t.expectEqual(@as(Rc, 0), drt_runtime_open(2, &rt));
+    defer drt_runtime_close(rt);
+    const fixture = try std.fs.path.join(t.allocator, &.{ build_options.fixtures_dir, "plain_one_shard" });
+    defer t.allocator.free(fixture);
+    const options: abi.DatasetOptions = .{ .seed = 1, .prefetch_size = 8, .shuffle = 0, .validate_cache = 0, .io_backend = abi.io_threads, .sampling = abi.sampling_with_replacement };
+    var ds: ?*Dataset = null;
+
+    // Paths: empty, or with a NUL byte (the file system calls cannot take them).
+    for ([_][]const u8{ "", "a\x00b" }) |bad| {
+        const paths = [_]abi.Str{abi.Str.from(bad)};
+        try t.expectEqual(invalid, drt_dataset_open(rt, &paths, 1, &options, &ds));
+    }
+    try t.expectEqualStrings("cache path 0 contains a NUL byte", status.lastMessage());
+    try t.expectEqual(invalid, drt_staging_sweep("a\x00b", 3));
+
+    // Without payload bytes, payloads must be empty.
+    var tmp = t.tmpDir(.{});
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(t.allocator, ".");
+    defer t.allocator.free(base);
+    const wopts: abi.WriterOptions = .{ .max_shard_bytes = 1 << 20, .prefetch_size = std.math.maxInt(u64), .compression = 0, .flags = 0, .compression_ratio = 1.0, .fingerprint = null, .fingerprint_len = 0 };
+    var w: ?*Writer = null;
+    try t.expectEqual(@as(Rc, 0), drt_writer_open(rt, base.ptr, base.len, "w", 1, &wopts, &w));
+    defer drt_writer_close(w);
+    try t.expectEqual(@as(Rc, 0), drt_writer_set_schema(w, null, 0));
+    const offsets = [_]u64{ 0, 100000 };
+    try t.expectEqual(invalid, drt_writer_append(w, 1, null, &offsets, null));
+    try t.expectEqualStrings("payloads must not be NULL", status.lastMessage());
+    // prefetch_size 2**64-1 bounds nothing, and overflows nothing.
+    const empty = [_]u64{ 0, 0 };
+    try t.expectEqual(@as(Rc, 0), drt_writer_append(w, 1, null, &empty, null));
+
+    const paths = [_]abi.Str{abi.Str.from(fixture)};
+    try t.expectEqual(@as(Rc, 0), drt_dataset_open(rt, &paths, 1, &options, &ds));
+    defer drt_dataset_close(ds);
+    // A batch of any size after the first (2**64-1: "everything left").
+    var it: ?*IterHandle = null;
+    try t.expectEqual(@as(Rc, 0), drt_iter_open(ds, &it));
+    defer drt_iter_close(it);
+    var b: abi.Batch = undefined;
+    try t.expectEqual(@as(Rc, 0), drt_iter_next_batch(it, 1, abi.batch_contiguous, &b));
+    try t.expectEqual(@as(Rc, 0), drt_iter_next_batch(it, std.math.maxInt(u64), abi.batch_contiguous, &b));
+    try t.expectEqual(@as(u64, 119), b.count);
+    // Output parameters are written only on success.
+    var needed: u64 = 77;
+    try t.expect(drt_iter_stage_batch(it, 0, null, 0, &needed) != 0);
+    try t.expectEqual(@as(u64, 77), needed);
+
+    // In a forked child, the plain state works unless the parent held the dataset's lock
+    // at the fork (then it never comes free): DRT_E_FORKED, not a hang.
+    for ([_]bool{ true, false }) |held| {
+        if (held) ds.?.mutex.lock();
+        const pid = try std.posix.fork();
+        if (pid == 0) {
+            var len: u64 = 0;
+            const want: Rc = if (held) forked_rc else 0;
+            const ok_all = drt_dataset_epoch_len(ds, &len) == want and drt_dataset_set_epoch_len(ds, 5) == want and
+                drt_dataset_set_prefetch_bytes(ds, 1 << 20) == want;
+            std.posix.exit(if (ok_all) 0 else 1);
+        }
+        if (held) ds.?.mutex.unlock();
+        const result = std.posix.waitpid(pid, 0);
+        try t.expect(std.posix.W.IFEXITED(result.status) and std.posix.W.EXITSTATUS(result.status) == 0);
+    }
 }

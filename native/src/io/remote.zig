@@ -122,6 +122,7 @@ pub const Remote = struct {
     pub fn create(gpa: std.mem.Allocator, ops: Ops, options: Options) status.Error!*Remote {
         if (ops.open == null or ops.read == null or ops.close == null) return status.fail(error.InvalidArgument, "remote ops: open, read and close are required", .{});
         if (options.root.len == 0) return status.fail(error.InvalidArgument, "remote: the local cache directory must not be empty", .{});
+        if (std.mem.indexOfScalar(u8, options.root, 0) != null) return status.fail(error.InvalidArgument, "remote: the local cache directory contains a NUL byte", .{});
         const root = try gpa.dupe(u8, std.mem.trimRight(u8, options.root, "/"));
         errdefer gpa.free(root);
         const shards_path = try std.fmt.allocPrint(gpa, "{s}/shards", .{root});

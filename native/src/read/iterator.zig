@@ -1108,7 +1108,7 @@ pub const Iter = struct {
             const f = &it.staged[i];
             if (!f.active) break f;
             if (!f.whole or f.max_count != max_count) return 0;
-            start = f.first + max_count;
+            start = f.first +| max_count;
         } else return 0;
         const end = @min(it.schedule.count, start +| max_count);
         if (start >= end) return 0;
@@ -1230,7 +1230,7 @@ pub const Iter = struct {
     fn takeMapped(it: *Iter, wanted: u64, bytes_max: ?u64) status.Error!u64 {
         std.debug.assert(it.used == 0 and it.planned == it.delivered and it.head_taken == 0);
         const ds = it.ds;
-        const end = @min(it.schedule.count, it.delivered + wanted);
+        const end = @min(it.schedule.count, it.delivered +| wanted);
         if (it.map_max == 0 or it.delivered >= end) return 0;
         it.lookahead.advance(ds, it.table, it.schedule, it.planned);
         try it.batch.reserve(ds.gpa, ds.fields, @intCast(@min(end - it.delivered, 1 << 16)));
@@ -1568,7 +1568,7 @@ pub const Iter = struct {
         std.debug.assert(it.used == 0 and it.planned == it.delivered and it.head_taken == 0);
         const ds = it.ds;
         if (!it.batch.stored_metadata or ds.options.validate_cache or ds.options.remote != null) return 0;
-        const end = @min(it.schedule.count, it.delivered + @min(wanted, it.direct.len));
+        const end = @min(it.schedule.count, it.delivered +| @min(wanted, it.direct.len));
         const first = it.batch.count();
         var n: usize = 0;
         // The backend starts reads as they are prepared; this thread runs the rest.

@@ -378,7 +378,7 @@ pub const Writer = struct {
         // One batch may queue while up to max(prefetch_size, batch) samples are still
         // being encoded or committed, so the caller produces the next batch while the
         // pool works (a whole batch of the caller's may be in flight).
-        const bound = @max(w.options.prefetch_size, samples) + samples;
+        const bound = @max(w.options.prefetch_size, samples) +| samples;
         while (true) {
             if (w.async_failure != null) break;
             const chunk = &w.chunks[@intCast(w.next_submit % w.chunks.len)];
