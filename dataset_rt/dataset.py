@@ -429,11 +429,12 @@ class CachedDataset:
         ``position`` is the stream position (ordered cursor or draw number) of the next
         sample: after the samples the latest iterator (per-sample or batch) has handed
         out. When that iterator is still open and unfinished, ``window_end`` is the end of
-        its window, and after :meth:`load_state_dict` the next iterator yields just the
-        rest of it, so the continued stream equals the uninterrupted one sample for
-        sample; an iterator that was closed early has given up its window (as it would
-        have in the uninterrupted run). Older iterators still running are not
-        described. Small: a few integers, the reading options and ``table_digest``.
+        its window (modulo 2**64, as positions are), and after :meth:`load_state_dict`
+        the next iterator yields just the rest of it, so the continued stream equals the
+        uninterrupted one sample for sample; an iterator that was closed early has given
+        up its window (as it would have in the uninterrupted run). Older iterators still
+        running are not described. Small: a few integers, the reading options and
+        ``table_digest``.
         """
         with self._state_lock:
             progress = self._progress

@@ -415,7 +415,8 @@ export fn drt_dataset_set_stream(ds: ?*Dataset, stream: ?*const abi.Stream) Rc {
     const s = stream orelse return nullArgument("stream");
     status.clear();
     plainStateUsable(d) catch |err| return fromError(err);
-    return call(Dataset.setStream, .{ d, Dataset.Stream{ .position = s.position, .window_end = s.window_end } });
+    d.setStream(.{ .position = s.position, .window_end = s.window_end });
+    return ok();
 }
 
 export fn drt_dataset_table_digest(ds: ?*Dataset, out: ?[*]u8) Rc {

@@ -8,9 +8,10 @@
 //! - `position` counts stream positions (the ordered cursor or the draw counter). Every
 //!   iterator reserves `[position, position + epoch_len)` on open; `set_epoch_len` does
 //!   not move it and replacing the table resets it to 0.
-//! - `window_end > position` means a restored, partly read window: the next iterator
-//!   reserves `[position, window_end)` instead (drt_dataset_set_stream), so a resumed
-//!   run continues exactly where the saved one stopped.
+//! - `window_len > 0` means a restored, partly read window: the next iterator reserves
+//!   `[position, position + window_len)` instead (drt_dataset_set_stream), so a resumed
+//!   run continues exactly where the saved one stopped. Positions wrap modulo 2^64, and
+//!   so do windows: the stream's `window_end` is `position + window_len` modulo 2^64.
 
 const std = @import("std");
 const mem_mod = @import("../base/mem.zig");
@@ -147,7 +148,7 @@ pub const Dataset = struct {
 
     mutex: std.Thread.Mutex = .{},
     position: u64 = 0,
-    window_end: u64 = 0,
+    window_len: u64 = 0,
     epoch_len: u64,
     table: *Table,
 
@@ -400,15 +401,15 @@ pub const Dataset = struct {
     }
 
     /// Reserves the next window: returns its start, length and a retained table snapshot.
-    /// A restored partial window (`window_end > position`) is taken first.
+    /// A restored partial window (`window_len > 0`) is taken first.
     pub fn reserveWindow(ds: *Dataset) struct { start: u64, len: u64, table: *Table } {
         ds.mutex.lock();
         defer ds.mutex.unlock();
         const start = ds.position;
-        const len = if (ds.window_end > start) ds.window_end - start else ds.epoch_len;
+        const len = if (ds.window_len > 0) ds.window_len else ds.epoch_len;
         std.debug.assert(len > 0); // epoch_len >= 1: set_epoch_len and tables refuse 0
         ds.position +%= len;
-        ds.window_end = 0;
+        ds.window_len = 0;
         return .{ .start = start, .len = len, .table = ds.table.retain() };
     }
 
@@ -426,17 +427,17 @@ pub const Dataset = struct {
     pub fn stream(ds: *Dataset) Stream {
         ds.mutex.lock();
         defer ds.mutex.unlock();
-        return .{ .position = ds.position, .window_end = @max(ds.position, ds.window_end) };
+        return .{ .position = ds.position, .window_end = ds.position +% ds.window_len };
     }
 
     /// Moves the stream: the next iterator starts at `s.position` and, when
-    /// `s.window_end > s.position`, reserves only `[position, window_end)`.
-    pub fn setStream(ds: *Dataset, s: Stream) status.Error!void {
-        if (s.window_end < s.position) return status.fail(error.InvalidArgument, "window_end {d} is before position {d}", .{ s.window_end, s.position });
+    /// `s.window_end != s.position`, reserves only `[position, window_end)`, modulo 2^64
+    /// as positions are (a window that crosses 2^64 ends below its start).
+    pub fn setStream(ds: *Dataset, s: Stream) void {
         ds.mutex.lock();
         defer ds.mutex.unlock();
         ds.position = s.position;
-        ds.window_end = s.window_end;
+        ds.window_len = s.window_end -% s.position;
     }
 
     /// SHA-256 identifying the active table: its rows (cache ids, sample ids) in order and
@@ -536,7 +537,7 @@ pub const Dataset = struct {
         const old = ds.table;
         ds.table = table;
         ds.position = 0;
-        ds.window_end = 0;
+        ds.window_len = 0;
         ds.epoch_len = table.len;
         ds.mutex.unlock();
         old.release();
@@ -614,19 +615,23 @@ test "dataset: windows: reserveWindow sequence, set_epoch_len, a restored partia
     try testing.expectEqual(@as(u64, 7), ds.epochLen());
 
     // A restored partial window is taken first, then whole windows again.
-    try ds.setStream(.{ .position = 100, .window_end = 103 });
+    ds.setStream(.{ .position = 100, .window_end = 103 });
     try testing.expectEqual(Dataset.Stream{ .position = 100, .window_end = 103 }, ds.stream());
     try testing.expectEqual(Window{ 100, 3 }, take(ds));
     try testing.expectEqual(Window{ 103, 7 }, take(ds));
     try testing.expectEqual(Dataset.Stream{ .position = 110, .window_end = 110 }, ds.stream());
-    try ds.setStream(.{ .position = 5, .window_end = 5 });
+    ds.setStream(.{ .position = 5, .window_end = 5 });
     try testing.expectEqual(Window{ 5, 7 }, take(ds));
-    try testing.expectError(error.InvalidArgument, ds.setStream(.{ .position = 9, .window_end = 4 }));
-    try testing.expectEqualStrings("window_end 4 is before position 9", status.lastMessage());
-    try testing.expectEqual(Dataset.Stream{ .position = 12, .window_end = 12 }, ds.stream());
+    // A window that crosses 2^64 (what `stream` gives for one) ends below its start.
+    const near_end = std.math.maxInt(u64) - 1;
+    ds.setStream(.{ .position = near_end, .window_end = 3 });
+    try testing.expectEqual(Dataset.Stream{ .position = near_end, .window_end = 3 }, ds.stream());
+    try testing.expectEqual(Window{ near_end, 5 }, take(ds));
+    try testing.expectEqual(Dataset.Stream{ .position = 3, .window_end = 3 }, ds.stream());
+    ds.setStream(.{ .position = 12, .window_end = 12 });
 
     // An iterator over a restored window reads exactly its rest.
-    try ds.setStream(.{ .position = 125, .window_end = 128 });
+    ds.setStream(.{ .position = 125, .window_end = 128 });
     {
         const it = try env.openIter();
         defer it.close();
