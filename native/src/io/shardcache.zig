@@ -268,13 +268,31 @@ fn failDir(err: anyerror, path: []const u8) status.Error {
 
 const testing = std.testing;
 
+/// A shard cache of `budget` bytes in a new temporary directory.
+const TestCache = struct {
+    tmp: testing.TmpDir,
+    root: []u8,
+    sc: ShardCache,
+
+    fn open(budget: u64) !TestCache {
+        var tmp = testing.tmpDir(.{});
+        errdefer tmp.cleanup();
+        const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
+        errdefer testing.allocator.free(root);
+        return .{ .tmp = tmp, .root = root, .sc = try ShardCache.open(root, budget) };
+    }
+
+    fn close(t: *TestCache) void {
+        t.sc.close();
+        testing.allocator.free(t.root);
+        t.tmp.cleanup();
+    }
+};
+
 test "lookup, commit, and eviction of the least recently used shards" {
-    var tmp = testing.tmpDir(.{});
-    defer tmp.cleanup();
-    const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
-    defer testing.allocator.free(root);
-    var sc = try ShardCache.open(root, 10);
-    defer sc.close();
+    var t = try TestCache.open(10);
+    defer t.close();
+    const sc = &t.sc;
     try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup("aa", 4));
     var names: [3][128]u8 = undefined;
     for ([_][]const u8{ "aa", "bb", "cc" }, 0..) |sha, i| {
@@ -301,10 +319,10 @@ test "lookup, commit, and eviction of the least recently used shards" {
     // and oldest, "dd" goes; with "bb" and "ee" pinned there is no room and nothing goes.
     const pinned = (try sc.pin("bb", 4)).?;
     try setMtime(sc.dir, "bb", 0);
-    try addShard(&sc, "dd", 5);
+    try addShard(sc, "dd", 5);
     try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", false));
     try testing.expect(sc.contains("bb", 4) and !sc.contains("dd", 4));
-    try addShard(&sc, "ee", 6);
+    try addShard(sc, "ee", 6);
     const pinned2 = (try sc.pin("ee", 4)).?;
     try testing.expect(!try sc.makeRoom(testing.allocator, 4, "a shard", false));
     try testing.expect(sc.contains("bb", 4) and sc.contains("ee", 4));
@@ -314,7 +332,7 @@ test "lookup, commit, and eviction of the least recently used shards" {
     try testing.expect(!sc.contains("bb", 4) and sc.contains("ee", 4));
     var back: [4]u8 = undefined;
     try testing.expectEqual(@as(usize, 4), try posix.pread(pinned, &back, 0));
-    try addShard(&sc, "bb", 0);
+    try addShard(sc, "bb", 0);
     // Unpinned: evictable again.
     posix.close(pinned);
     try testing.expect(try sc.makeRoom(testing.allocator, 4, "a shard", false));
@@ -323,13 +341,10 @@ test "lookup, commit, and eviction of the least recently used shards" {
 }
 
 test "downloads of other processes: in flight count against the budget, dead ones go" {
-    var tmp = testing.tmpDir(.{});
-    defer tmp.cleanup();
-    const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
-    defer testing.allocator.free(root);
-    var sc = try ShardCache.open(root, 10);
-    defer sc.close();
-    try addShard(&sc, "cc", 0); // 4 bytes
+    var t = try TestCache.open(10);
+    defer t.close();
+    const sc = &t.sc;
+    try addShard(sc, "cc", 0); // 4 bytes
     // "aa" of a process that died (its lock is free), "bb" of one still downloading (its
     // lock is held: flock conflicts between descriptors of one process too).
     try sc.dir.writeFile(.{ .sub_path = "aa.1.7.tmp", .data = "12345678" });
@@ -349,12 +364,9 @@ test "downloads of other processes: in flight count against the budget, dead one
 }
 
 test "a shard last changed before this boot is hashed again before it is trusted" {
-    var tmp = testing.tmpDir(.{});
-    defer tmp.cleanup();
-    const root = try tmp.dir.realpathAlloc(testing.allocator, ".");
-    defer testing.allocator.free(root);
-    var sc = try ShardCache.open(root, 100);
-    defer sc.close();
+    var t = try TestCache.open(100);
+    defer t.close();
+    const sc = &t.sc;
     try testing.expect(sc.booted > 0);
     var digest: [32]u8 = undefined;
     Sha256.hash("1234", &digest);
