@@ -8,7 +8,10 @@
 //!   and is never written afterwards. Content addressing means a changed object on the
 //!   server can never be mixed with cached bytes of the old one.
 //! - One process at a time downloads a given shard: `lockShard` holds an exclusive flock
-//!   on `<sha256>.lock`; the others wait and then find the file present.
+//!   on `<sha256>.lock`; the others wait and then find the file present. Evicting a
+//!   shard removes its lock file too unless a download holds it (the unlink happens under
+//!   the file's own flock, and `lockShard` retries on a file unlinked while it waited), so
+//!   lock files do not pile up with every shard ever fetched.
 //! - `makeRoom` (under the exclusive flock of `.evict.lock`) unlinks the least recently
 //!   used shards until the new one fits the budget. A shard a reader still holds open stays
 //!   readable (the descriptor keeps the inode) and frees its space when closed: evicted
@@ -112,13 +115,16 @@ pub const ShardCache = struct {
     /// Holds the download lock of shard `sha_hex` until `unlockShard`.
     pub fn lockShard(sc: *ShardCache, sha_hex: []const u8) status.Error!posix.fd_t {
         var buf: [80]u8 = undefined;
-        const name = std.fmt.bufPrintZ(&buf, "{s}.lock", .{sha_hex}) catch unreachable;
-        const fd = posix.openatZ(sc.dir.fd, name, .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644) catch |err| return failDir(err, sc.path);
-        posix.flock(fd, posix.LOCK.EX) catch |err| {
-            posix.close(fd);
-            return failDir(err, sc.path);
-        };
-        return fd;
+        const name = lockName(&buf, sha_hex);
+        while (true) {
+            const fd = posix.openatZ(sc.dir.fd, name, .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644) catch |err| return failDir(err, sc.path);
+            posix.flock(fd, posix.LOCK.EX) catch |err| {
+                posix.close(fd);
+                return failDir(err, sc.path);
+            };
+            if (stillLinked(sc.dir, name, fd)) return fd;
+            posix.close(fd); // dropped (`dropLock`) while this waited: lock the file there now
+        }
     }
 
     pub fn unlockShard(sc: *ShardCache, lock: posix.fd_t) void {
@@ -176,6 +182,7 @@ pub const ShardCache = struct {
             defer posix.close(fd);
             posix.flock(fd, posix.LOCK.EX | posix.LOCK.NB) catch continue; // pinned
             posix.unlinkatZ(sc.dir.fd, name, 0) catch {};
+            dropLock(sc.dir, name[0 .. name.len - ".bin".len]);
             total -= e.size;
             e.size = 0;
         }
@@ -184,6 +191,7 @@ pub const ShardCache = struct {
             if (total + need <= sc.budget) break;
             if (e.size == 0) continue; // unlinked above
             sc.dir.deleteFile(e.name[0..e.len]) catch {};
+            dropLock(sc.dir, e.name[0 .. e.len - ".bin".len]);
             total -= e.size;
         }
         return true;
@@ -251,13 +259,45 @@ fn tempInFlight(dir: std.fs.Dir, name: []const u8) bool {
     const sha = parts.next() orelse return false;
     const pid = std.fmt.parseInt(i32, parts.next() orelse return false, 10) catch return false;
     if (pid == std.os.linux.getpid()) return false;
+    if (sha.len > 64) return false;
     var buf: [80]u8 = undefined;
-    const lock_name = std.fmt.bufPrintZ(&buf, "{s}.lock", .{sha}) catch return false;
-    const lock = posix.openatZ(dir.fd, lock_name, .{ .ACCMODE = .RDWR, .CREAT = true, .CLOEXEC = true }, 0o644) catch return true;
+    const lock_name = lockName(&buf, sha);
+    const lock = posix.openatZ(dir.fd, lock_name, .{ .ACCMODE = .RDWR, .CLOEXEC = true }, 0) catch |err| {
+        if (err != error.FileNotFound) return true;
+        dir.deleteFile(name) catch {}; // a download holds its lock file linked
+        return false;
+    };
     defer posix.close(lock); // releases the flock
     posix.flock(lock, posix.LOCK.EX | posix.LOCK.NB) catch return true; // downloading
+    if (!stillLinked(dir, lock_name, lock)) return true; // dropped meanwhile: look again later
     dir.deleteFile(name) catch {};
     return false;
+}
+
+fn lockName(buf: *[80]u8, sha_hex: []const u8) [:0]const u8 {
+    return std.fmt.bufPrintZ(buf, "{s}.lock", .{sha_hex}) catch unreachable;
+}
+
+/// Whether the open lock file `fd` is still the file named `name`: `dropLock` unlinks a
+/// lock file only while it holds its flock, so a lock taken on a file unlinked meanwhile
+/// excludes no one.
+fn stillLinked(dir: std.fs.Dir, name: [:0]const u8, fd: posix.fd_t) bool {
+    const held = posix.fstat(fd) catch return false;
+    const named = posix.fstatatZ(dir.fd, name, 0) catch return false;
+    return held.ino == named.ino and held.dev == named.dev;
+}
+
+/// Removes the lock file of shard `sha_hex` (just evicted) unless a download holds it, so
+/// the directory keeps about one lock file per cached shard, not one per shard ever
+/// fetched.
+fn dropLock(dir: std.fs.Dir, sha_hex: []const u8) void {
+    if (sha_hex.len > 64) return; // not a shard of this cache
+    var buf: [80]u8 = undefined;
+    const name = lockName(&buf, sha_hex);
+    const fd = posix.openatZ(dir.fd, name, .{ .ACCMODE = .RDWR, .CLOEXEC = true }, 0) catch return;
+    defer posix.close(fd);
+    posix.flock(fd, posix.LOCK.EX | posix.LOCK.NB) catch return; // a download holds it
+    if (stillLinked(dir, name, fd)) posix.unlinkatZ(dir.fd, name, 0) catch {};
 }
 
 fn failDir(err: anyerror, path: []const u8) status.Error {
@@ -384,6 +424,48 @@ test "a shard last changed before this boot is hashed again before it is trusted
     try sc.dir.writeFile(.{ .sub_path = binName(&bin, &sha), .data = "\x00\x00\x00\x00" });
     try testing.expectEqual(@as(?posix.fd_t, null), try sc.lookup(&sha, 4));
     try testing.expect(!sc.contains(&sha, 4));
+}
+
+test "an evicted shard's lock file goes with it, unless a download holds it" {
+    var t = try TestCache.open(8);
+    defer t.close();
+    const sc = &t.sc;
+    for ([_][]const u8{ "aa", "bb" }, 0..) |sha, i| {
+        sc.unlockShard(try sc.lockShard(sha)); // as a download leaves it
+        try addShard(sc, sha, i);
+    }
+    const held = try sc.lockShard("bb"); // a download of "bb" (evicted meanwhile)
+    try testing.expect(try sc.makeRoom(testing.allocator, 8, "a shard", false));
+    try testing.expect(!sc.contains("aa", 4) and !sc.contains("bb", 4));
+    try testing.expectError(error.FileNotFound, sc.dir.statFile("aa.lock"));
+    _ = try sc.dir.statFile("bb.lock");
+    sc.unlockShard(held);
+    // A dropped lock file is made again by the next download.
+    const fresh = try sc.lockShard("aa");
+    defer sc.unlockShard(fresh);
+    var buf: [80]u8 = undefined;
+    try testing.expect(stillLinked(sc.dir, lockName(&buf, "aa"), fresh));
+}
+
+test "a download waiting for a lock file that is dropped locks the file there after" {
+    var t = try TestCache.open(8);
+    defer t.close();
+    const sc = &t.sc;
+    const held = try sc.lockShard("cc");
+    const Waiter = struct {
+        fn run(cache: *ShardCache, out: *posix.fd_t) void {
+            out.* = cache.lockShard("cc") catch -1;
+        }
+    };
+    var got: posix.fd_t = -1;
+    const waiter = try std.Thread.spawn(.{}, Waiter.run, .{ sc, &got });
+    std.Thread.sleep(50 * std.time.ns_per_ms); // (it waits in flock by now)
+    try sc.dir.deleteFile("cc.lock"); // as `dropLock` does, under the lock
+    sc.unlockShard(held);
+    waiter.join();
+    defer sc.unlockShard(got);
+    var buf: [80]u8 = undefined;
+    try testing.expect(got >= 0 and stillLinked(sc.dir, lockName(&buf, "cc"), got));
 }
 
 fn setMtime(dir: std.fs.Dir, sha: []const u8, seconds: u64) !void {
