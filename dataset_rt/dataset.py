@@ -376,8 +376,10 @@ class CachedDataset:
 
         With ``copy=False``, ``data``,
         ``cache_id`` and ``sample_id`` are zero-copy views of the native batch buffer,
-        valid only until the next batch is requested or the iterator is closed; reading
-        them later returns other samples' bytes. That buffer is reused batch after batch
+        valid only until the next batch is requested or the iterator is closed. Do not
+        read them later: they show other samples' bytes, or, once a larger batch has
+        moved the buffer, memory already freed (which can crash the process, as any view
+        of freed native memory can). That buffer is reused batch after batch
         (large uncompressed records are read straight into it) and kept by the dataset
         for its next iterator: about one batch's bytes, until the dataset is closed. Use
         it when each batch is consumed (or copied, e.g. into a pinned tensor) before the
@@ -547,14 +549,15 @@ class CachedDataset:
         Errors: one bad identity fails the whole call (nothing is returned) with the
         exception ``get_item`` raises for the first failing identity in the caller's order,
         same type and message (``TypeError`` for a non-integer, ``IndexError`` naming the
-        identity that is out of range, ``RuntimeError``/``ValueError`` naming the file of
-        an unreadable record); a broken embedded JSON is an error only with
+        identity that is out of range, ``RuntimeError``/``ValueError`` for an unreadable
+        record: an I/O error names its file); a broken embedded JSON is an error only with
         ``validate_cache=True`` (as for :meth:`iter_batches`). Mismatched lengths or a
         non-1-D array raise ``ValueError``. An empty request returns an empty batch.
 
         Lifetime: as for :meth:`iter_batches`; with ``copy=False`` the arrays ``data``,
         ``cache_id`` and ``sample_id`` are views of native memory, valid only until the
-        next ``get_item`` or ``get_items`` call on this dataset.
+        next ``get_item`` or ``get_items`` call on this dataset (and must not be read
+        after it, as for :meth:`iter_batches`).
         """
         cids, sids, bad = _identity_arrays(cache_ids, sample_ids)
         with self._lookup_lock:
@@ -801,7 +804,8 @@ def _identity_arrays(
         if isinstance(values, np.ndarray):
             if values.ndim != 1:
                 raise ValueError(f"{name} must be one-dimensional")
-            columns.append(values)
+            # An object array holds Python objects: each is checked, as in a list.
+            columns.append(values.tolist() if values.dtype == object else values)
         else:
             try:
                 columns.append(list(values))

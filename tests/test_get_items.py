@@ -110,6 +110,13 @@ def test_integer_array_types_and_sequences(runtime, io_backend: str) -> None:
     strided = np.arange(10, dtype=np.int32)[::2]
     got = dataset.get_items(np.array(one, dtype=np.uint64), strided)
     expect_same_as_get_item(dataset, got, one, [0, 2, 4, 6, 8])
+    # Object arrays hold Python objects, checked one by one as in a list.
+    got = dataset.get_items(np.array(one, dtype=object), np.array(range(5), dtype=object))
+    expect_same_as_get_item(dataset, got, one, list(range(5)))
+    got, want = errors_of(
+        dataset, np.array(one[:2], dtype=object), np.array([0, 1.5], dtype=object)
+    )
+    assert got == want == (TypeError, "cache_id and sample_id must be integers")
 
 
 def test_empty_request(runtime, io_backend: str) -> None:
