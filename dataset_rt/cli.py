@@ -194,6 +194,8 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{args.path}: {exc}", file=sys.stderr)
         return 1
     stored = table.drop("cache_id", "sample_id", "weight")
+    if "statistic" in stored.columns:  # describe() adds its own "statistic" column
+        stored = stored.rename({"statistic": "statistic (metadata)"})
     out.write(f"{table.height} samples, {stored.width} metadata columns\n")
     if stored.width:
         with pl.Config(tbl_rows=50, tbl_cols=50, tbl_width_chars=200):
@@ -236,5 +238,14 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
 
 
 def main_exit() -> None:
-    """Console-script entry point."""
-    raise SystemExit(main())
+    """Console-script entry point. A reader that stops early (``| head``) ends the
+    command quietly with status 141 (128 + SIGPIPE), as other commands end."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(141) from None
+    raise SystemExit(status)

@@ -89,3 +89,44 @@ def test_head_and_stats() -> None:
 
 def test_usage_error() -> None:
     assert run("frobnicate").returncode == 2
+
+
+def _write(tmp_path, name: str, count: int, metadata) -> str:
+    import dataset_rt as drt
+
+    class Source:
+        def __init__(self) -> None:
+            self.name = name
+
+        def __iter__(self):
+            for i in range(count):
+                yield drt.CacheInput(b"x" * 100, metadata(i))
+
+    runtime = drt.DatasetRuntime(num_workers=1)
+    [result] = runtime.write_cache(
+        Source(), tmp_path, writer_config=drt.WriterConfig(show_progress=False)
+    )
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    return str(result.path)
+
+
+def test_stats_of_a_column_named_statistic(tmp_path) -> None:
+    path = _write(tmp_path, "s", 4, lambda i: {"statistic": i, "label": "a"})
+    stats = run("stats", path)
+    assert stats.returncode == 0, stats.stderr
+    assert "statistic (metadata)" in stats.stdout and "label" in stats.stdout
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path) -> None:
+    path = _write(tmp_path, "big", 5000, lambda i: {"label": i, "text": "t" * 40})
+    with subprocess.Popen(
+        [sys.executable, "-m", "dataset_rt", "head", path, "-n", "5000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline()
+        process.stdout.close()  # as `| head -1` does
+        stderr = process.stderr.read()
+        assert process.wait(timeout=120) == 141
+    assert stderr == b""
