@@ -63,10 +63,16 @@ def _worker(conn: Connection, base: str, config_json: str, num_workers: int) -> 
                     return
                 conn.send(_write_job(runtime, payload, base, config))
     except (KeyboardInterrupt, SystemExit) as exc:
-        try:
-            conn.send(("interrupt", type(exc).__name__, exc.args))
-        except (OSError, pickle.PicklingError):
-            pass  # the parent is gone or the arguments cannot travel: it sees EOF instead
+        # Arguments that cannot be pickled travel as their reprs (nothing is written
+        # until pickling succeeds); a parent that is gone sees nothing.
+        for args in (exc.args, tuple(map(repr, exc.args))):
+            try:
+                conn.send(("interrupt", type(exc).__name__, args))
+            except OSError:
+                break
+            except Exception:
+                continue
+            break
     finally:
         conn.close()
 
@@ -224,16 +230,17 @@ def write_in_processes(
                 break
             deadline = min(worker.deadline for worker in busy)
             ready = wait([worker.conn for worker in busy], timeout=max(0.0, deadline - now))
+            dead: _Worker | None = None
             for worker in [w for w in busy if w.conn in ready]:
                 try:
                     message = worker.conn.recv()
                 except (EOFError, OSError):
                     message = None
-                if message is None:  # it died: the pool stops, nothing is retried (0.4.8)
-                    worker.process.join()
-                    fail_all(f"writer child exited with code {worker.process.exitcode}")
-                    killed = True
-                    break
+                if message is None:
+                    # It died: the pool stops, nothing is retried (0.4.8), once the
+                    # results the other workers have sent are taken.
+                    dead = dead or worker
+                    continue
                 if message[0] == "ready":
                     worker.ready = True
                 elif message[0] == "interrupt":
@@ -247,7 +254,10 @@ def write_in_processes(
                 else:
                     plan, worker.job = worker.job, None
                     report(plan.position, _result(message, plan, base))
-            if killed:
+            if dead is not None and interrupt is None:
+                dead.process.join()
+                fail_all(f"writer child exited with code {dead.process.exitcode}")
+                killed = True
                 break
     except BaseException:
         _stop(workers, graceful=False)

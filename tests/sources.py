@@ -75,3 +75,13 @@ class Mixed:
             payload = bytes((i * 7 + k) % 256 for k in range(i % (self.longest + 1)))
             metadata = {"n": i - 5, "x": i / 4, "odd": bool(i % 2), "label": f"{self.name}-{i}"}
             yield drt.CacheInput(payload, metadata)
+
+
+class InterruptingOpaque(Numbers):
+    """Raises a KeyboardInterrupt whose argument cannot be pickled."""
+
+    def __iter__(self):
+        import threading
+
+        yield from list(super().__iter__())[:2]
+        raise KeyboardInterrupt(threading.Lock())

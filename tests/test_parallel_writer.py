@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import dataset_rt as drt
-from tests.sources import Exiting, Failing, Interrupting, Numbers, Slow
+from tests.sources import Exiting, Failing, Interrupting, InterruptingOpaque, Numbers, Slow
 
 
 def config(**kwargs) -> drt.WriterConfig:
@@ -97,6 +97,44 @@ def test_interrupt_in_child_is_reraised(runtime, tmp_path: Path) -> None:
         )
     assert staging(tmp_path) == []
     assert not (tmp_path / "i").exists()
+
+
+def test_interrupt_whose_arguments_cannot_travel_is_reraised(runtime, tmp_path: Path) -> None:
+    """Arguments that cannot be pickled come back as their reprs; the interrupt is still
+    raised (not turned into results)."""
+    with pytest.raises(KeyboardInterrupt) as info:
+        runtime.write_cache(
+            [InterruptingOpaque("i"), Numbers("n")], tmp_path, writer_config=config(num_processes=1)
+        )
+    [text] = info.value.args
+    assert "lock" in text
+    assert staging(tmp_path) == []
+
+
+def test_results_sent_before_a_worker_died_are_kept(
+    runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that died and one that finished, seen at once: the finished source is a
+    success (it is published), the rest fail as the pool stops."""
+    import time
+
+    from dataset_rt import parallel
+
+    real_wait = parallel.wait
+
+    def late_wait(conns, timeout=None):
+        time.sleep(1.5)  # (a busy parent: both workers are done by the time it looks)
+        return real_wait(conns, timeout)
+
+    monkeypatch.setattr(parallel, "wait", late_wait)
+    results = runtime.write_cache(
+        [Exiting("dies"), Numbers("ok")], tmp_path, writer_config=config(num_processes=2)
+    )
+    assert results == [
+        drt.CacheWriteError("dies", "writer child exited with code 3"),
+        drt.CacheWriteSuccess("ok", tmp_path / "ok"),
+    ]
+    assert staging(tmp_path) == []
 
 
 def test_worker_death_stops_the_pool(runtime, tmp_path: Path) -> None:
