@@ -154,6 +154,23 @@ def _sweep(base: Path) -> None:
     _native.staging_sweep(base)  # best effort: a failed sweep is retried by the next writer
 
 
+def _abort(workers: list[_Worker], base: Path) -> None:
+    """Kill every worker and sweep the staging directories they leave. A Ctrl-C that
+    lands meanwhile does not cut this short: the cleanup starts again (each step can be
+    repeated) and the interrupt is raised once it is done."""
+    interrupted: KeyboardInterrupt | None = None
+    while True:
+        try:
+            _stop(workers, graceful=False)
+            _sweep(base)
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            continue
+        break
+    if interrupted is not None:
+        raise interrupted
+
+
 def _result(message: tuple[Any, ...], plan: Any, base: Path) -> CacheWriteResult:
     """A worker's message about ``plan`` as the result of that source."""
     if message[0] == "error":
@@ -260,12 +277,10 @@ def write_in_processes(
                 killed = True
                 break
     except BaseException:
-        _stop(workers, graceful=False)
-        _sweep(base)
+        _abort(workers, base)
         raise
     if interrupt is not None or killed:
-        _stop(workers, graceful=False)
-        _sweep(base)
+        _abort(workers, base)
     else:
         _stop(workers, graceful=True)
     if interrupt is not None:

@@ -111,6 +111,31 @@ def test_interrupt_whose_arguments_cannot_travel_is_reraised(runtime, tmp_path: 
     assert staging(tmp_path) == []
 
 
+def test_a_second_interrupt_does_not_cut_the_cleanup_short(
+    runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C twice: the second lands while the pool cleans up after the first (here, in
+    the sweep); the cleanup still finishes (no staging left) and an interrupt is raised."""
+    from dataset_rt import parallel
+
+    real_sweep = parallel._sweep
+    calls: list[Path] = []
+
+    def interrupted_once(base: Path) -> None:
+        calls.append(base)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real_sweep(base)
+
+    monkeypatch.setattr(parallel, "_sweep", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        runtime.write_cache(
+            [Interrupting("i"), Slow("s", count=200)], tmp_path, writer_config=config()
+        )
+    assert len(calls) == 2
+    assert staging(tmp_path) == []
+
+
 def test_results_sent_before_a_worker_died_are_kept(
     runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
