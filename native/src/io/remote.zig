@@ -333,7 +333,7 @@ pub const Remote = struct {
         const present = std.fmt.bufPrint(&present_buf, "{s}/manifest.json", .{&hex}) catch unreachable;
         if (caches.statFile(present)) |st| {
             const ctime_s: i64 = @intCast(@divFloor(st.ctime, std.time.ns_per_s));
-            if (shardcache.changedThisBoot(r.shards.booted, ctime_s) or fetchedIntact(caches, &hex, text, &m)) return final;
+            if (shardcache.changedThisBoot(r.shards.booted, ctime_s) or fetchedIntact(caches, &hex, &m)) return final;
             caches.deleteTree(&hex) catch {}; // lost in a crash: fetched again below
         } else |_| {}
 
@@ -422,29 +422,18 @@ pub const Remote = struct {
 };
 
 /// Whether the fetched cache `caches/<hex>` (written in an earlier boot, renamed into place
-/// without an fsync) still holds `manifest_text` and the index and metadata its manifest
-/// `m` names; when it does, its manifest is touched so that it is trusted for the rest of
-/// this boot (see `ShardCache`).
-fn fetchedIntact(caches: std.fs.Dir, hex: []const u8, manifest_text: []const u8, m: *const manifest.Manifest) bool {
+/// without an fsync) still holds its manifest (whose SHA-256 is `hex`) and the index and
+/// metadata the manifest `m` names; when it does, its manifest is touched so that it is
+/// trusted for the rest of this boot (see `ShardCache`).
+fn fetchedIntact(caches: std.fs.Dir, hex: []const u8, m: *const manifest.Manifest) bool {
     var dir = caches.openDir(hex, .{}) catch return false;
     defer dir.close();
-    inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 } }) |file| {
+    inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 }, .{ "manifest.json", hex } }) |file| {
         const f = dir.openFile(file[0], .{}) catch return false;
         defer f.close();
-        const st = f.stat() catch return false;
-        if (!shardcache.fileHashes(f.handle, st.size, file[1])) return false;
+        if (!shardcache.fileHashes(f.handle, file[1])) return false;
+        if (comptime std.mem.eql(u8, file[0], "manifest.json")) posix.futimens(f.handle, null) catch {};
     }
-    const f = dir.openFile("manifest.json", .{}) catch return false;
-    defer f.close();
-    var buf: [4096]u8 = undefined;
-    var at: usize = 0;
-    while (at < manifest_text.len) {
-        const n = f.pread(&buf, at) catch return false;
-        if (n == 0 or !std.mem.eql(u8, buf[0..n], manifest_text[at..@min(at + n, manifest_text.len)])) return false;
-        at += n;
-    }
-    if ((f.stat() catch return false).size != manifest_text.len) return false;
-    posix.futimens(f.handle, null) catch {};
     return true;
 }
 
@@ -1695,13 +1684,24 @@ test "a fetched cache from an earlier boot is used only while its files are inta
     defer testing.allocator.free(text);
     var m = try manifest.parse(testing.allocator, text, "manifest.json");
     defer m.deinit();
-    try testing.expect(fetchedIntact(caches, "plain_one_shard", text, &m));
-    try testing.expect(!fetchedIntact(caches, "plain_one_shard", text[0 .. text.len - 1], &m));
-    // The index at its size but zeros, as a crash can leave a file never written back.
-    const st = try caches.statFile("plain_one_shard/index.bin");
-    const zeros = try testing.allocator.alloc(u8, @intCast(st.size));
-    defer testing.allocator.free(zeros);
-    @memset(zeros, 0);
-    try caches.writeFile(.{ .sub_path = "plain_one_shard/index.bin", .data = zeros });
-    try testing.expect(!fetchedIntact(caches, "plain_one_shard", text, &m));
+    // Fetched caches are named by their manifest's SHA-256.
+    var digest: [32]u8 = undefined;
+    Sha256.hash(text, &digest);
+    const hex = std.fmt.bytesToHex(digest, .lower);
+    try caches.rename("plain_one_shard", &hex);
+    try testing.expect(fetchedIntact(caches, &hex, &m));
+    var sub_buf: [96]u8 = undefined;
+    // Each file at its size but zeros, as a crash can leave a file never written back.
+    for ([_][]const u8{ "manifest.json", "index.bin" }) |name| {
+        const sub = try std.fmt.bufPrint(&sub_buf, "{s}/{s}", .{ &hex, name });
+        const kept = try caches.readFileAlloc(testing.allocator, sub, 1 << 20);
+        defer testing.allocator.free(kept);
+        const zeros = try testing.allocator.alloc(u8, kept.len);
+        defer testing.allocator.free(zeros);
+        @memset(zeros, 0);
+        try caches.writeFile(.{ .sub_path = sub, .data = zeros });
+        try testing.expect(!fetchedIntact(caches, &hex, &m));
+        try caches.writeFile(.{ .sub_path = sub, .data = kept });
+        try testing.expect(fetchedIntact(caches, &hex, &m));
+    }
 }

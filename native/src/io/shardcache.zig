@@ -37,6 +37,7 @@ const std = @import("std");
 const posix = std.posix;
 const status = @import("../base/status.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
+const publish = @import("../store/publish.zig");
 
 pub const ShardCache = struct {
     dir: std.fs.Dir,
@@ -69,7 +70,7 @@ pub const ShardCache = struct {
         };
         errdefer posix.close(fd);
         const st = posix.fstat(fd) catch |err| return failDir(err, sc.path);
-        if (@as(u64, @intCast(st.size)) != size or (!changedThisBoot(sc.booted, st.ctime().sec) and !fileHashes(fd, size, sha_hex))) {
+        if (@as(u64, @intCast(st.size)) != size or (!changedThisBoot(sc.booted, st.ctime().sec) and !fileHashes(fd, sha_hex))) {
             // Not written by this cache (renamed files are verified), or not all on the
             // disk before a crash: drop it, fetch again.
             posix.close(fd);
@@ -230,18 +231,11 @@ pub fn changedThisBoot(booted: i64, ctime_s: i64) bool {
     return ctime_s >= booted;
 }
 
-/// Whether the `size` bytes of `fd` hash to `sha_hex` (false when they cannot be read).
-pub fn fileHashes(fd: posix.fd_t, size: u64, sha_hex: []const u8) bool {
-    var digest: [32]u8 = undefined;
-    if (size == 0) {
-        Sha256.hash("", &digest);
-    } else {
-        const len = std.math.cast(usize, size) orelse return false;
-        const map = posix.mmap(null, len, posix.PROT.READ, .{ .TYPE = .SHARED }, fd, 0) catch return false;
-        defer posix.munmap(map);
-        Sha256.hash(map, &digest);
-    }
-    return std.mem.eql(u8, &std.fmt.bytesToHex(digest, .lower), sha_hex);
+/// Whether the contents of `fd` (a file just opened: read from its start) hash to
+/// `sha_hex`; false when they cannot be read.
+pub fn fileHashes(fd: posix.fd_t, sha_hex: []const u8) bool {
+    const digest = publish.hashFile(.{ .handle = fd }, "") catch return false;
+    return std.mem.eql(u8, &std.fmt.bytesToHex(digest.sha256, .lower), sha_hex);
 }
 
 fn binName(buf: *[80]u8, sha_hex: []const u8) [:0]const u8 {
