@@ -543,20 +543,14 @@ _WEIGHT_TYPES = {**_ID_TYPES, "double": TableType.F64, "float": TableType.F32}
 def _table_column(array: Any, accepted: dict[str, TableType], keep: list[Any]) -> Any:
     """A ``drt_table_column`` describing one pyarrow Array (zero-copy: it points into
     the array's buffers, which ``keep`` holds for the call)."""
-    import numpy as np
-    import pyarrow as pa
-
     column = ffi.new("drt_table_column *")
     type_code = accepted.get(str(array.type), TableType.OTHER)
     column.type = type_code
-    n = len(array)
-    if array.null_count:
-        validity = array.buffers()[0]
-        if validity is None:  # NullArray: every row is null
-            validity = pa.py_buffer(np.zeros((n + 7) // 8 + 1, dtype=np.uint8))
-            column.offset = 0
-        else:
-            column.offset = array.offset
+    validity = array.buffers()[0] if array.null_count else None
+    # A NullArray (Polars' Null dtype) has no bitmap: as in 0.4.8 its cells are not
+    # "null" to the checks, which fail on its type instead.
+    if validity is not None:
+        column.offset = array.offset
         keep.append(validity)
         column.validity = ffi.cast("uint8_t *", validity.address)
     if type_code:

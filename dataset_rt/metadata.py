@@ -33,14 +33,15 @@ def read_arrow_file(path: Path) -> Any:
         source = pa.memory_map(str(path), "r")
     except OSError as exc:
         raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
+    # Not an IPC file at all (no leading magic) is the reference's "invalid footer", even
+    # when the end of the file looks right (pyarrow reads only the end); a damaged IPC
+    # file is an Arrow parser error.
+    if source.size() < 6 or source.read_at(6, 0) != b"ARROW1":
+        raise ValueError("invalid metadata Arrow footer")
     try:
         reader = pa.ipc.open_file(source)
         reader.schema.names  # noqa: B018 - decodes field names (invalid UTF-8 raises here)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        # Not an IPC file at all (wrong magic) is the reference's "invalid footer"; a
-        # damaged IPC file is an Arrow parser error.
-        if source.size() < 6 or source.read_at(6, 0) != b"ARROW1":
-            raise ValueError("invalid metadata Arrow footer") from exc
         raise RuntimeError(f"Arrow error: Parser error: {exc}: {path}") from exc
     try:
         table = reader.read_all()
@@ -153,7 +154,9 @@ def validate_and_set(dataset: Any, df: Any) -> None:
     df.to_arrow  # noqa: B018 - a non-DataFrame fails here, with the reference's AttributeError
     # The schema of an empty slice: converting the whole frame would copy every column
     # (strings included) only to read types.
-    schema = df.head(0).to_arrow().schema
+    empty = df.head(0).to_arrow()
+    empty.__arrow_c_stream__  # noqa: B018 - a Series fails here, with the reference's AttributeError
+    schema = empty.schema
     if df.height == 0:
         raise ValueError("metadata table must include at least one sample")
     for name, kind in dataset._handle.fields():

@@ -289,6 +289,13 @@ def _metadata_garbage(cache: Path) -> None:
     path.write_bytes(bytes((i * 37 + 11) % 256 for i in range(path.stat().st_size)))
 
 
+def _metadata_leading_magic(cache: Path) -> None:
+    """The first bytes damaged, the footer and trailing magic intact (pyarrow reads only
+    the end of the file)."""
+    with (cache / "metadata.arrow").open("r+b") as f:
+        f.write(b"XXXXXX")
+
+
 def _set(key: str, value: Any) -> Callable[[Path], None]:
     return lambda cache: edit_manifest(cache, lambda m: m.__setitem__(key, value))
 
@@ -495,6 +502,11 @@ CASES: dict[str, Case] = {
     ),
     "metadata_arrow_garbage": Case(
         _metadata_garbage,
+        Outcome("ok", get_metadata=(ValueError, exact("invalid metadata Arrow footer"))),
+        load(ValueError, checksum("metadata.arrow")),
+    ),
+    "metadata_arrow_leading_magic": Case(
+        _metadata_leading_magic,
         Outcome("ok", get_metadata=(ValueError, exact("invalid metadata Arrow footer"))),
         load(ValueError, checksum("metadata.arrow")),
     ),

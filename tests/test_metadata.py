@@ -157,7 +157,46 @@ CASES = [
         ),
         "samples metadata column 'cache_id' contains null",
     ),
-    # A column of nulls only (Polars' Null dtype) fails on its type, as in 0.4.8.
+    # In one row, the weight cell comes before the identity.
+    (
+        "string weight and an unknown sample in row 0",
+        lambda df: df.with_columns(
+            pl.col("weight").cast(pl.String),
+            pl.when(pl.int_range(pl.len()) == 0)
+            .then(99)
+            .otherwise(pl.col("sample_id"))
+            .alias("sample_id"),
+        ),
+        "samples metadata column 'weight' must be numeric",
+    ),
+    # A null cell is reported before the column's type (0.4.8 checks cell by cell)...
+    (
+        "float sample_id with a null in row 0",
+        lambda df: df.with_columns(
+            pl.when(pl.int_range(pl.len()) == 0)
+            .then(None)
+            .otherwise(pl.col("sample_id").cast(pl.Float64))
+            .alias("sample_id")
+        ),
+        "samples metadata column 'sample_id' contains null",
+    ),
+    (
+        "string weight of nulls",
+        lambda df: df.with_columns(weight=pl.lit(None, pl.String)),
+        "samples metadata column 'weight' contains null",
+    ),
+    # ...the type first when the null comes after row 0...
+    (
+        "float sample_id with a null in row 3",
+        lambda df: df.with_columns(
+            pl.when(pl.int_range(pl.len()) == 3)
+            .then(None)
+            .otherwise(pl.col("sample_id").cast(pl.Float64))
+            .alias("sample_id")
+        ),
+        "samples metadata column 'sample_id' must be an integer",
+    ),
+    # ...and for a column of nulls only (Polars' Null dtype, no validity bitmap).
     (
         "weight all null",
         lambda df: df.with_columns(pl.lit(None).alias("weight")),
@@ -245,6 +284,8 @@ def test_validation_messages_and_state_kept(dataset, name, edit, message) -> Non
 def test_non_dataframe(dataset) -> None:
     with pytest.raises(AttributeError, match="has no attribute 'to_arrow'"):
         dataset.update_metadata([1, 2])
+    with pytest.raises(AttributeError, match="has no attribute '__arrow_c_stream__'"):
+        dataset.update_metadata(dataset.get_metadata()["weight"])
 
 
 def test_accepted_widths_and_large_table(dataset) -> None:

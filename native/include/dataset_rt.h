@@ -428,7 +428,7 @@ typedef struct drt_table_column {
 /* Replaces the active table with row_count rows (>= 1) identified by (cache_ids[i],
  * sample_ids[i]) and weighted by weights[i]. Validates everything first, in the
  * reference's order: one pass over the rows (cache_id null / integer type / non-negative,
- * sample_id likewise, identity known, weight null / numeric type; the first failing row
+ * sample_id likewise, weight null / numeric type, identity known; the first failing row
  * wins), then weights positive and finite. Only then swaps the table, switches shuffled
  * reading to weighted draws, resets the cursor and draw counter to 0 and sets the epoch
  * length to row_count; on any error nothing changes. The columns are borrowed for the

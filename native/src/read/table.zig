@@ -3,8 +3,9 @@
 //!
 //! The checks and their order are dataset-rt 0.4.8's, so a table with several faults
 //! reports the same one: one pass over the rows (for each row: cache_id null / integer
-//! type / non-negative, sample_id likewise, identity known, weight null / numeric type;
+//! type / non-negative, sample_id likewise, weight null / numeric type, identity known;
 //! the first failing row wins), then a second pass requiring positive finite weights.
+//! A column without a validity bitmap (Arrow's null type among them) has no null cells.
 //! Nothing is allocated for the caller's data beyond the new table itself.
 
 const std = @import("std");
@@ -65,10 +66,11 @@ pub const Column = struct {
 };
 
 fn checkId(col: Column, comptime name: []const u8, row: usize) status.Error!u64 {
-    // The type before the cell, as 0.4.8: a column of nulls only (Polars' Null dtype) is
-    // "must be an integer", a null in an integer column "contains null".
-    if (!col.isInteger()) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' must be an integer", .{});
+    // The cell's null before the column's type, as 0.4.8: a null in row 0 of a float
+    // column is "contains null", the float in row 0 "must be an integer". A column of
+    // nulls only (Polars' Null dtype) has no validity bitmap, so no null cell: its type.
     if (col.isNull(row)) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' contains null", .{});
+    if (!col.isInteger()) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' must be an integer", .{});
     const v = col.int(row);
     if (v < 0) return status.fail(error.InvalidArgument, "samples metadata column '" ++ name ++ "' must be non-negative", .{});
     return @intCast(v);
@@ -98,6 +100,9 @@ pub fn build(ds: *const Dataset, row_count: u64, cid_col: Column, sid_col: Colum
     for (0..n) |row| {
         const cid = try checkId(cid_col, "cache_id", row);
         const sid = try checkId(sid_col, "sample_id", row);
+        // The row's weight cell before its identity, as 0.4.8.
+        if (w_col.isNull(row)) return status.fail(error.InvalidArgument, "samples metadata column 'weight' contains null", .{});
+        if (!w_col.isNumeric()) return status.fail(error.InvalidArgument, "samples metadata column 'weight' must be numeric", .{});
         if (last_cache_id == null or last_cache_id.? != cid) {
             last_index = ds.ids.get(cid) orelse
                 return status.fail(error.InvalidArgument, "unknown samples metadata row identity cache_id={d} sample_id={d}", .{ cid, sid });
@@ -106,8 +111,6 @@ pub fn build(ds: *const Dataset, row_count: u64, cid_col: Column, sid_col: Colum
         if (sid >= ds.caches[last_index].sampleCount()) {
             return status.fail(error.InvalidArgument, "unknown samples metadata row identity cache_id={d} sample_id={d}", .{ cid, sid });
         }
-        if (!w_col.isNumeric()) return status.fail(error.InvalidArgument, "samples metadata column 'weight' must be numeric", .{});
-        if (w_col.isNull(row)) return status.fail(error.InvalidArgument, "samples metadata column 'weight' contains null", .{});
         cache_index[row] = last_index;
         sample_id[row] = sid;
         weight[row] = w_col.float(row);
@@ -195,11 +198,16 @@ test "table: build checks rows in order, each row's cells in order, then weights
         .{ .cid = .{ .type = .u64, .values = null, .validity = null, .offset = 0 }, .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "a numeric table column has no values" },
         // Order: a null weight in row 0 before a null sample_id in row 4 (rows first).
         .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, &row4_null, 0), .w = testColumn(f64, &ones, &row0_null, 0), .message = "samples metadata column 'weight' contains null" },
+        // In one row, the weight cell before the identity (0.4.8).
+        .{ .cid = testColumn(u64, &unknown_cid_row5, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = .{ .type = .other, .values = null, .validity = null, .offset = 0 }, .message = "samples metadata column 'weight' must be numeric" },
         // An unknown identity in row 5 before a negative weight in row 0 (weights last).
         .{ .cid = testColumn(u64, &unknown_cid_row5, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &negative_row0, null, 0), .message = "unknown samples metadata row identity cache_id=123 sample_id=5" },
-        // The type before the cell (0.4.8): nulls in a float or a typeless column.
-        .{ .cid = testColumn(f64, &float_ids, &row0_null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be an integer" },
-        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = .{ .type = .other, .values = null, .validity = &row0_null, .offset = 0 }, .message = "samples metadata column 'weight' must be numeric" },
+        // The cell before the type (0.4.8): a null in row 0 of a float or a string column...
+        .{ .cid = testColumn(f64, &float_ids, &row0_null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' contains null" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = .{ .type = .other, .values = null, .validity = &row0_null, .offset = 0 }, .message = "samples metadata column 'weight' contains null" },
+        // ...its type when row 0 holds a value, and for a typeless column (no validity).
+        .{ .cid = testColumn(f64, &float_ids, &row3_null, 0), .sid = testColumn(u64, &sids, null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be an integer" },
+        .{ .cid = testColumn(u64, &cids, null, 0), .sid = testColumn(u64, &sids, null, 0), .w = .{ .type = .other, .values = null, .validity = null, .offset = 0 }, .message = "samples metadata column 'weight' must be numeric" },
         // In one row, cache_id before sample_id.
         .{ .cid = testColumn(i64, &negative_cid_row0, null, 0), .sid = testColumn(u64, &sids, &row0_null, 0), .w = testColumn(f64, &ones, null, 0), .message = "samples metadata column 'cache_id' must be non-negative" },
         // The validity offset: bit 3 is row 3 at offset 0 (sample_id row 2 fails first)...
