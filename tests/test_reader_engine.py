@@ -217,3 +217,76 @@ def test_break_cancels_and_iterators_run_together(runtime, io_backend: str) -> N
     del first  # abandoned mid-window: reads cancelled, buffers freed, window used up
     assert [s.sample_id for s in second][:3] == [55, 56, 57]
     assert [s.sample_id for s in dataset][:1] == [100]
+
+
+DESCRIPTORS = textwrap.dedent(
+    """
+    import os, resource, sys
+    import dataset_rt as drt
+
+    base, backend = sys.argv[1], sys.argv[2]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    rt = drt.DatasetRuntime(num_workers=2)
+
+    def shard_fds():
+        n = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                n += "/shards/" in os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                pass
+        return n
+
+    peak = 0
+    for shuffle in (True, False):
+        config = drt.ReaderConfig(seed=1, shuffle=shuffle, prefetch_size=1024, io_backend=backend)
+        ds = rt.cached_dataset([f"{base}/many"], reader_config=config)
+        ids = []
+        for sample in ds:
+            peak = max(peak, shard_fds())
+            assert sample.data[:4] == sample.sample_id.to_bytes(4, "little")
+            assert len(sample.data) == 20_000
+            ids.append(sample.sample_id)
+        assert len(ids) == 600 and (shuffle or ids == list(range(600))), ids
+        ds = rt.cached_dataset([f"{base}/many"], reader_config=config)
+        batches = [b.sample_id.tolist() for b in ds.iter_batches(512)]
+        assert [i for b in batches for i in b] == ids
+        peak = max(peak, shard_fds())
+    print(peak)
+    """
+)
+
+
+def test_descriptors_stay_bounded_with_many_shards_in_flight(
+    tmp_path: Path, io_backend: str
+) -> None:
+    """600 shards of one 20 kB record each (read through the slots, not mappings) with
+    prefetch_size=1024: an iterator keeps at most 64 cached shard descriptors plus 64 of
+    reads whose cache entries are busy (plus the few of read-ahead hints), so it reads
+    every sample under RLIMIT_NOFILE=256 instead of failing with EMFILE."""
+
+    class Many:
+        name = "many"
+
+        def __iter__(self):
+            for i in range(600):
+                yield drt.CacheInput(i.to_bytes(4, "little") + bytes(19_996), {})
+
+    result = drt.DatasetRuntime(num_workers=2).write_cache(
+        Many(),
+        tmp_path,
+        writer_config=drt.WriterConfig(show_progress=False, max_shard_bytes=20_000),
+    )
+    assert isinstance(result[0], drt.CacheWriteSuccess), result
+    assert len(list((tmp_path / "many" / "shards").iterdir())) == 600
+    script = tmp_path / "descriptors.py"
+    script.write_text(DESCRIPTORS)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), io_backend],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) <= 64 + 64 + 16, result.stdout

@@ -1,16 +1,19 @@
 //! The descriptor cache of one reader: shard files opened lazily and kept in a small
-//! direct-mapped table, so a reader holds at most `open_files_max` cached descriptors
-//! however many caches and shards a dataset has (10,000 caches must not exhaust
-//! RLIMIT_NOFILE). And `Maps`: a reader's read-only mappings of shard windows, within a
-//! byte budget, for small reads of page-cache-resident records.
+//! two-way set-associative table, so a reader holds at most `open_files_max` cached
+//! descriptors however many caches and shards a dataset has (10,000 caches must not
+//! exhaust RLIMIT_NOFILE), plus at most `owned_max` of reads whose two entries are busy.
+//! And `Maps`: a reader's read-only mappings of shard windows, within a byte budget, for
+//! small reads of page-cache-resident records.
 //!
 //! And `Hints`: kernel read-ahead advice (`POSIX_FADV_WILLNEED`) for the byte ranges an
 //! ordered iterator reads next, within its byte budget.
 //!
 //! Invariants:
 //! - An entry is pinned while a read or a hint job on it may be in flight and is never
-//!   closed then: a read whose entry is pinned by another file gets an uncached
-//!   descriptor of its own, closed on release.
+//!   closed then: a read whose two entries are pinned by other files gets an uncached
+//!   descriptor of its own ("owned"), closed on release.
+//! - A reader that keeps reads in flight asks `full` before planning one: owned
+//!   descriptors beyond `owned_max` wait for reads to complete instead of being opened.
 //! - Only the owning thread touches the table, so pins need no atomics.
 
 const std = @import("std");
@@ -20,19 +23,25 @@ const runtime = @import("../base/runtime.zig");
 
 /// Descriptors a reader keeps open at most.
 pub const open_files_max = 64;
+/// Uncached descriptors of reads in flight a reader plans at most (see `Files.full`).
+pub const owned_max = 64;
 
 /// Identifies a file: a cache's position in its dataset and a shard number.
 pub const Key = struct {
     cache: u32,
     shard_id: u64,
 
-    fn slot(k: Key) usize {
-        return @intCast((@as(u64, k.cache) *% 0x9E3779B97F4A7C15 +% k.shard_id) % open_files_max);
+    /// The two entries the key may occupy (they may coincide).
+    fn slots(k: Key) [2]usize {
+        const h = (@as(u64, k.cache) *% 0x9E3779B97F4A7C15 +% k.shard_id) *% 0xBF58476D1CE4E5B9;
+        return .{ @intCast(h >> 58), @intCast((h >> 52) % open_files_max) };
     }
 };
 
 pub const Files = struct {
     entries: [open_files_max]Entry = [_]Entry{.{}} ** open_files_max,
+    /// Uncached descriptors handed out and not released.
+    owned: u32 = 0,
 
     const Entry = struct {
         key: Key = .{ .cache = 0, .shard_id = 0 },
@@ -46,37 +55,74 @@ pub const Files = struct {
         entry: ?usize,
     };
 
+    /// The entry caching `key`, if any.
+    fn find(fs: *const Files, key: Key) ?usize {
+        for (key.slots()) |h| {
+            const e = &fs.entries[h];
+            if (e.fd >= 0 and std.meta.eql(e.key, key)) return h;
+        }
+        return null;
+    }
+
+    /// The entry `key` would replace: an empty one, else an unpinned one, else null.
+    fn victim(fs: *const Files, key: Key) ?usize {
+        const hs = key.slots();
+        for (hs) |h| if (fs.entries[h].fd < 0) return h;
+        for (hs) |h| if (fs.entries[h].pins == 0) return h;
+        return null;
+    }
+
     /// The descriptor of `key`, opened with `opener.open(key)` when it is not cached.
     /// Pinned until `release`.
     pub fn acquire(fs: *Files, key: Key, opener: anytype) status.Error!Handle {
-        const h = key.slot();
-        const entry = &fs.entries[h];
-        if (entry.fd >= 0 and std.meta.eql(entry.key, key)) {
-            entry.pins += 1;
-            return .{ .fd = entry.fd, .entry = h };
+        if (fs.find(key)) |h| {
+            fs.entries[h].pins += 1;
+            return .{ .fd = fs.entries[h].fd, .entry = h };
         }
         const fd = try opener.open(key);
-        if (entry.pins > 0) return .{ .fd = fd, .entry = null };
+        const h = fs.victim(key) orelse {
+            fs.owned += 1;
+            return .{ .fd = fd, .entry = null };
+        };
+        const entry = &fs.entries[h];
         if (entry.fd >= 0) posix.close(entry.fd);
         entry.* = .{ .key = key, .fd = fd, .pins = 1 };
         return .{ .fd = fd, .entry = h };
     }
 
+    /// `acquire`, or null when that would open an owned descriptor beyond `owned_max`
+    /// (`full`): for paths that pin many descriptors at once and can stop early.
+    pub fn acquireWithin(fs: *Files, key: Key, opener: anytype) status.Error!?Handle {
+        if (fs.full(key)) return null;
+        return try fs.acquire(key, opener);
+    }
+
     /// Whether the descriptor of `key` is cached (`acquire` would open nothing).
     pub fn has(fs: *const Files, key: Key) bool {
-        const entry = &fs.entries[key.slot()];
-        return entry.fd >= 0 and std.meta.eql(entry.key, key);
+        return fs.find(key) != null;
+    }
+
+    /// Whether `acquire(key)` would open an owned descriptor beyond `owned_max`: a reader
+    /// with reads in flight waits for them instead (each holds a pin or an owned
+    /// descriptor until it completes, so waiting always ends).
+    pub fn full(fs: *const Files, key: Key) bool {
+        return fs.owned >= owned_max and fs.find(key) == null and fs.victim(key) == null;
     }
 
     pub fn release(fs: *Files, handle: Handle) void {
         if (handle.entry) |h| {
             std.debug.assert(fs.entries[h].pins > 0);
             fs.entries[h].pins -= 1;
-        } else posix.close(handle.fd);
+        } else {
+            std.debug.assert(fs.owned > 0);
+            fs.owned -= 1;
+            posix.close(handle.fd);
+        }
     }
 
     /// Precondition: every handle released.
     pub fn deinit(fs: *Files) void {
+        std.debug.assert(fs.owned == 0);
         for (&fs.entries) |*e| {
             std.debug.assert(e.pins == 0);
             if (e.fd >= 0) posix.close(e.fd);
@@ -627,6 +673,12 @@ const TestOpener = struct {
     }
 };
 
+fn sameEntries(a: Key, b: Key) bool {
+    const x = a.slots();
+    const y = b.slots();
+    return (x[0] == y[0] and x[1] == y[1]) or (x[0] == y[1] and x[1] == y[0]);
+}
+
 test "descriptors are cached, pinned entries are never closed under a read" {
     var tmp = std.testing.tmpDir(.{});
     defer tmp.cleanup();
@@ -634,23 +686,61 @@ test "descriptors are cached, pinned entries are never closed under a read" {
     var opener: TestOpener = .{ .dir = tmp.dir };
     var fs: Files = .{};
     defer fs.deinit();
-    const k1: Key = .{ .cache = 0, .shard_id = 1 };
+    // A key with two distinct entries, and two more keys of the same two entries.
+    var k1: Key = .{ .cache = 0, .shard_id = 1 };
+    while (k1.slots()[0] == k1.slots()[1]) k1.shard_id += 1;
     const a = try fs.acquire(k1, &opener);
     const b = try fs.acquire(k1, &opener);
     try std.testing.expectEqual(a.fd, b.fd);
     try std.testing.expectEqual(@as(u32, 1), opener.opened);
-    // A key that maps to the same entry while it is pinned gets a private descriptor.
-    var other: Key = .{ .cache = 0, .shard_id = 1 + open_files_max };
-    while (other.slot() != k1.slot()) other.shard_id += 1;
-    const c = try fs.acquire(other, &opener);
-    try std.testing.expect(c.entry == null);
+    var others: [2]Key = undefined;
+    var id: u64 = k1.shard_id;
+    for (&others) |*o| {
+        id += 1;
+        while (!sameEntries(.{ .cache = 0, .shard_id = id }, k1)) id += 1;
+        o.* = .{ .cache = 0, .shard_id = id };
+    }
+    // The first takes the second entry; with both pinned, the next gets a private one.
+    const c = try fs.acquire(others[0], &opener);
+    try std.testing.expect(c.entry != null and c.entry != a.entry);
+    const d = try fs.acquire(others[1], &opener);
+    try std.testing.expect(d.entry == null);
+    try std.testing.expectEqual(@as(u32, 1), fs.owned);
+    fs.release(d);
     fs.release(c);
     fs.release(a);
     fs.release(b);
-    // Unpinned: the entry is reused for the other key.
-    const d = try fs.acquire(other, &opener);
-    try std.testing.expect(d.entry != null);
-    fs.release(d);
+    try std.testing.expectEqual(@as(u32, 0), fs.owned);
+    // Unpinned: an entry is reused for the other key.
+    const e = try fs.acquire(others[1], &opener);
+    try std.testing.expect(e.entry != null);
+    fs.release(e);
+}
+
+test "full: owned descriptors stop at owned_max, and only for keys that would need one" {
+    var tmp = std.testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try tmp.dir.writeFile(.{ .sub_path = "a", .data = "a" });
+    var opener: TestOpener = .{ .dir = tmp.dir };
+    var fs: Files = .{};
+    defer fs.deinit();
+    var handles: std.ArrayList(Files.Handle) = .empty;
+    defer handles.deinit(std.testing.allocator);
+    // Distinct keys, each pinned, as reads in flight hold them.
+    var id: u64 = 0;
+    while (fs.owned < owned_max) : (id += 1) {
+        const key: Key = .{ .cache = 1, .shard_id = id };
+        try std.testing.expect(!fs.full(key));
+        try handles.append(std.testing.allocator, try fs.acquire(key, &opener));
+    }
+    // Every entry is pinned now: a new key is full, a cached one is not.
+    try std.testing.expect(fs.full(.{ .cache = 1, .shard_id = id }));
+    try std.testing.expect(!fs.full(.{ .cache = 1, .shard_id = 0 }));
+    try std.testing.expectEqual(@as(usize, open_files_max + owned_max), handles.items.len);
+    // One read completes: room again.
+    fs.release(handles.pop().?);
+    try std.testing.expect(!fs.full(.{ .cache = 1, .shard_id = id }));
+    for (handles.items) |h| fs.release(h);
 }
 
 test "windows are mapped on use, within the byte budget, and unmapped only when old and unpinned" {

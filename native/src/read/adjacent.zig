@@ -165,7 +165,7 @@ pub const Ring = struct {
         std.debug.assert(s.task.is(runtime.Task.idle) and s.handle == null);
         std.debug.assert(run.len <= s.buf.len and run.count <= s.lens.len);
         if (r.end()) |e| std.debug.assert(run.first == e);
-        s.handle = files.acquire(run.key, opener) catch return false;
+        s.handle = (files.acquireWithin(run.key, opener) catch return false) orelse return false;
         s.run = run;
         s.resident = false;
         r.count += 1;

@@ -604,8 +604,9 @@ pub const Iter = struct {
             const slot = &it.slots[(it.head + it.used) % it.slots.len];
             std.debug.assert(slot.read.state.load(.monotonic) != .queued and slot.file == null);
             const loc = ds.locate(it.table, it.schedule.position(it.planned));
-            // Reads in flight are delivered before waiting for a shard's download.
-            if (it.used > 0 and !it.shardReady(loc)) break;
+            // Reads in flight are delivered before waiting for a shard's download, or
+            // before opening descriptors past `files_mod.owned_max`.
+            if (it.used > 0 and (!it.shardReady(loc) or it.filesFull(loc))) break;
             if (it.planMapped(slot, loc, limit)) {
                 it.planned += slot.span.count;
                 it.used += 1;
@@ -661,6 +662,13 @@ pub const Iter = struct {
         const shard_id = c.row(loc.sample_id).shard_id;
         if (shard_id >= c.manifest.shards.len) return true; // (the read reports it)
         return it.files.has(.{ .cache = loc.cache, .shard_id = shard_id }) or c.shardReady(shard_id);
+    }
+
+    /// Whether the shard of the record at `loc` would need a descriptor past the bound
+    /// (`Files.full`).
+    fn filesFull(it: *const Iter, loc: Loc) bool {
+        const c = &it.ds.caches[loc.cache];
+        return it.files.full(.{ .cache = loc.cache, .shard_id = c.row(loc.sample_id).shard_id });
     }
 
     /// Ordered reads: advises the kernel to read ahead the records planned next
@@ -1120,7 +1128,7 @@ pub const Iter = struct {
         var all_mapped = true;
         while (k < end and f.lens.items.len < staged_records_max) {
             const run = it.planRun(k, end, f.lensRoom()) orelse break;
-            const handle = it.files.acquire(run.key, Dataset.ShardOpener{ .ds = ds }) catch break;
+            const handle = (it.files.acquireWithin(run.key, Dataset.ShardOpener{ .ds = ds }) catch break) orelse break;
             const mapping = ds.shardMapping(run.key, handle.fd);
             all_mapped = all_mapped and mapping != null;
             f.add(ds.gpa, run, .{ .handle = handle, .mapping = mapping }) catch |err| {
@@ -1588,7 +1596,7 @@ pub const Iter = struct {
             const entry = &c.manifest.shards[@intCast(row.shard_id)];
             if (entry.compression != .none or row.byte_len < it.direct_min) break;
             if (!row.within(entry.byte_len)) break;
-            const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch break;
+            const handle = (it.files.acquireWithin(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch break) orelse break;
             // Only from the page cache: a header read that waited for the disk would
             // serialize cold reads on this thread (the slots keep many in flight).
             var header: [shard.header_bytes]u8 = undefined;
