@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -54,12 +55,18 @@ def _human(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def cache_facts(path: Path | str) -> dict[str, Any]:
-    """What ``inspect`` reports for one cache (after the library has opened it)."""
-    dataset = _open(_runtime(), path)
-    info = dataset._handle.cache_info(0)
+def cache_facts(path: Path | str, transport: _native.Remote | None = None) -> dict[str, Any]:
+    """What ``inspect`` reports for one cache (after the library has opened it; a URL's
+    files come through ``transport``, by default the environment's)."""
+    config = ReaderConfig(seed=0, shuffle=False)
+    with CachedDataset._open(_runtime()._runtime, [path], config, transport)._handle as handle:
+        return _facts(path, handle)
+
+
+def _facts(path: Path | str, handle: _native.Dataset) -> dict[str, Any]:
+    info = handle.cache_info(0)
     # The cache's directory, or the verified local copy of a remote cache's files.
-    local = Path(os.fsdecode(dataset._handle.cache_dir(0)))
+    local = Path(os.fsdecode(handle.cache_dir(0)))
     manifest = json.loads((local / "manifest.json").read_bytes())
     shards = manifest["shards"]
     sizes = {
@@ -75,7 +82,9 @@ def cache_facts(path: Path | str) -> dict[str, Any]:
         "format_version": info.format_version,
         "cache_id": info.cache_id,
         "sample_count": info.sample_count,
-        "schema": [{"name": name, "kind": kind} for name, kind in _schema(dataset)],
+        "schema": [
+            {"name": name, "kind": _native.KIND_NAMES[kind]} for name, kind in handle.fields()
+        ],
         "compression": compression,
         "shard_count": info.shard_count,
         "bytes": sizes,
@@ -83,10 +92,6 @@ def cache_facts(path: Path | str) -> dict[str, Any]:
     if "fingerprint" in manifest:
         facts["fingerprint"] = manifest["fingerprint"]
     return facts
-
-
-def _schema(dataset: CachedDataset) -> list[tuple[str, str]]:
-    return [(name, _native.KIND_NAMES[kind]) for name, kind in dataset._handle.fields()]
 
 
 def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
@@ -128,18 +133,46 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _verify_one(path: Path | str, out: TextIO, progress: bool) -> bool:
+    if not remote.is_url(path):
+        return _verify_opened(path, out, progress, None)
+    # The objects on the server, not this machine's copies of them: everything is
+    # fetched again, into a directory of its own (a full download), removed after.
+    with tempfile.TemporaryDirectory(prefix="dataset-rt-verify-") as directory:
+        return _verify_opened(path, out, progress, remote.private(directory))
+
+
+def _verify_opened(
+    path: Path | str, out: TextIO, progress: bool, transport: _native.Remote | None
+) -> bool:
+    """``verify`` of one cache; a URL's files come through ``transport``. Every dataset
+    it opens is closed when it returns."""
     started = time.monotonic()
     try:
-        facts = cache_facts(path)
-        dataset = _open(_runtime(), path, validate=True)  # every SHA-256, metadata kinds
+        facts = cache_facts(path, transport)
+        # Every SHA-256, the metadata kinds.
+        config = ReaderConfig(seed=0, shuffle=False, validate_cache=True)
+        dataset = CachedDataset._open(_runtime()._runtime, [path], config, transport)
     except (ValueError, RuntimeError, OSError) as exc:
         out.write(f"FAIL {path}: {exc}\n")
         return False
+    with dataset._handle:
+        return _verify_records(path, dataset, facts, started, out, progress)
+
+
+def _verify_records(
+    path: Path | str,
+    dataset: CachedDataset,
+    facts: dict[str, Any],
+    started: float,
+    out: TextIO,
+    progress: bool,
+) -> bool:
     total = facts["sample_count"]
     read_bytes = facts["bytes"]["shards"] + facts["bytes"]["index"] + facts["bytes"]["metadata"]
     done = 0
+    batches = dataset.iter_batches(VERIFY_BATCH)
     try:
-        for batch in dataset.iter_batches(VERIFY_BATCH):  # every record vs metadata.arrow
+        for batch in batches:  # every record vs metadata.arrow
             done += len(batch)
             if progress:
                 elapsed = max(time.monotonic() - started, 1e-9)
@@ -153,6 +186,8 @@ def _verify_one(path: Path | str, out: TextIO, progress: bool) -> bool:
             sys.stderr.write("\r\x1b[2K")
         out.write(f"FAIL {path}: {exc} (in {path}/shards)\n")
         return False
+    finally:
+        batches.close()
     if progress:
         sys.stderr.write("\r\x1b[2K")
     elapsed = max(time.monotonic() - started, 1e-9)

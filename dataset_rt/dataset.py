@@ -93,18 +93,30 @@ def probe_cache(
     runtime: _native.Runtime, path: Path | str, *, validate: bool
 ) -> tuple[str | None, str | None]:
     """``(None, fingerprint)`` when ``path`` opens as a complete cache (checksums verified
-    when ``validate``; fingerprint None when it has none), else ``(error message, None)``."""
+    when ``validate``; fingerprint None when it has none), else ``(error message, None)``.
+
+    A remote cache's open verifies only its index and metadata: with ``validate`` every
+    record is read too, which fetches each shard whole and verifies it (a full download
+    into the shard cache, where later reads find it)."""
+    url = remote.is_url(path)
     options = _native.DatasetOptions(
-        seed=0, prefetch_size=1, shuffle=False, validate_cache=bool(validate)
+        seed=0, prefetch_size=64 if url else 1, shuffle=False, validate_cache=bool(validate)
     )
     try:
-        if remote.is_url(path):
+        if url:
             handle = _native.Dataset.open_remote(runtime, [path], options, remote.remote())
         else:
             handle = _native.Dataset.open(runtime, [path], options)
     except (ValueError, RuntimeError, OverflowError) as exc:
         return str(exc), None
     with handle:
+        if url and validate:
+            try:
+                with _native.Iterator.open(handle) as records:
+                    while records.next_batch(4096).count:
+                        pass
+            except (ValueError, RuntimeError) as exc:
+                return str(exc), None
         return None, handle.cache_info(0).fingerprint
 
 
@@ -126,15 +138,21 @@ class CachedDataset:
 
     @classmethod
     def _open(
-        cls, runtime: _native.Runtime, paths: list[Path | str], reader_config: ReaderConfig
+        cls,
+        runtime: _native.Runtime,
+        paths: list[Path | str],
+        reader_config: ReaderConfig,
+        transport: _native.Remote | None = None,
     ) -> CachedDataset:
+        """Open ``paths``; URLs fetch through ``transport`` (default: ``remote.remote()``,
+        the environment's local directory)."""
         options = _native_options(reader_config)
         if not paths:
             raise ValueError("CachedDataset requires at least one cache path")
         if any(remote.is_url(p) for p in paths):
             # URLs are caches on object storage (dataset_rt.remote; the core fetches them).
             handle = _native.Dataset.open_remote(
-                runtime, [str(p) for p in paths], options, remote.remote()
+                runtime, [str(p) for p in paths], options, transport or remote.remote()
             )
         else:
             handle = _native.Dataset.open(runtime, paths, options)

@@ -5,8 +5,8 @@ The core decides everything about correctness (``native/src/io/remote.zig``): wh
 objects to fetch, their sizes and SHA-256 against the manifest, the shard cache and its
 budget, retries. This module only moves bytes with the ``obstore`` client (the
 ``dataset-rt-zig[remote]`` extra) and classifies its errors, and uploads a cache built
-locally (shards, ``index.bin``, ``metadata.arrow``, then ``manifest.json`` last: its
-presence publishes the cache; never replacing an existing one).
+locally (``manifest.json`` last: its presence publishes the cache; never replacing an
+existing one; one writer per URL at a time, by a lock object).
 
 Credentials and endpoints come from the environment, as obstore and the cloud CLIs take
 them (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -243,6 +245,7 @@ def classify(exc: BaseException) -> _native.RemoteError:
 
 _REMOTES: dict[tuple[str, int, int, int], _native.Remote] = {}
 _REMOTES_LOCK = threading.Lock()
+_PRIVATE_REMOTES: list[_native.Remote] = []
 
 
 def remote(
@@ -265,75 +268,256 @@ def remote(
         return handle
 
 
+def private(cache_dir: str | os.PathLike[str]) -> _native.Remote:
+    """A transport over ``cache_dir`` for one caller alone, not shared with
+    :func:`remote`'s callers (``dataset-rt verify`` fetches into a directory of its own).
+    Kept for the life of the process like theirs (a fetch ahead may call back after the
+    last dataset using it closes); the directory may be removed once its datasets close."""
+    _require_obstore()
+    handle = _native.Remote.open(
+        ObstoreTransport(), str(cache_dir), default_budget(), DEFAULT_RETRIES
+    )
+    with _REMOTES_LOCK:
+        _PRIVATE_REMOTES.append(handle)
+    return handle
+
+
 def exists(url: str) -> bool:
-    """Whether a cache is published at ``url`` (its ``manifest.json`` exists)."""
+    """Whether a cache is published at ``url`` (its ``manifest.json`` exists). Raises
+    ``RuntimeError`` naming ``url`` when the store cannot say (credentials, a bad URL)."""
     obstore = _require_obstore()
-    transport = ObstoreTransport()
-    store, key = transport.locate(join(url, "manifest.json"))
     try:
+        store, key = ObstoreTransport().locate(join(url, "manifest.json"))
         obstore.head(store, key)
         return True
+    except _native.RemoteError as exc:
+        raise RuntimeError(f"cannot check {url}: {exc}") from exc
     except Exception as exc:
         error = classify(exc)
         if error.code == _native.RemoteCode.NOT_FOUND:
             return False
-        raise RuntimeError(f"cannot check {url}: {error}") from exc
+        raise RuntimeError(f"cannot check {url}: {_explain(url, error)}") from exc
+
+
+def _explain(url: str, error: _native.RemoteError) -> str:
+    """An upload's or a check's client error in words (as the core words a read's)."""
+    if error.code == _native.RemoteCode.DENIED:
+        return (
+            f"access denied to {url}: the object store refused the credentials (check "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE, or "
+            f"GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_* for other stores): {error}"
+        )
+    if error.code == _native.RemoteCode.NOT_FOUND:
+        return f"the bucket of {url} does not exist: {error}"
+    return str(error)
 
 
 class UploadError(RuntimeError):
     """An upload failed; nothing was published (the message says what is left)."""
 
 
-def upload_cache(local: Path, url: str) -> None:
-    """Upload the complete local cache ``local`` to ``url``: every file except
-    ``manifest.json``, then ``manifest.json`` with a conditional put (create only). An
-    existing cache at ``url`` is never replaced (``FileExistsError`` before anything is
-    uploaded, or from the conditional put). On failure the objects already uploaded are
-    deleted (best effort) and the error lists any that remain."""
-    obstore = _require_obstore()
-    transport = ObstoreTransport()
-    manifest_store, manifest_key = transport.locate(join(url, "manifest.json"))
-    if exists(url):
-        raise FileExistsError(f"cache path already exists: {url}")
-    files = sorted(
-        p
-        for p in local.rglob("*")
-        if p.is_file() and p.relative_to(local).as_posix() != "manifest.json"
-    )
-    uploaded: list[str] = []
-    try:
-        for path in files:
-            rel = path.relative_to(local).as_posix()
-            store, key = transport.locate(join(url, rel))
-            _put_file(obstore, store, key, path)
-            uploaded.append(key)
-        data = (local / "manifest.json").read_bytes()
-        try:
-            obstore.put(manifest_store, manifest_key, data, mode="create")
-        except BaseException as exc:
-            from obstore import exceptions as ox
+#: The object a writer holds under a cache's URL while it uploads the cache (created with
+#: a conditional put, deleted when the upload ends): a second writer of the same URL stops
+#: before uploading anything instead of overwriting the first one's objects.
+UPLOAD_LOCK = ".dataset-rt-upload"
 
-            if isinstance(exc, (ox.AlreadyExistsError, ox.PreconditionError, FileExistsError)):
+
+class _Cancelled(Exception):
+    """The upload was told to stop (Ctrl-C in the thread that waits for it)."""
+
+
+class _Upload:
+    """One cache's upload (see :func:`upload_cache`), run on a thread of its own: a
+    request in flight cannot be interrupted (obstore returns when it ends), so Ctrl-C is
+    taken by the waiting thread, which tells this one to stop at the next request; this
+    one then always deletes what it uploaded."""
+
+    def __init__(self, local: Path, url: str) -> None:
+        import socket
+        import uuid
+
+        self.obstore = _require_obstore()
+        self.transport = ObstoreTransport()
+        self.local, self.url = local, url
+        self.cancel = threading.Event()
+        self.done = threading.Event()
+        #: Keys put, or being put (a put cut short may still have stored its object).
+        self.touched: list[str] = []
+        self.error: BaseException | None = None
+        self.token = (
+            f"{socket.gethostname()} pid {os.getpid()} "
+            f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {uuid.uuid4().hex}"
+        ).encode()
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def _run(self) -> None:
+        url = self.url
+        if exists(url):
+            raise FileExistsError(f"cache path already exists: {url}")
+        store, lock_key = self.transport.locate(join(url, UPLOAD_LOCK))
+        try:
+            locked = self._put_create(store, lock_key, self.token)
+        except _Cancelled as exc:
+            self._delete(self.touched)
+            raise UploadError(f"upload to {url} interrupted; nothing was uploaded") from exc
+        except Exception as exc:
+            self._delete(self.touched)
+            message = _explain(url, classify(exc))
+            raise UploadError(f"upload to {url} failed: {message}; nothing was uploaded") from exc
+        if not locked:
+            raise FileExistsError(self._locked_message(store, lock_key))
+        # Whether the objects put belong to a cache another writer published meanwhile.
+        theirs = False
+        try:
+            # Published between the check above and the lock (its writer has let go).
+            if exists(url):
+                raise FileExistsError(f"cache path already exists: {url}")
+            for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
+                rel = path.relative_to(self.local).as_posix()
+                if rel != "manifest.json":
+                    self._put(*self.transport.locate(join(url, rel)), path)
+            manifest = (self.local / "manifest.json").read_bytes()
+            if not self._put_create(store, self._key("manifest.json"), manifest):
+                # Only past a writer that ignored the lock (or deleted it).
+                theirs = True
                 raise FileExistsError(
                     f"cache path already exists: {url} (published by another writer during "
-                    "this upload)"
-                ) from exc
-            raise
-    except BaseException as exc:
-        left = _delete_quietly(obstore, manifest_store, uploaded)
-        detail = (
-            "nothing was published (no manifest.json); the objects uploaded were deleted"
-            if not left
-            else "nothing was published (no manifest.json), but these objects are left "
-            f"behind under {url}: {', '.join(left)}; delete them (for example: aws s3 rm "
-            f"--recursive {url}/) before writing this cache again"
+                    f"this upload, past its lock {url}/{UPLOAD_LOCK}); the objects were left "
+                    f"as they are: check the cache with `dataset-rt verify {url}`"
+                )
+        except BaseException as exc:
+            left = self._delete([lock_key] if theirs else self.touched)
+            uploaded = [key for key in self.touched if key != lock_key]
+            if isinstance(exc, FileExistsError) and (theirs or not uploaded):
+                raise
+            detail = (
+                "nothing was published (no manifest.json); the objects uploaded were deleted"
+                if not left
+                else "nothing was published (no manifest.json), but these objects are left "
+                f"behind under {url}: {', '.join(left)}; delete them (for example: aws s3 "
+                f"rm --recursive {url}/) before writing this cache again"
+            )
+            if isinstance(exc, _Cancelled):
+                raise UploadError(f"upload of {self.local} to {url} interrupted; {detail}") from exc
+            client = _is_client_error(exc)
+            message = _explain(url, classify(exc)) if client else exc
+            raise UploadError(
+                f"upload of {self.local} to {url} failed: {message}; {detail}"
+            ) from exc
+        # Published: a lock left behind by a failed delete is harmless (the next writer
+        # finds the cache first).
+        self._delete([lock_key])
+
+    def _key(self, rel: str) -> str:
+        return self.transport.locate(join(self.url, rel))[1]
+
+    def _locked_message(self, store: Any, lock_key: str) -> str:
+        """Why the lock could not be had: the cache was published meanwhile, or another
+        writer holds it (or died holding it)."""
+        if exists(self.url):
+            return f"cache path already exists: {self.url}"
+        try:
+            holder = bytes(self.obstore.get(store, lock_key).bytes()).decode(errors="replace")
+        except Exception:
+            holder = "unknown writer"
+        lock = f"{self.url}/{UPLOAD_LOCK}"
+        return (
+            f"cache path {self.url} is being written by another writer ({holder}, holding "
+            f"{lock}); nothing was uploaded. If no writer is running (one was killed), "
+            f"delete what it left (for example: aws s3 rm --recursive {self.url}/) and "
+            "write again"
         )
-        if isinstance(exc, FileExistsError):
-            raise FileExistsError(f"{exc}; {detail}") from exc
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise
-        message = classify(exc) if not isinstance(exc, OSError) else exc
-        raise UploadError(f"upload of {local} to {url} failed: {message}; {detail}") from exc
+
+    def _put(self, store: Any, key: str, path: Path) -> None:
+        """Put the file ``path`` at ``key`` (retried with backoff on transient errors)."""
+        self.touched.append(key)
+        self._retrying(lambda: _put_file(self.obstore, store, key, path))
+
+    def _put_create(self, store: Any, key: str, data: bytes) -> bool:
+        """Put ``data`` at ``key`` only if no object is there (retried with backoff on
+        transient errors). False when another object is there (a retried put that
+        stored ``data`` before its answer was lost counts as done)."""
+        from obstore import exceptions as ox
+
+        self.touched.append(key)
+        try:
+            self._retrying(lambda: self.obstore.put(store, key, data, mode="create"))
+            return True
+        except (ox.AlreadyExistsError, ox.PreconditionError, FileExistsError):
+            self.touched.pop()
+            try:
+                return bytes(self.obstore.get(store, key).bytes()) == data
+            except Exception:
+                return False
+
+    def _retrying(self, request: Callable[[], Any]) -> None:
+        """``request()``, again after transient failures (the reads' policy: up to
+        :data:`DEFAULT_RETRIES` more attempts, backing off 0.1 s, doubling, <= 2 s);
+        :class:`_Cancelled` once the upload is told to stop."""
+        for attempt in range(DEFAULT_RETRIES + 1):
+            if self.cancel.is_set():
+                raise _Cancelled
+            try:
+                request()
+                return
+            except Exception as exc:
+                if _is_client_error(exc) and classify(exc).code == _native.RemoteCode.RETRY:
+                    if attempt < DEFAULT_RETRIES and not self.cancel.wait(
+                        min(0.1 * 2**attempt, 2.0)
+                    ):
+                        continue
+                raise
+
+    def _delete(self, keys: Iterable[str]) -> list[str]:
+        store = self.transport.locate(join(self.url, ""))[0]
+        return _delete_quietly(self.obstore, store, keys)
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from the object-store client, not from reading local files
+    (obstore raises builtin ``OSError`` subclasses too, always with its debug text)."""
+    return not isinstance(exc, OSError) or "Debug source:" in str(exc)
+
+
+def upload_cache(local: Path, url: str) -> None:
+    """Upload the complete local cache ``local`` to ``url``.
+
+    Holding the lock object ``<url>/.dataset-rt-upload`` (a conditional put: a second
+    writer of the same URL fails at once, naming the holder), every file except
+    ``manifest.json`` is put, then ``manifest.json`` with a conditional put (create only):
+    its presence publishes the cache; then the lock is deleted. Transient failures are
+    retried with backoff. An existing cache at ``url`` is never replaced
+    (``FileExistsError``). On failure, or on ``KeyboardInterrupt``/``SystemExit`` (taken
+    between requests: one in flight ends first), the objects put are deleted (best
+    effort) and the error lists any that remain (``UploadError``; the interrupt itself is
+    raised unchanged after the cleanup)."""
+    upload = _Upload(local, url)
+    worker = threading.Thread(target=upload.run, name="dataset-rt-upload", daemon=True)
+    worker.start()
+    interrupt: BaseException | None = None
+    # Not Thread.join: an interrupt inside it can mark a running thread stopped (3.11).
+    while not upload.done.is_set():
+        try:
+            upload.done.wait(0.25)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            if interrupt is None:
+                interrupt = exc
+                upload.cancel.set()
+                sys.stderr.write(
+                    f"dataset-rt: interrupted; the upload to {url} stops after the request "
+                    "in flight and deletes what it uploaded\n"
+                )
+    if interrupt is not None:
+        raise interrupt
+    if upload.error is not None:
+        raise upload.error
 
 
 def _put_file(obstore: Any, store: Any, key: str, path: Path) -> None:

@@ -97,16 +97,27 @@ class DatasetRuntime:
         import shutil
         import tempfile
 
+        plans, results = plan_sources(items, url, writer_config)
         staging_root = remote.default_cache_dir() / "uploads"
-        staging_root.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix="write-", dir=staging_root))
         try:
-            plans, results = plan_sources(items, staging, writer_config)
+            staging_root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix="write-", dir=staging_root))
+        except OSError as exc:
+            message = f"I/O error: cannot stage uploads in {staging_root}: {exc}"
+            for plan in plans:
+                results[plan.position] = CacheWriteError(plan.name, message)
+            return [results[i] for i in range(len(items))]
+        try:
             to_write = []
             validate = bool(getattr(writer_config, "validate_cache", False))
             for plan in plans:
                 target = remote.join(url, plan.name)
-                if not remote.exists(target):
+                try:
+                    published = remote.exists(target)
+                except RuntimeError as exc:
+                    results[plan.position] = CacheWriteError(plan.name, str(exc))
+                    continue
+                if not published:
                     to_write.append(plan)
                     continue
                 if not reuse:

@@ -310,7 +310,7 @@ def _u64(value: Any) -> int:
 
 
 def _plan_sources(
-    sources: list[Any], base: Path, parallel: bool
+    sources: list[Any], base: Path | str, parallel: bool
 ) -> tuple[list[_Plan], dict[int, CacheWriteResult]]:
     """Read every name once and validate it.
 
@@ -355,7 +355,8 @@ def _plan_sources(
             errors[position] = CacheWriteError(label, str(exc))
         else:
             if key in seen and not parallel:
-                raise ValueError(f"duplicate generated cache path: {base / name}")
+                path = base / name if isinstance(base, Path) else f"{base.rstrip('/')}/{name}"
+                raise ValueError(f"duplicate generated cache path: {path}")
             seen.add(key)
             plans.append(_Plan(position, source, name, fingerprint))
     if parallel:
@@ -377,9 +378,10 @@ def _fold(name: str) -> str:
 
 
 def plan_sources(
-    sources: list[Any], base: Path, config: WriterConfig
+    sources: list[Any], base: Path | str, config: WriterConfig
 ) -> tuple[list[_Plan], dict[int, CacheWriteResult]]:
-    """Check the config, read every source name once and validate it.
+    """Check the config, read every source name once and validate it (``base``, a
+    directory or a URL, is only named in messages).
 
     Returns the plans to write and the per-position errors found so far. Raises for
     invalid configs and duplicate names before anything is written.

@@ -306,6 +306,158 @@ def test_failed_upload_publishes_nothing(runtime, s3_bucket, shard_cache, monkey
         runtime.cached_dataset([f"{s3_bucket}/fail/x"], reader_config=drt.ReaderConfig(seed=0))
 
 
+def test_an_upload_in_progress_is_never_overwritten(runtime, s3_bucket, shard_cache) -> None:
+    """Another writer's lock object: the second writer uploads nothing, deletes nothing,
+    and says who holds the URL; once the first one published, the cache path exists."""
+    base = f"{s3_bucket}/race"
+    put(f"{base}/n/.dataset-rt-upload", b"host pid 1 2026-12-07T00:00:00Z token")
+    put(f"{base}/n/shards/000000.bin", b"the first writer's bytes")
+    result = runtime.write_cache([Numbers("n", 40)], base, writer_config=WRITER)
+    assert isinstance(result[0], drt.CacheWriteError), result
+    message = result[0].message
+    assert message.startswith(f"cache path {base}/n is being written by another writer (host")
+    assert "nothing was uploaded" in message and f"aws s3 rm --recursive {base}/n/" in message
+    assert get(f"{base}/n/shards/000000.bin") == b"the first writer's bytes"
+    assert listing(f"{base}/n") == ["race/n/.dataset-rt-upload", "race/n/shards/000000.bin"]
+    put(f"{base}/n/manifest.json", b"{}")
+    again = runtime.write_cache([Numbers("n", 40)], base, writer_config=WRITER)
+    assert again == [drt.CacheWriteError("n", f"cache path already exists: {base}/n")]
+
+
+def test_an_upload_holds_its_lock_and_lets_go(runtime, s3_bucket, shard_cache, monkeypatch) -> None:
+    from dataset_rt import remote
+
+    seen: list[list[str]] = []
+    real = remote._put_file
+
+    def watching(obstore: Any, store: Any, key: str, path: Path) -> None:
+        seen.append(listing(f"{s3_bucket}/lock/x"))
+        real(obstore, store, key, path)
+
+    monkeypatch.setattr(remote, "_put_file", watching)
+    result = runtime.write_cache([Numbers("x", 100, 97)], f"{s3_bucket}/lock", writer_config=WRITER)
+    assert isinstance(result[0], drt.CacheWriteSuccess), result
+    lock = "lock/x/.dataset-rt-upload"
+    assert seen and all(lock in names for names in seen)
+    assert lock not in listing(f"{s3_bucket}/lock/x")
+
+
+def test_transient_upload_failures_are_retried(
+    runtime, s3_bucket, shard_cache, monkeypatch
+) -> None:
+    from dataset_rt import remote
+
+    calls = {"n": 0}
+    real = remote._put_file
+
+    def flaky(obstore: Any, store: Any, key: str, path: Path) -> None:
+        calls["n"] += 1
+        if calls["n"] in (2, 3):
+            raise RuntimeError("Generic S3 error: error sending request (injected): 503 SlowDown")
+        real(obstore, store, key, path)
+
+    monkeypatch.setattr(remote, "_put_file", flaky)
+    base = f"{s3_bucket}/flaky"
+    result = runtime.write_cache([Numbers("x", 200, 97)], base, writer_config=WRITER)
+    assert result == [drt.CacheWriteSuccess("x", f"{base}/x")]  # type: ignore[arg-type]
+    dataset = runtime.cached_dataset([f"{base}/x"], reader_config=drt.ReaderConfig(seed=0))
+    assert len(dataset) == 200 and sum(1 for _ in dataset) == 200
+
+
+def test_ctrl_c_during_an_upload_deletes_what_it_uploaded(
+    runtime, s3_bucket, shard_cache, monkeypatch
+) -> None:
+    """SIGINT while a put is in flight (here: right after one stored its object): the
+    upload stops at the next request, deletes every object it put (the lock too), and
+    the KeyboardInterrupt is raised unchanged."""
+    import signal
+    import threading
+
+    from dataset_rt import remote
+
+    calls = {"n": 0}
+    real = remote._put_file
+    main = threading.main_thread().ident
+
+    def interrupted(obstore: Any, store: Any, key: str, path: Path) -> None:
+        real(obstore, store, key, path)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.5)  # the interrupt lands while this put is still "in flight"
+
+    monkeypatch.setattr(remote, "_put_file", interrupted)
+    base = f"{s3_bucket}/sigint"
+    with pytest.raises(KeyboardInterrupt):
+        runtime.write_cache([Numbers("x", 200, 97)], base, writer_config=WRITER)
+    assert calls["n"] == 3
+    assert listing(base) == []
+
+
+def test_upload_errors_are_results_naming_the_url(
+    runtime, s3_bucket, shard_cache, monkeypatch, tmp_path
+) -> None:
+    """A missing bucket, a bad URL, an unusable local directory: one CacheWriteError per
+    source (no exception, no client debug dump)."""
+    missing = runtime.write_cache([Numbers("x", 10)], "s3://no-such-bucket/p", writer_config=WRITER)
+    assert isinstance(missing[0], drt.CacheWriteError), missing
+    assert missing[0].message.startswith(
+        "upload to s3://no-such-bucket/p/x failed: the bucket of s3://no-such-bucket/p/x does not"
+    )
+    assert "Debug source" not in missing[0].message
+    bad = runtime.write_cache([Numbers("x", 10)], "s3://", writer_config=WRITER)
+    assert isinstance(bad[0], drt.CacheWriteError), bad
+    assert bad[0].message.startswith("cannot check s3:") and "URL error" in bad[0].message
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("DATASET_RT_CACHE_DIR", str(tmp_path / "a-file"))
+    unusable = runtime.write_cache([Numbers("x", 10)], f"{s3_bucket}/u", writer_config=WRITER)
+    assert isinstance(unusable[0], drt.CacheWriteError), unusable
+    assert unusable[0].message.startswith("I/O error: cannot stage uploads in ")
+    with pytest.raises(ValueError, match=f"duplicate generated cache path: {s3_bucket}/d/x$"):
+        runtime.write_cache([Numbers("x", 1), Numbers("x", 1)], f"{s3_bucket}/d/")
+
+
+def test_validated_reuse_of_a_url_checks_every_shard(runtime, s3_bucket, shard_cache) -> None:
+    base = f"{s3_bucket}/v"
+    config = drt.ReaderConfig(seed=0, prefetch_size=4)
+    first = runtime.write_cache([Numbers("n", 100, 97)], base, writer_config=WRITER)
+    assert isinstance(first[0], drt.CacheWriteSuccess), first
+    shard = f"{base}/n/shards/000001.bin"
+    data = bytearray(get(shard))
+    data[-1] ^= 0xFF
+    put(shard, bytes(data))
+    validated = drt.WriterConfig(max_shard_bytes=2000, validate_cache=True)
+    result = runtime.from_cache_sources(
+        [Numbers("n", 100, 97)], base, reader_config=config, writer_config=validated
+    )
+    assert isinstance(result, drt.CacheSourcesDatasetError), result
+    assert result.results[0].message.startswith(f"checksum mismatch for {shard}")
+
+
+def test_cli_verify_checks_the_server_not_local_copies(runtime, s3_bucket, shard_cache) -> None:
+    import io
+
+    from dataset_rt.cli import main
+
+    base = f"{s3_bucket}/cv"
+    assert isinstance(
+        runtime.write_cache([Numbers("n", 100, 97)], base, writer_config=WRITER)[0],
+        drt.CacheWriteSuccess,
+    )
+    out = io.StringIO()
+    assert main(["verify", "--quiet", f"{base}/n"], out) == 0, out.getvalue()
+    # Every shard is now in this machine's shard cache, intact; the server's copy is not.
+    dataset = runtime.cached_dataset([f"{base}/n"], reader_config=drt.ReaderConfig(seed=0))
+    assert sum(1 for _ in dataset) == 100
+    shard = f"{base}/n/shards/000001.bin"
+    data = bytearray(get(shard))
+    data[-1] ^= 0xFF
+    put(shard, bytes(data))
+    out = io.StringIO()
+    assert main(["verify", "--quiet", f"{base}/n"], out) == 1
+    assert f"checksum mismatch for {shard}" in out.getvalue()
+
+
 # ------------------------------------------------------------------------ faults
 
 
