@@ -18,12 +18,13 @@ them (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -310,6 +311,51 @@ def _explain(url: str, error: _native.RemoteError) -> str:
     if error.code == _native.RemoteCode.NOT_FOUND:
         return f"the bucket of {url} does not exist: {error}"
     return str(error)
+
+
+#: A staging directory of ``uploads/`` younger than this is never swept (its writer may
+#: not hold its lock yet).
+STAGING_GRACE_SECONDS = 60.0
+
+
+@contextlib.contextmanager
+def upload_staging() -> Iterator[Path]:
+    """A new directory ``<local directory>/uploads/write-*`` where caches are built before
+    their upload, removed on exit. Its writer holds a lock on it (``flock``) meanwhile:
+    first, the directories of writers that died (their lock free, a minute old) are
+    removed. Raises ``OSError`` when the local directory is unusable."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    root = default_cache_dir() / "uploads"
+    root.mkdir(parents=True, exist_ok=True)
+    for entry in root.glob("write-*"):
+        try:
+            if time.time() - entry.lstat().st_mtime < STAGING_GRACE_SECONDS:
+                continue
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            pass  # a live writer's
+        finally:
+            os.close(fd)
+    staging = Path(tempfile.mkdtemp(prefix="write-", dir=root))
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.close(fd)
 
 
 class UploadError(RuntimeError):

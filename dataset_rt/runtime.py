@@ -7,6 +7,7 @@ are reused.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 import os
@@ -94,20 +95,15 @@ class DatasetRuntime:
         ``<url>/<name>`` (dataset_rt.remote.upload_cache: manifest last, never replacing).
         With ``reuse``, a cache already at the URL is a success without writing (its
         fingerprint checked as locally)."""
-        import shutil
-        import tempfile
-
         plans, results = plan_sources(items, url, writer_config)
-        staging_root = remote.default_cache_dir() / "uploads"
-        try:
-            staging_root.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix="write-", dir=staging_root))
-        except OSError as exc:
-            message = f"I/O error: cannot stage uploads in {staging_root}: {exc}"
-            for plan in plans:
-                results[plan.position] = CacheWriteError(plan.name, message)
-            return [results[i] for i in range(len(items))]
-        try:
+        with contextlib.ExitStack() as stack:
+            try:
+                staging = stack.enter_context(remote.upload_staging())
+            except OSError as exc:
+                message = f"I/O error: cannot stage uploads in {remote.default_cache_dir()}: {exc}"
+                for plan in plans:
+                    results[plan.position] = CacheWriteError(plan.name, message)
+                return [results[i] for i in range(len(items))]
             to_write = []
             validate = bool(getattr(writer_config, "validate_cache", False))
             for plan in plans:
@@ -153,8 +149,6 @@ class DatasetRuntime:
                         result = CacheWriteError(result.source_name, str(exc))
                 results[position] = result
             return [results[i] for i in range(len(items))]
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
 
     def _write_planned(
         self, plans: list[_Plan], base: Path, config: WriterConfig

@@ -417,6 +417,29 @@ def test_upload_errors_are_results_naming_the_url(
         runtime.write_cache([Numbers("x", 1), Numbers("x", 1)], f"{s3_bucket}/d/")
 
 
+def test_dead_writers_staging_is_swept(runtime, s3_bucket, shard_cache) -> None:
+    """A writer killed mid-write leaves its uploads/write-* directory: the next writer
+    removes it once its lock is free and it is a minute old; a live writer's stays."""
+    import fcntl
+
+    uploads = shard_cache / "uploads"
+    dead, live, young = uploads / "write-dead", uploads / "write-live", uploads / "write-young"
+    for directory in (dead, live, young):
+        (directory / "tmp" / "a.1.drt").mkdir(parents=True)
+        (directory / "tmp" / "a.1.drt" / "index.bin").write_bytes(b"")
+    old = time.time() - 120
+    for directory in (dead, live):
+        os.utime(directory, (old, old))
+    held = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = runtime.write_cache([Numbers("x", 10)], f"{s3_bucket}/sweep", writer_config=WRITER)
+        assert isinstance(result[0], drt.CacheWriteSuccess), result
+        assert sorted(p.name for p in uploads.iterdir()) == ["write-live", "write-young"]
+    finally:
+        os.close(held)
+
+
 def test_validated_reuse_of_a_url_checks_every_shard(runtime, s3_bucket, shard_cache) -> None:
     base = f"{s3_bucket}/v"
     config = drt.ReaderConfig(seed=0, prefetch_size=4)
