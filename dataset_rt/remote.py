@@ -497,11 +497,13 @@ class _Upload:
             self._retrying(lambda: self.obstore.put(store, key, data, mode="create"))
             return True
         except (ox.AlreadyExistsError, ox.PreconditionError, FileExistsError):
-            self.touched.pop()
             try:
-                return bytes(self.obstore.get(store, key).bytes()) == data
+                ours = bytes(self.obstore.get(store, key).bytes()) == data
             except Exception:
-                return False
+                ours = False
+            if not ours:
+                self.touched.pop()  # another writer's object: never deleted here
+            return ours
 
     def _retrying(self, request: Callable[[], Any]) -> None:
         """``request()``, again after transient failures (the reads' policy: up to

@@ -364,6 +364,46 @@ def test_transient_upload_failures_are_retried(
     assert len(dataset) == 200 and sum(1 for _ in dataset) == 200
 
 
+def test_a_conditional_put_whose_answer_was_lost_counts_as_done(
+    runtime, s3_bucket, shard_cache, monkeypatch
+) -> None:
+    """The lock's and the manifest's create-only puts store their object, then the
+    connection drops: the retry finds the object, with this writer's bytes, and goes on."""
+    import obstore
+
+    real = obstore.put
+    failed: set[str] = set()
+
+    def answer_lost(store: Any, key: str, data: Any, **options: Any) -> Any:
+        result = real(store, key, data, **options)
+        if options.get("mode") == "create" and key not in failed:
+            failed.add(key)
+            raise RuntimeError("Generic S3 error: error sending request (injected)")
+        return result
+
+    monkeypatch.setattr(obstore, "put", answer_lost)
+    base = f"{s3_bucket}/lost"
+    result = runtime.write_cache([Numbers("x", 50)], base, writer_config=WRITER)
+    assert result == [drt.CacheWriteSuccess("x", f"{base}/x")]  # type: ignore[arg-type]
+    assert failed == {"lost/x/.dataset-rt-upload", "lost/x/manifest.json"}
+    assert "lost/x/.dataset-rt-upload" not in listing(f"{base}/x")
+    dataset = runtime.cached_dataset([f"{base}/x"], reader_config=drt.ReaderConfig(seed=0))
+    assert sum(1 for _ in dataset) == 50
+    # The same lock taken that way, then a put that fails for good: the cleanup deletes
+    # the lock too (it is this writer's).
+    from dataset_rt import remote
+
+    def refused(obstore: Any, store: Any, key: str, path: Path) -> None:
+        raise RuntimeError("Generic S3 error: 400 Bad Request (injected)")
+
+    monkeypatch.setattr(remote, "_put_file", refused)
+    failed.clear()
+    result = runtime.write_cache([Numbers("y", 50)], base, writer_config=WRITER)
+    assert isinstance(result[0], drt.CacheWriteError), result
+    assert failed == {"lost/y/.dataset-rt-upload"}
+    assert listing(f"{base}/y") == []
+
+
 def test_ctrl_c_during_an_upload_deletes_what_it_uploaded(
     runtime, s3_bucket, shard_cache, monkeypatch
 ) -> None:
