@@ -1,14 +1,18 @@
 """Run by tests/test_ray.py inside the Ray extra virtualenv (one ray.init for every check).
 
 Usage: python ray_script.py <workdir>. Prints one JSON object with what the pytest side
-asserts on. Not collected by pytest (no test_ prefix).
+asserts on. Not collected by pytest (no test_ prefix). ``python ray_script.py <workdir>
+--num-workers-3 <gcs address>`` is the second driver one check starts (see
+``check_arguments``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +37,31 @@ class Source:
             if i == self.fail_at:
                 raise RuntimeError("task failure")
             yield drt.CacheInput(f"{self.name}-{i}".encode() * 3, {"i": i, "tag": self.name})
+
+
+class LockedSource(Source):
+    """A source that cannot be pickled (it holds a lock)."""
+
+    def __init__(self, name: str, n: int) -> None:
+        super().__init__(name, n)
+        self.lock = threading.Lock()
+
+
+def attempt(fn) -> str | None:
+    """``None`` when ``fn()`` returns, else ``"<type>: <message>"`` of what it raised."""
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:600]}"
+    return None
+
+
+def described(results: list[object]) -> list[list[str]]:
+    """``[type, source_name, message or path]`` per result."""
+    return [
+        [type(r).__name__, r.source_name, str(getattr(r, "message", getattr(r, "path", "")))]
+        for r in results
+    ]
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -80,6 +109,9 @@ def check_urls(out: dict[str, object], base: str, sources: list[Source], ds, fai
     }
     again = drt_ray.write_sources(sources[:1], base + "/sources", writer_config=CFG)
     out["url_sources_again"] = [repr(r) for r in again]
+    out["url_duplicate_raised"] = attempt(
+        lambda: drt_ray.write_sources([Source("a", 1), Source("a", 1)], base + "/dup")
+    )
 
     sink = drt_ray.CacheDatasink(base + "/sink", "rows", writer_config=CFG)
     ds.write_datasink(sink)
@@ -108,6 +140,132 @@ def check_urls(out: dict[str, object], base: str, sources: list[Source], ds, fai
         out["url_replace_raised"] = str(exc)
     uploads = Path(os.environ["DATASET_RT_CACHE_DIR"]) / "uploads"
     out["url_staging_left"] = sorted(p.name for p in uploads.iterdir()) if uploads.exists() else []
+
+
+def check_order_context(out: dict[str, object], rows: list[dict[str, object]]) -> None:
+    """7. The order check uses the DataContext a dataset executes with (the one it was
+    created with), not the global one at the time of the write."""
+    ctx = ray.data.DataContext.get_current()
+    base = WORK / "order"
+
+    def build():
+        return ray.data.from_items(rows[:60], override_num_blocks=3).map_batches(
+            lambda b: b, batch_format="pyarrow"
+        )
+
+    ctx.execution_options.preserve_order = False
+    unordered = build()  # keeps preserve_order off
+    ctx.execution_options.preserve_order = True
+    out["order_late_raised"] = attempt(
+        lambda: unordered.write_datasink(drt_ray.CacheDatasink(base, "late", writer_config=CFG))
+    )
+    out["order_late_exists"] = (base / "late").exists()
+    out["order_late_leftovers"] = leftovers(base)
+
+    ordered = build()  # keeps preserve_order on
+    ctx.execution_options.preserve_order = False
+    sink = drt_ray.CacheDatasink(base, "early", writer_config=CFG)
+    out["order_early_raised"] = attempt(lambda: ordered.write_datasink(sink))
+    out["order_early_result"] = repr(sink.result)
+    if sink.result is not None:
+        out["order_early_rows"] = [row[2]["i"] for row in read_rows(base / "early")]
+    # Unordered on purpose: accepted whatever the context.
+    anyorder = drt_ray.CacheDatasink(base, "any", writer_config=CFG, ordered=False)
+    out["order_unordered_raised"] = attempt(lambda: build().write_datasink(anyorder))
+    if anyorder.result is not None:
+        out["order_unordered_rows"] = sorted(row[2]["i"] for row in read_rows(base / "any"))
+    ctx.execution_options.preserve_order = True
+
+
+def check_arguments(out: dict[str, object]) -> None:
+    """8. Bad arguments fail on the driver before any task runs; Ray errors are plain."""
+    work = WORK / "args"
+    # An unpicklable source: its own error, the others written.
+    results: list[object] = []
+    out["pickle_raised"] = attempt(
+        lambda: results.extend(
+            drt_ray.write_sources(
+                [Source("first", 5), LockedSource("locked", 5), Source("last", 5)],
+                work / "pickle",
+                writer_config=CFG,
+            )
+        )
+    )
+    out["pickle_results"] = described(results)
+    # Datasink names: write_cache's rules and messages, when the sink is created.
+    out["sink_names"] = {
+        name: attempt(lambda name=name: drt_ray.CacheDatasink(work / "names", name))
+        for name in ("", ".", "..", "tmp", "a/b")
+    }
+    out["sink_names_left"] = (work / "names").exists()
+    out["num_workers_raised"] = {
+        str(n): attempt(
+            lambda n=n: drt_ray.write_sources([Source("a", 3)], work / "nw", num_workers=n)
+        )
+        for n in (0, 1.5, -1)
+    }
+    out["num_workers_left"] = (work / "nw").exists()
+    out["sink_num_workers_raised"] = attempt(
+        lambda: drt_ray.CacheDatasink(work / "nw", "x", num_workers=0)
+    )
+    # More native threads than any node has CPUs (2 here): still scheduled. From a second
+    # driver process, because an unschedulable task blocks ray.get for ever (no signal
+    # stops it): the timeout only bounds how long a broken build waits, and killing that
+    # driver drops its task.
+    address = ray.get_runtime_context().gcs_address
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, str(WORK), "--num-workers-3", address],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("BIG ")]
+        out["num_workers_big"] = (
+            json.loads(lines[-1][len("BIG ") :])
+            if lines
+            else f"exit status {proc.returncode}: {proc.stderr[-2000:]}"
+        )
+    except subprocess.TimeoutExpired:
+        out["num_workers_big"] = "write_sources(num_workers=3) still waiting after 120 s"
+    # The profile of write_sources lists every source, as write_cache's does.
+    profiles = {}
+    for label in ("ray", "local"):
+        path = work / f"{label}-profile.json"
+        config = drt.WriterConfig(
+            show_progress=False, profiler=drt.WriterProfilerConfig(enabled=True, path=path)
+        )
+        profiled = [Source("b", 20), Source("a", 20), Source("c", 5)]
+        if label == "ray":
+            drt_ray.write_sources(profiled, work / label, writer_config=config)
+        else:
+            drt.DatasetRuntime(num_workers=1).write_cache(
+                profiled, work / label, writer_config=config
+            )
+        try:
+            document = json.loads(path.read_text())
+        except ValueError as exc:  # tasks writing one file at once can garble it
+            profiles[label] = {"keys": [f"unreadable: {exc}"], "sources": []}
+            continue
+        profiles[label] = {
+            "keys": sorted(document),
+            "sources": [
+                [entry["source_name"], sorted(stage["name"] for stage in entry["stages"])]
+                for entry in document["sources"]
+            ],
+        }
+    out["profiles"] = profiles
+    out["profile_partials"] = sorted(p.name for p in work.iterdir() if p.name.startswith("."))
+
+
+def num_workers_3(address: str) -> None:
+    """The second driver of ``check_arguments``: ``num_workers=3`` on the 2-CPU cluster."""
+    ray.init(address=address, log_to_driver=False)
+    results = drt_ray.write_sources(
+        [Source("a", 3), Source("b", 3)], WORK / "args" / "big", writer_config=CFG, num_workers=3
+    )
+    print("BIG " + json.dumps(described(results)))
+    ray.shutdown()
 
 
 def main() -> None:
@@ -194,6 +352,8 @@ def main() -> None:
         out["exists_raised"] = None
     except Exception as exc:
         out["exists_raised"] = str(exc)[:300]
+    check_order_context(out, rows)
+    check_arguments(out)
     base = os.environ.get("DRT_TEST_S3_BASE")
     if base:
         t = time.monotonic()
@@ -205,4 +365,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[2:3] == ["--num-workers-3"]:
+        num_workers_3(sys.argv[3])
+    else:
+        main()

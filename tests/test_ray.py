@@ -112,6 +112,10 @@ def test_write_sources_to_a_url_uploads_the_write_cache_bytes(ray_run):
         "CacheWriteError(source_name='a', message='cache path already exists: "
         "s3://ray/base/sources/a')"
     ]
+    # Duplicate names are refused on the driver, naming the URL as given.
+    assert out["url_duplicate_raised"] == (
+        "ValueError: duplicate generated cache path: s3://ray/base/dup/a"
+    )
 
 
 def test_datasink_to_a_url_publishes_the_local_commit_and_nothing_else(ray_run):
@@ -127,3 +131,73 @@ def test_datasink_to_a_url_publishes_the_local_commit_and_nothing_else(ray_run):
     assert out["url_exists_raised"].startswith("cache path already exists: s3://ray/base/sink/rows")
     assert "cannot replace a cache on object storage" in out["url_replace_raised"]
     assert out["url_staging_left"] == []
+
+
+ORDER_REFUSED = "ValueError: CacheDatasink assigns sample ids in block order, but this dataset"
+
+
+def test_datasink_order_check_uses_the_context_the_dataset_executes_with(ray_run):
+    out, _ = ray_run
+    # Built without preserve_order, written after turning it on globally: Ray executes
+    # with the dataset's context, so the write is refused, before anything is written.
+    raised = out["order_late_raised"] or "(nothing raised)"
+    assert raised.startswith(ORDER_REFUSED) and "\x1b[" not in raised, raised
+    assert out["order_late_exists"] is False and out["order_late_leftovers"] == []
+    # Built with preserve_order, written after turning it off globally: in order.
+    assert out["order_early_raised"] is None, out["order_early_raised"]
+    assert out["order_early_result"].startswith("CacheWriteSuccess(source_name='early'")
+    assert out["order_early_rows"] == list(range(60))
+    # ordered=False: accepted without preserve_order, every row once.
+    assert out["order_unordered_raised"] is None, out["order_unordered_raised"]
+    assert out["order_unordered_rows"] == list(range(60))
+
+
+def test_write_sources_unpicklable_source_is_a_ray_error_of_its_own(ray_run):
+    out, _ = ray_run
+    assert out["pickle_raised"] is None, out["pickle_raised"]
+    (first, locked, last) = out["pickle_results"]
+    assert first[:2] == ["CacheWriteSuccess", "first"] and last[:2] == ["CacheWriteSuccess", "last"]
+    assert locked[:2] == ["CacheWriteError", "locked"]
+    assert locked[2].startswith("Ray error: TypeError: Could not serialize the argument"), locked
+    assert "cannot pickle '_thread.lock' object" in locked[2]
+    assert "\x1b" not in locked[2]  # no terminal colour codes
+
+
+def test_datasink_name_is_checked_when_the_sink_is_created(ray_run):
+    out, _ = ray_run
+    plain = "ValueError: CacheSource.name must be a plain path segment"
+    assert out["sink_names"] == {
+        "": "ValueError: CacheSource.name must not be empty",
+        ".": plain,
+        "..": plain,
+        "tmp": "ValueError: CacheSource.name must be a non-reserved plain path segment",
+        "a/b": plain,
+    }
+    assert out["sink_names_left"] is False
+
+
+def test_num_workers_is_checked_on_the_driver_and_always_schedulable(ray_run):
+    out, _ = ray_run
+    # DatasetRuntime(num_workers=...)'s exceptions and messages, before any task.
+    assert out["num_workers_raised"] == {
+        "0": "ValueError: num_workers must be greater than zero",
+        "1.5": "TypeError: 'float' object cannot be interpreted as an integer",
+        "-1": "OverflowError: can't convert negative int to unsigned",
+    }
+    assert out["num_workers_left"] is False
+    assert out["sink_num_workers_raised"] == "ValueError: num_workers must be greater than zero"
+    # 3 threads on a 2-CPU cluster: the default request fits the largest node.
+    assert [r[:2] for r in out["num_workers_big"]] == [
+        ["CacheWriteSuccess", "a"],
+        ["CacheWriteSuccess", "b"],
+    ]
+
+
+def test_write_sources_profile_lists_every_source_like_write_cache(ray_run):
+    out, _ = ray_run
+    ray_profile, local = out["profiles"]["ray"], out["profiles"]["local"]
+    assert ray_profile["keys"] == local["keys"] == ["elapsed_ns", "format_version", "sources"]
+    assert [name for name, _ in ray_profile["sources"]] == ["a", "b", "c"]
+    assert ray_profile["sources"] == local["sources"]  # same stages per source
+    assert all(stages for _, stages in ray_profile["sources"])
+    assert out["profile_partials"] == []  # written atomically, nothing left beside it
