@@ -289,3 +289,20 @@ def test_update_manifests_matches_0_4_8(template: Path, tmp_path: Path) -> None:
             assert report[label]["message"].startswith("JSON error: ")
             report[label]["message"] = "JSON error: ..."
     assert ours == theirs
+
+
+def test_a_format_2_cache_id_key_does_not_make_a_second_call_fail(fixture_copy, runtime) -> None:
+    """A format-2 manifest may carry a `cache_id` key (ignored there): migration makes it
+    the field, and a second call reports the cache unchanged, as in 0.4.8."""
+    cache = fixture_copy("plain_one_shard")
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    manifest["cache_id"] = 77
+    (cache / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    dataset = runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0))
+    first = dataset.update_manifests(3)
+    assert isinstance(first, drt.Ok), first
+    assert [e.status for e in first.value.entries] == ["updated"]
+    second = dataset.update_manifests(3)
+    assert isinstance(second, drt.Ok), second
+    assert [(e.cache_id, e.status) for e in second.value.entries] == [(0, "unchanged")]

@@ -347,7 +347,7 @@ fn isKnown(known: []const []const u8, key: []const u8) bool {
 pub fn sameContent(a: *const Manifest, b: *const Manifest) bool {
     if (!std.mem.eql(u8, a.source_name, b.source_name) or a.sample_count != b.sample_count) return false;
     if (!std.mem.eql(u8, a.metadata_sha256, b.metadata_sha256) or !std.mem.eql(u8, a.index_sha256, b.index_sha256)) return false;
-    if (a.fields.len != b.fields.len or a.shards.len != b.shards.len or a.extras.len != b.extras.len) return false;
+    if (a.fields.len != b.fields.len or a.shards.len != b.shards.len) return false;
     for (a.fields, b.fields) |x, y| {
         if (x.kind != y.kind or !std.mem.eql(u8, x.name, y.name)) return false;
     }
@@ -356,10 +356,25 @@ pub fn sameContent(a: *const Manifest, b: *const Manifest) bool {
         if (x.uncompressed_byte_len != y.uncompressed_byte_len or x.byte_len != y.byte_len) return false;
         if (x.compression != y.compression or x.ratio != y.ratio) return false;
     }
-    for (a.extras, b.extras) |x, y| {
+    // Unknown keys (sorted by key), but a format-2 `cache_id` key next to a format-3
+    // manifest: migration made it the field (its value is not compared, as in 0.4.8).
+    var i = skipMigratedId(a, b, 0);
+    var j = skipMigratedId(b, a, 0);
+    while (i < a.extras.len and j < b.extras.len) {
+        const x = a.extras[i];
+        const y = b.extras[j];
         if (!std.mem.eql(u8, x.key, y.key) or !sameValue(x.value, y.value)) return false;
+        i = skipMigratedId(a, b, i + 1);
+        j = skipMigratedId(b, a, j + 1);
     }
-    return true;
+    return i == a.extras.len and j == b.extras.len;
+}
+
+/// `k`, or past it when `m.extras[k]` is a format-2 `cache_id` key and `other` is format 3.
+fn skipMigratedId(m: *const Manifest, other: *const Manifest, k: usize) usize {
+    if (k < m.extras.len and m.format_version == 2 and other.format_version == 3 and
+        std.mem.eql(u8, m.extras[k].key, "cache_id")) return k + 1;
+    return k;
 }
 
 /// serde_json's number classes: an integer literal that fits u64 (or, negative, i64) is an
@@ -781,6 +796,24 @@ test "sameContent compares fields and unknown keys as the reference does" {
         .{ "-0", "0", false },
         .{ "[1, 2]", "[2, 1]", false },
     };
+    // A format-2 manifest's `cache_id` key and its migrated form: the same cache (the
+    // key became the field), whatever its value; two format-2 manifests compare it.
+    {
+        const v2 = try with.extra("1");
+        defer gpa.free(v2);
+        const v2_id = try std.mem.replaceOwned(u8, gpa, v2, "\"zz\": 1,", "\"zz\": 1, \"cache_id\": 77,");
+        defer gpa.free(v2_id);
+        const v3 = try std.mem.replaceOwned(u8, gpa, v2, "\"format_version\": 2,", "\"format_version\": 3, \"cache_id\": 5,");
+        defer gpa.free(v3);
+        var old = try parse(gpa, v2_id, "m");
+        defer old.deinit();
+        var migrated = try parse(gpa, v3, "m");
+        defer migrated.deinit();
+        var plain = try parse(gpa, v2, "m");
+        defer plain.deinit();
+        try testing.expect(sameContent(&old, &migrated) and sameContent(&migrated, &old));
+        try testing.expect(!sameContent(&old, &plain));
+    }
     for (pairs) |pair| {
         const x_text = try with.extra(pair[0]);
         defer gpa.free(x_text);
