@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dataset_rt import _native
-from dataset_rt._native import Kind
+from dataset_rt._native import KIND_NAMES, Kind
 from dataset_rt.config import WriterConfig
 from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
 from dataset_rt.runtime import DatasetRuntime
@@ -209,6 +209,9 @@ class _ArrowColumns:
         if table.num_rows == 0:
             return
         names = table.column_names
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise SourceFailure(f"a fragment table names columns more than once: {twice}")
         if self.data_column not in names:
             raise SourceFailure(f"no payload column '{self.data_column}' (columns: {names})")
         keys = sorted(
@@ -234,8 +237,13 @@ class _ArrowColumns:
                 )
             ingest.set_schema(keys, kinds)
             self.keys, self.kinds = keys, kinds
-        elif keys != self.keys or kinds != self.kinds:
+        elif keys != self.keys:
             raise SourceFailure("metadata keys must be identical for every sample")
+        elif kinds != self.kinds:
+            key, kind, got = next(c for c in zip(keys, self.kinds, kinds) if c[1] != c[2])
+            raise SourceFailure(
+                f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
+            )
 
         data = table.column(self.data_column).combine_chunks()
         if not (pa.types.is_binary(data.type) or pa.types.is_large_binary(data.type)):

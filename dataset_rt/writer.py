@@ -338,6 +338,13 @@ def _plan_sources(
         if fingerprint is not None and not isinstance(fingerprint, str):
             errors[position] = CacheWriteError(label, "CacheSource.fingerprint must be a string")
             continue
+        try:
+            if fingerprint is not None:
+                fingerprint.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            message = f"CacheSource.fingerprint must be encodable as UTF-8: {exc}"
+            errors[position] = CacheWriteError(label, message)
+            continue
         key = _fold(name) if parallel else name
         try:
             if parallel:

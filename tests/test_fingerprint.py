@@ -128,6 +128,16 @@ def test_bad_fingerprint_type(runtime, tmp_path: Path) -> None:
     assert runtime.write_cache(source, tmp_path, writer_config=SMALL_SHARDS) == [
         drt.CacheWriteError("source[0]", "CacheSource.fingerprint must be a string")
     ]
+    # One that cannot be stored (a lone surrogate) fails its source alone, before any write.
+    good, bad = Versioned("c", "ok"), Versioned("b", "v1-\ud800")
+    bad.name = "other"
+    results = runtime.write_cache([good, bad], tmp_path / "two", writer_config=SMALL_SHARDS)
+    assert isinstance(results[0], drt.CacheWriteSuccess), results
+    assert results[1] == drt.CacheWriteError(
+        "source[1]",
+        "CacheSource.fingerprint must be encodable as UTF-8: 'utf-8' codec can't encode "
+        "character '\\ud800' in position 3: surrogates not allowed",
+    )
 
 
 @pytest.mark.compat

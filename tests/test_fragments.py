@@ -280,6 +280,16 @@ def test_arrow_fragments_without_python_rows(rt, tmp_path):
             1,
             writer_config=CFG,
         )
+    as_float = pa.table({"data": [b"x"], "i": [1.5]})
+    with pytest.raises(F.FragmentWriteError, match="metadata field 'i' expected int, got float"):
+        F.write_fragment_arrow(
+            rt, [pa.table({"data": [b"x"], "i": [1]}), as_float], tmp_path / "frags", 1
+        )
+    twice = pa.Table.from_arrays(
+        [pa.array([b"x"]), pa.array([1]), pa.array([2])], ["data"] + ["i"] * 2
+    )
+    with pytest.raises(F.FragmentWriteError, match=r"names columns more than once: \['i'\]"):
+        F.write_fragment_arrow(rt, [twice], tmp_path / "frags", 1, writer_config=CFG)
     assert sorted(p.name for p in (tmp_path / "frags").iterdir()) == ["000000000", "tmp"]
 
 
