@@ -183,6 +183,32 @@ def test_a_missing_fragment_is_rejected_naming_it(rt, tmp_path):
     )
 
 
+def test_each_fragments_metadata_rows_must_match_its_samples(rt, tmp_path):
+    """Row counts that add up over the fragments but not per fragment (a producer that
+    wrote wrong metadata.arrow files with matching checksums) would pair rows with other
+    fragments' samples: the commit refuses, naming the file."""
+    rows = [drt.CacheInput(b"a%d" % i, {"i": i}) for i in range(3)]
+    frags = [F.write_fragment(rt, rows, tmp_path / "frags", k) for k in range(2)]
+    for frag, values in zip(frags, ([0, 1, 2, 999], [100, 101])):
+        table = pa.table({"i": pa.array(values, pa.int64())})
+        table = table.cast(pa.schema([pa.field("i", pa.int64(), nullable=False)]))
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        data = sink.getvalue().to_pybytes()
+        (frag.path / "metadata.arrow").write_bytes(data)
+        manifest = json.loads((frag.path / "manifest.json").read_text())
+        manifest["metadata_sha256"] = hashlib.sha256(data).hexdigest()
+        (frag.path / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    result = F.commit_fragments(frags, tmp_path / "base", "out")
+    assert isinstance(result, drt.CacheWriteError), result
+    assert result.message == (
+        f"metadata row count does not match manifest: {frags[0].path}/metadata.arrow has 4 "
+        "rows, 3 samples"
+    )
+    assert not (tmp_path / "base" / "out").exists()
+
+
 def test_fragments_must_share_schema_and_compression(rt, tmp_path):
     a = F.write_fragment(rt, samples(0), tmp_path / "frags", 0, writer_config=CFG)
     b = F.write_fragment(

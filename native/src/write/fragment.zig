@@ -14,7 +14,7 @@
 //!   its shard's size while it is copied.
 //! - `metadata.arrow` is written by the caller into the staging directory (the Python
 //!   layer concatenates the fragments' files with pyarrow) after each fragment's file was
-//!   verified here; `finish` checks its row count, field names and types (the exact
+//!   verified here (its checksum, and one row per sample of the fragment); `finish` checks its row count, field names and types (the exact
 //!   Arrow types a reader accepts, no nulls) before it is hashed.
 //! - Publication is the writer's (store/publish.zig): staging under `<base>/tmp/` held
 //!   under an exclusive flock, fsync of every file and directory, manifest last,
@@ -142,6 +142,12 @@ pub const Commit = struct {
         const metadata_path = try std.fmt.allocPrintSentinel(gpa, "{s}/metadata.arrow", .{path}, 0);
         defer gpa.free(metadata_path);
         try publish.verifyDigest((try publish.hashPath(metadata_path)).sha256, m.metadata_sha256, metadata_path);
+        // Rows must match samples fragment by fragment (the merged total could add up
+        // while rows sit next to other fragments' samples).
+        const rows = try metadataRows(gpa, metadata_path);
+        if (rows != m.sample_count) {
+            return status.fail(error.InvalidCache, "metadata row count does not match manifest: {s} has {d} rows, {d} samples", .{ metadata_path, rows, m.sample_count });
+        }
 
         // Shards first: the index rows are checked against their verified sizes.
         const shard_base: u64 = c.shards.items.len;
@@ -232,6 +238,19 @@ pub const Commit = struct {
         try c.staging.publish(text.items, c.options.replace);
     }
 
+    /// The row count of the Arrow IPC file at `path` (its footer's record batches).
+    fn metadataRows(gpa: std.mem.Allocator, path: [:0]const u8) status.Error!u64 {
+        const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
+        defer file.close();
+        const size = (file.stat() catch |err| return status.failIo(err, path)).size;
+        if (size == 0) return status.fail(error.InvalidCache, "invalid metadata Arrow footer: {s}", .{path});
+        const map = posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
+        defer posix.munmap(map);
+        var parsed = try arrow.File.parse(gpa, map);
+        defer parsed.deinit(gpa);
+        return parsed.row_count;
+    }
+
     /// Maps the staging metadata.arrow, checks it against the fragments (row count, then
     /// each field's name and exact type, no nulls), fsyncs it and returns its SHA-256.
     fn checkMetadata(c: *Commit) status.Error![32]u8 {
@@ -315,6 +334,9 @@ const testing = std.testing;
 
 /// pyarrow IPC files with one non-null int64 column "i" = 0..n-1 (n = 5 and n = 4).
 const arrow_i5 = "QVJST1cxAAD/////eAAAABAAAAAAAAoADAAGAAUACAAKAAAAAAEEAAwAAAAIAAgAAAAEAAgAAAAEAAAAAQAAABQAAAAQABQACAAAAAcADAAAABAAEAAAAAAAAAIQAAAAHAAAAAQAAAAAAAAAAQAAAGkAAAAIAAwACAAHAAgAAAAAAAABQAAAAP////+IAAAAFAAAAAAAAAAMABYABgAFAAgADAAMAAAAAAMEABgAAAAoAAAAAAAAAAAACgAYAAwABAAIAAoAAAA8AAAAEAAAAAUAAAAAAAAAAAAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAoAAAAAAAAAAAAAAABAAAABQAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAACAAAAAAAAAAMAAAAAAAAABAAAAAAAAAD/////AAAAABAAAAAMABQABgAIAAwAEAAMAAAAAAAEADQAAAAkAAAABAAAAAEAAACIAAAAAAAAAJAAAAAAAAAAKAAAAAAAAAAAAAAACAAIAAAABAAIAAAABAAAAAEAAAAUAAAAEAAUAAgAAAAHAAwAAAAQABAAAAAAAAACEAAAABwAAAAEAAAAAAAAAAEAAABpAAAACAAMAAgABwAIAAAAAAAAAUAAAACgAAAAQVJST1cx";
+/// Fragment metadata: `i` = 0, 1 and `i` = 2, 3, 4.
+const arrow_i01 = "QVJST1cxAAD/////eAAAABAAAAAAAAoADAAGAAUACAAKAAAAAAEEAAwAAAAIAAgAAAAEAAgAAAAEAAAAAQAAABQAAAAQABQACAAAAAcADAAAABAAEAAAAAAAAAIQAAAAHAAAAAQAAAAAAAAAAQAAAGkAAAAIAAwACAAHAAgAAAAAAAABQAAAAP////+IAAAAFAAAAAAAAAAMABYABgAFAAgADAAMAAAAAAMEABgAAAAQAAAAAAAAAAAACgAYAAwABAAIAAoAAAA8AAAAEAAAAAIAAAAAAAAAAAAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAAAAAAAABAAAAAgAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAD/////AAAAABAAAAAMABQABgAIAAwAEAAMAAAAAAAEADQAAAAkAAAABAAAAAEAAACIAAAAAAAAAJAAAAAAAAAAEAAAAAAAAAAAAAAACAAIAAAABAAIAAAABAAAAAEAAAAUAAAAEAAUAAgAAAAHAAwAAAAQABAAAAAAAAACEAAAABwAAAAEAAAAAAAAAAEAAABpAAAACAAMAAgABwAIAAAAAAAAAUAAAACgAAAAQVJST1cx";
+const arrow_i234 = "QVJST1cxAAD/////eAAAABAAAAAAAAoADAAGAAUACAAKAAAAAAEEAAwAAAAIAAgAAAAEAAgAAAAEAAAAAQAAABQAAAAQABQACAAAAAcADAAAABAAEAAAAAAAAAIQAAAAHAAAAAQAAAAAAAAAAQAAAGkAAAAIAAwACAAHAAgAAAAAAAABQAAAAP////+IAAAAFAAAAAAAAAAMABYABgAFAAgADAAMAAAAAAMEABgAAAAYAAAAAAAAAAAACgAYAAwABAAIAAoAAAA8AAAAEAAAAAMAAAAAAAAAAAAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAYAAAAAAAAAAAAAAABAAAAAwAAAAAAAAAAAAAAAAAAAAIAAAAAAAAAAwAAAAAAAAAEAAAAAAAAAP////8AAAAAEAAAAAwAFAAGAAgADAAQAAwAAAAAAAQANAAAACQAAAAEAAAAAQAAAIgAAAAAAAAAkAAAAAAAAAAYAAAAAAAAAAAAAAAIAAgAAAAEAAgAAAAEAAAAAQAAABQAAAAQABQACAAAAAcADAAAABAAEAAAAAAAAAIQAAAAHAAAAAQAAAAAAAAAAQAAAGkAAAAIAAwACAAHAAgAAAAAAAABQAAAAKAAAABBUlJPVzE=";
 const arrow_i4 = "QVJST1cxAAD/////eAAAABAAAAAAAAoADAAGAAUACAAKAAAAAAEEAAwAAAAIAAgAAAAEAAgAAAAEAAAAAQAAABQAAAAQABQACAAAAAcADAAAABAAEAAAAAAAAAIQAAAAHAAAAAQAAAAAAAAAAQAAAGkAAAAIAAwACAAHAAgAAAAAAAABQAAAAP////+IAAAAFAAAAAAAAAAMABYABgAFAAgADAAMAAAAAAMEABgAAAAgAAAAAAAAAAAACgAYAAwABAAIAAoAAAA8AAAAEAAAAAQAAAAAAAAAAAAAAAIAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAgAAAAAAAAAAAAAAABAAAABAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAQAAAAAAAAACAAAAAAAAAAMAAAAAAAAA/////wAAAAAQAAAADAAUAAYACAAMABAADAAAAAAABAA0AAAAJAAAAAQAAAABAAAAiAAAAAAAAACQAAAAAAAAACAAAAAAAAAAAAAAAAgACAAAAAQACAAAAAQAAAABAAAAFAAAABAAFAAIAAAABwAMAAAAEAAQAAAAAAAAAhAAAAAcAAAABAAAAAAAAAABAAAAaQAAAAgADAAIAAcACAAAAAAAAAFAAAAAoAAAAEFSUk9XMQ==";
 
 fn writeBase64(dir: std.fs.Dir, name: []const u8, comptime text: []const u8) !void {
@@ -332,7 +354,7 @@ fn sha(bytes: []const u8) [32]u8 {
 
 /// Builds a fragment directory `name` by hand, as the writer would: samples first..last-1
 /// with metadata {"i": k} and payload "p<k>", `per_shard` records per shard; metadata.arrow
-/// is a placeholder (its checksum is all a commit reads of it).
+/// holds the rows of `i` (2 or 3 of them: the fixture's fragments).
 fn buildFragment(dir: std.fs.Dir, name: []const u8, first: u64, last: u64, per_shard: u64) !void {
     const gpa = testing.allocator;
     var frag = try dir.makeOpenPath(name, .{});
@@ -370,8 +392,13 @@ fn buildFragment(dir: std.fs.Dir, name: []const u8, first: u64, last: u64, per_s
         }
     }
     try frag.writeFile(.{ .sub_path = "index.bin", .data = idx.items });
-    const placeholder = "metadata of fragment";
-    try frag.writeFile(.{ .sub_path = "metadata.arrow", .data = placeholder });
+    switch (last - first) {
+        2 => try writeBase64(frag, "metadata.arrow", arrow_i01),
+        3 => try writeBase64(frag, "metadata.arrow", arrow_i234),
+        else => return error.TestUnexpectedResult,
+    }
+    const metadata = try frag.readFileAlloc(gpa, "metadata.arrow", 1 << 20);
+    defer gpa.free(metadata);
     var text: std.ArrayList(u8) = .empty;
     defer text.deinit(gpa);
     const fields = [_]schema.Field{.{ .name = "i", .kind = .int }};
@@ -379,7 +406,7 @@ fn buildFragment(dir: std.fs.Dir, name: []const u8, first: u64, last: u64, per_s
         .source_name = name,
         .sample_count = last - first,
         .fields = &fields,
-        .metadata_sha256 = sha(placeholder),
+        .metadata_sha256 = sha(metadata),
         .index_sha256 = sha(idx.items),
         .shards = shards.items,
         .compression = .none,
