@@ -13,7 +13,7 @@ import operator
 import os
 import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -120,6 +120,20 @@ def probe_cache(
         return None, handle.cache_info(0).fingerprint
 
 
+def _dir_identities(paths: Sequence[Path | str]) -> tuple[tuple[int, int] | None, ...]:
+    """``(st_dev, st_ino)`` of each local cache directory (its path followed, as the
+    library opens it; None for a URL, whose files are addressed by their content): what
+    a reader opened later from a snapshot of the dataset must find at the same paths."""
+    identities: list[tuple[int, int] | None] = []
+    for path in paths:
+        if remote.is_url(path):
+            identities.append(None)
+        else:
+            st = os.stat(path)
+            identities.append((st.st_dev, st.st_ino))
+    return tuple(identities)
+
+
 class CachedDataset:
     """Caches loaded as one dataset, in ``cache_paths`` order.
 
@@ -156,6 +170,11 @@ class CachedDataset:
             )
         else:
             handle = _native.Dataset.open(runtime, paths, options)
+        try:
+            identities = _dir_identities(paths)
+        except OSError:
+            handle.close()
+            raise
         prefetch_bytes = int(getattr(reader_config, "prefetch_bytes", 0))
         if prefetch_bytes:
             if not 0 < prefetch_bytes < 2**64:
@@ -165,6 +184,8 @@ class CachedDataset:
         self = object.__new__(cls)
         self.cache_paths = list(paths)
         self.reader_config = reader_config
+        #: (st_dev, st_ino) of each local cache directory as opened (None: a URL).
+        self._dir_identities = identities
         self._runtime = runtime
         self._handle = handle
         self._lookup: _native.Lookup | None = None

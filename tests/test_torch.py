@@ -106,6 +106,61 @@ def test_importing_dataset_rt_never_imports_torch(torch_env: ExtraEnv, tmp_path:
     assert proc.stdout.strip() == "False"
 
 
+REBUILT = """
+import json, sys
+import dataset_rt as drt
+
+class Source:
+    name = "t"
+    def __init__(self, version):
+        self.fingerprint = self.version = version
+    def __iter__(self):
+        return iter([drt.CacheInput(f"{self.version}-{i}".encode(), {"i": i}) for i in range(8)])
+
+def texts(batch):
+    return [bytes(s.data).decode() for s in batch]
+
+if __name__ == "__main__":
+    runtime = drt.DatasetRuntime(num_workers=2)
+    config = drt.ReaderConfig(seed=0, shuffle=False)
+    dataset = runtime.from_cache_sources(Source("v1"), "caches", reader_config=config).dataset
+    out = {}
+    for workers in (0, 1, 2):
+        loader = dataset.to_torch_dataloader(
+            batch_size=4, shuffle=False, num_workers=workers, persistent_workers=False,
+            collate_fn=texts,
+        )
+        out[f"before {workers}"] = [x for b in loader for x in b]
+    stale = drt.WriterConfig(show_progress=False, on_stale="rebuild")
+    runtime.from_cache_sources(Source("v2"), "caches", reader_config=config, writer_config=stale)
+    for workers in (0, 1, 2):
+        loader = dataset.to_torch_dataloader(
+            batch_size=4, shuffle=False, num_workers=workers, persistent_workers=False,
+            collate_fn=texts,
+        )
+        try:
+            out[f"after {workers}"] = [x for b in loader for x in b]
+        except Exception as exc:
+            out[f"after {workers}"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out))
+"""
+
+
+def test_loaders_never_read_a_cache_rebuilt_since(torch_env: ExtraEnv, tmp_path: Path) -> None:
+    """A loader of a dataset whose cache was rebuilt in place (on_stale="rebuild") fails
+    as the dataset itself does, with any worker count: its workers would otherwise pair
+    the old table with the new bytes."""
+    script = tmp_path / "rebuilt.py"
+    script.write_text(REBUILT)
+    out = run_json(torch_env, [str(script)], tmp_path)
+    for workers in (0, 1, 2):
+        assert out[f"before {workers}"] == [f"v1-{i}" for i in range(8)]
+        after = out[f"after {workers}"]
+        assert isinstance(after, str) and after.startswith("ValueError: "), after
+        # (From a worker, PyTorch's text around the message.)
+        assert "was replaced (rebuilt) or removed while this dataset was open" in after
+
+
 def test_loader_checks(torch_env: ExtraEnv, caches: list[str], tmp_path: Path) -> None:
     results = run_json(torch_env, [str(SCRIPTS / "loader_checks.py"), *caches], tmp_path)
     assert len(results) > 50

@@ -104,6 +104,27 @@ class _Recipe:
     # Install the snapshot's table (rows ``selection``) instead of the caches' own table.
     use_table: bool
     order_path: str | None = None
+    # (st_dev, st_ino) of each cache directory the snapshot was taken from (None: a URL).
+    cache_dirs: tuple[tuple[int, int] | None, ...] = ()
+
+
+def _check_cache_dirs(paths: Any, identities: tuple[tuple[int, int] | None, ...]) -> None:
+    """Raises ValueError, as the dataset itself would, when a cache directory is not the
+    one the snapshot was taken from (rebuilt with ``on_stale="rebuild"``, or removed):
+    a reader of it would pair the snapshot's table with other bytes."""
+    for path, identity in zip(paths, identities):
+        if identity is None:
+            continue
+        try:
+            st = os.stat(path)
+            same = (st.st_dev, st.st_ino) == identity
+        except OSError:
+            same = False
+        if not same:
+            raise ValueError(
+                f"cache {path} was replaced (rebuilt) or removed while this dataset was "
+                "open; open it again"
+            )
 
 
 def _open_reader(recipe: _Recipe, offset: int = 0, population: int = 0) -> Any:
@@ -121,6 +142,7 @@ def _open_reader(recipe: _Recipe, offset: int = 0, population: int = 0) -> Any:
     )
     runtime = DatasetRuntime(num_workers=recipe.native_threads)
     dataset = runtime.cached_dataset(list(config.cache_paths), reader_config=reader_config)
+    _check_cache_dirs(config.cache_paths, recipe.cache_dirs)
     if recipe.use_table:
         with pa.memory_map(str(config_file.parent / config.metadata_file), "r") as source:
             table = pa.ipc.open_file(source).read_all()
@@ -206,6 +228,7 @@ class DatasetRTIterableDataset(IterableDataset):  # type: ignore[type-arg]
             shuffle=bool(dataset.reader_config.shuffle),
             seed=int(dataset.reader_config.seed),
             use_table=dataset._custom_table,
+            cache_dirs=dataset._dir_identities,
         )
         self._reader = _LocalReader()
 
@@ -1275,6 +1298,7 @@ class _LoaderDataset(IterableDataset):  # type: ignore[type-arg]
             seed=p.seed,
             use_table=True,
             order_path=self.recipe.order_path if p.partition_seed is not None else None,
+            cache_dirs=self.recipe.cache_dirs,
         )
         if self.verbose:
             _event(
@@ -1656,6 +1680,7 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
             seed=recipe_seed,
             use_table=use_table,
             order_path=order_path,
+            cache_dirs=dataset._dir_identities,
         )
         adapter = _LoaderDataset(
             layout,
