@@ -663,7 +663,7 @@ class CachedDataset:
             self._table_replaced(metadata.clone(), None)
 
     def _set_arrow_table(self, table: Any) -> None:
-        """``update_metadata`` for a pyarrow table from a snapshot, without Polars."""
+        """``update_metadata`` for a pyarrow table (a snapshot's), without Polars."""
         with self._state_lock:
             _metadata.set_arrow_table(self, table)
             self._table_replaced(None, table)
@@ -705,7 +705,7 @@ class CachedDataset:
         config, table = snapshot.load_config(path)
         runtime = _native.Runtime.open(config.num_workers)
         dataset = cls._open(runtime, list(config.cache_paths), config.reader_config)
-        dataset.update_metadata(table)
+        dataset._set_arrow_table(table)  # update_metadata's checks, without Polars
         dataset.set_epoch_len(config.epoch_len)
         return dataset
 

@@ -156,8 +156,14 @@ def validate_and_set(dataset: Any, df: Any) -> None:
     # (strings included) only to read types.
     empty = df.head(0).to_arrow()
     empty.__arrow_c_stream__  # noqa: B018 - a Series fails here, with the reference's AttributeError
-    schema = empty.schema
-    if df.height == 0:
+    _check_schema(dataset, df.height, empty.schema, df.columns)
+    _set_table(dataset, df.height, df.get_column)
+
+
+def _check_schema(dataset: Any, rows: int, schema: Any, names: Any) -> None:
+    """``update_metadata``'s checks before the native ones, in the reference's order: a
+    row, the stored columns (present, Arrow type), the id and weight columns present."""
+    if rows == 0:
         raise ValueError("metadata table must include at least one sample")
     for name, kind in dataset._handle.fields():
         index = schema.get_field_index(name)
@@ -168,19 +174,13 @@ def validate_and_set(dataset: Any, df: Any) -> None:
                 f"samples metadata column '{name}' must have Arrow type {STORED_ARROW_NAMES[kind]}"
             )
     for name in ID_COLUMNS:
-        if name not in df.columns:
+        if name not in names:
             raise ValueError(f"samples metadata missing '{name}' column")
-    _set_table(dataset, df.height, df.get_column)
 
 
 def set_arrow_table(dataset: Any, table: Any) -> None:
-    """Install a pyarrow table (a snapshot's ``metadata.arrow``, already validated when
-    it was the active table) natively, without Polars: its ``cache_id``, ``sample_id``
-    and ``weight`` columns are validated by ``drt_dataset_set_table`` as in
-    ``update_metadata``. Safe in a forked child, where Polars' thread pool hangs."""
-    if table.num_rows == 0:
-        raise ValueError("metadata table must include at least one sample")
-    for name in ID_COLUMNS:
-        if name not in table.column_names:
-            raise ValueError(f"samples metadata missing '{name}' column")
+    """``validate_and_set`` for a pyarrow table (a snapshot's ``metadata.arrow``), without
+    Polars: the same checks and messages. Safe in a forked child, where Polars' thread
+    pool hangs."""
+    _check_schema(dataset, table.num_rows, table.schema, table.column_names)
     _set_table(dataset, table.num_rows, table.column)

@@ -47,15 +47,15 @@ def _publish(directory: Path, name: str, data: Any) -> None:
 
 
 def load_config(path: str | os.PathLike[str]) -> tuple[DatasetConfiguration, Any]:
-    """The ``dataset.json`` at ``path`` and its active table (a Polars DataFrame), checked
-    against each other; ``CachedDataset.from_config`` opens the dataset from them."""
-    import polars as pl
+    """The ``dataset.json`` at ``path`` and its active table (a pyarrow Table: no Polars,
+    which hangs in a forked child such as a DataLoader worker), checked against each
+    other; ``CachedDataset.from_config`` opens the dataset from them."""
     import pyarrow as pa
 
     file = Path(TypeAdapter(FilePath).validate_python(path))
     config = DatasetConfiguration.model_validate_json(file.read_bytes())
     with pa.OSFile(str(file.parent / config.metadata_file), "rb") as source:
-        metadata = pl.from_arrow(pa.ipc.open_file(source).read_all())
-    if metadata.height != config.row_count:
+        metadata = pa.ipc.open_file(source).read_all()
+    if metadata.num_rows != config.row_count:
         raise ValueError("metadata row count does not match dataset configuration")
     return config, metadata

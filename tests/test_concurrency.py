@@ -314,6 +314,9 @@ FORK = """
     config = drt.ReaderConfig(seed=0, shuffle=False, io_backend=backend)
     warm = runtime.cached_dataset([CACHE], reader_config=config)
     warm.update_metadata(warm.get_metadata().head(50))      # Polars has run in the parent
+    exported = Path(f"{base}-export")
+    exported.mkdir()
+    snapshot = warm.dump_config(exported)                     # (7 columns: Polars' pool)
     dataset = runtime.cached_dataset([CACHE], reader_config=config)
     untouched = runtime.cached_dataset([CACHE], reader_config=config)  # metadata never asked for
     table = dataset.get_metadata()                           # cached in the dataset
@@ -364,7 +367,13 @@ FORK = """
         ids = [s.sample_id for s in ds]
         return ids == list(range(120)) and ds.get_item(CACHE_ID, 7).sample_id == 7
 
+    def from_config():
+        # As guide-torch.md recommends in a DataLoader worker's worker_init_fn.
+        ds = drt.CachedDataset.from_config(snapshot)
+        return [s.sample_id for s in ds] == list(range(50))
+
     OPS = {
+        "from_config": lambda: attempt(from_config),
         "len": lambda: attempt(lambda: len(dataset)),
         "iter": lambda: attempt(lambda: next(iter(dataset))),
         "iter_batches": lambda: attempt(lambda: next(dataset.iter_batches(4))),
@@ -486,6 +495,14 @@ def test_forked_child_inherited_iterator(tmp_path: Path, backend: str) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_forked_child_can_open_its_own_runtime(tmp_path: Path, backend: str) -> None:
     child = run_fork(tmp_path, backend_or_skip(backend), "fresh_runtime")
+    assert child == {"ok": "True"}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forked_child_opens_a_snapshot_with_from_config(tmp_path: Path, backend: str) -> None:
+    """from_config installs the snapshot's table without Polars, whose thread pool (used
+    in the parent) would hang the child."""
+    child = run_fork(tmp_path, backend_or_skip(backend), "from_config")
     assert child == {"ok": "True"}
 
 
