@@ -161,6 +161,118 @@ def test_loaders_never_read_a_cache_rebuilt_since(torch_env: ExtraEnv, tmp_path:
         assert "was replaced (rebuilt) or removed while this dataset was open" in after
 
 
+RESUMED = """
+import json, warnings
+import dataset_rt as drt
+
+class Source:
+    name = "n"
+    def __iter__(self):
+        for j in range(23):
+            yield drt.CacheInput(j.to_bytes(8, "little"), {"label": j % 3})
+
+def ids_of(batch):
+    return [s.sample_id for s in batch]
+
+def run(loader):
+    return list(loader)
+
+def plain(state):
+    return json.loads(json.dumps(state))
+
+if __name__ == "__main__":
+    warnings.simplefilter("ignore")
+    runtime = drt.DatasetRuntime(num_workers=2)
+    runtime.write_cache(Source(), "caches", writer_config=drt.WriterConfig(show_progress=False))
+    dataset = runtime.cached_dataset(["caches/n"], reader_config=drt.ReaderConfig(seed=0))
+    out = {}
+    for mode, workers in (("split", 0), ("split", 2), ("replicate", 0), ("global", 0)):
+        options = dict(batch_size=4, worker_partition=mode, num_workers=workers, collate_fn=ids_of)
+        seed = dataset.to_torch_dataloader(**options).state_dict()["seed"]
+        full = run(dataset.to_torch_dataloader(seed=seed, **options))
+        first = dataset.to_torch_dataloader(seed=seed, **options)
+        batches = iter(first)
+        next(batches), next(batches)
+        saved = plain(first.state_dict())
+        del batches
+        resumed = dataset.to_torch_dataloader(**options)  # seed="random": adopts the saved one
+        resumed.load_state_dict(saved)
+        again = plain(resumed.state_dict())  # a checkpoint before the loop starts
+        out[f"{mode} {workers}"] = {
+            "resumed": run(resumed) == full[2:],
+            # (random_seed says how this loader was made: seed="random".)
+            "state after load": {**again, "random_seed": False} == saved,
+        }
+    print(json.dumps(out))
+"""
+
+
+def test_resuming_continues_exactly_and_a_loaded_state_is_kept(
+    torch_env: ExtraEnv, tmp_path: Path
+) -> None:
+    """A loader with seed="random" adopts a saved state's seed (shuffled "split" slices a
+    row order made from it), and state_dict() before the first pass after loading is the
+    loaded position, in every mode."""
+    script = tmp_path / "resumed.py"
+    script.write_text(RESUMED)
+    out = run_json(torch_env, [str(script)], tmp_path)
+    assert out == {
+        key: {"resumed": True, "state after load": True}
+        for key in ("split 0", "split 2", "replicate 0", "global 0")
+    }
+
+
+RINGS = """
+import gc, json, os
+import dataset_rt as drt
+
+class Source:
+    name = "big"
+    def __iter__(self):
+        for j in range(1200):
+            yield drt.CacheInput(bytes(4096), {"i": j})
+
+def rings():
+    maps = sum("dataset_rt-batches" in line for line in open("/proc/self/maps"))
+    fds = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds += "dataset_rt-batches" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return maps, fds
+
+if __name__ == "__main__":
+    runtime = drt.DatasetRuntime(num_workers=2)
+    runtime.write_cache(Source(), "caches", writer_config=drt.WriterConfig(show_progress=False))
+    dataset = runtime.cached_dataset(["caches/big"], reader_config=drt.ReaderConfig(seed=0))
+    out = {"before": rings()}
+    for stop in (None, 2):
+        loader = dataset.to_torch_dataloader(
+            batch_size=128, shuffle=False, num_workers=2, persistent_workers=False,
+            batch_format="tensors", multiprocessing_context="fork",
+        )
+        for k, batch in enumerate(loader):
+            if k == stop:
+                break
+        del batch, loader
+        gc.collect()
+        out["full pass" if stop is None else "early break"] = rings()
+    print(json.dumps(out))
+"""
+
+
+def test_rings_of_finished_workers_are_unmapped_after_an_early_break(
+    torch_env: ExtraEnv, tmp_path: Path
+) -> None:
+    """The tensor path with workers: once a pass ends, even by a break, and its batches
+    are gone, the training process keeps no mapping or descriptor of the workers' rings."""
+    script = tmp_path / "rings.py"
+    script.write_text(RINGS)
+    out = run_json(torch_env, [str(script)], tmp_path)
+    assert out == {"before": [0, 0], "full pass": [0, 0], "early break": [0, 0]}
+
+
 def test_loader_checks(torch_env: ExtraEnv, caches: list[str], tmp_path: Path) -> None:
     results = run_json(torch_env, [str(SCRIPTS / "loader_checks.py"), *caches], tmp_path)
     assert len(results) > 50

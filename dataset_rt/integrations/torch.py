@@ -779,22 +779,33 @@ def _unbundle(bundles: Iterator[Any], counts: list[int]) -> Iterator[Any]:
     batches each) in the order torch yields one item per batch: worker 0, 1, ... in a
     cycle, skipping workers that have run out."""
     pending: list[deque[Any]] = [deque() for _ in counts]
-    for round_ in range(max(counts, default=0)):
-        for worker, count in enumerate(counts):
-            if round_ >= count:
-                continue
-            queue = pending[worker]
-            while not queue:
-                bundle = next(bundles, None)
-                if bundle is None:
-                    raise RuntimeError(f"DataLoader worker {worker} ended before its batches")
-                pending[bundle.worker].extend(bundle.items)
-                bundle.items = []
-            yield queue.popleft()
-    for bundle in bundles:
-        if bundle.items:
-            raise RuntimeError(f"DataLoader worker {bundle.worker} sent more batches than planned")
-    _forget_dead_rings()  # workers that do not persist have exited by now
+    try:
+        for round_ in range(max(counts, default=0)):
+            for worker, count in enumerate(counts):
+                if round_ >= count:
+                    continue
+                queue = pending[worker]
+                while not queue:
+                    bundle = next(bundles, None)
+                    if bundle is None:
+                        raise RuntimeError(f"DataLoader worker {worker} ended before its batches")
+                    pending[bundle.worker].extend(bundle.items)
+                    bundle.items = []
+                yield queue.popleft()
+        for bundle in bundles:
+            if bundle.items:
+                raise RuntimeError(
+                    f"DataLoader worker {bundle.worker} sent more batches than planned"
+                )
+    finally:
+        # Also after an early break: closing ``bundles`` lets go of torch's iterator,
+        # which stops workers that do not persist; their rings are then dropped here
+        # (each stays mapped while views of it exist).
+        close = getattr(bundles, "close", None)
+        if close is not None:
+            close()
+        pending.clear()
+        _forget_dead_rings()
 
 
 class _Space:
@@ -1343,11 +1354,14 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
         self._drt_next_pass = 0
         self._drt_current: int | None = None
         self._drt_steps = 0
+        # The position a loaded state set, until the next pass starts from it.
+        self._drt_loaded: dict[str, int] | None = None
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         pass_index = self._drt_next_pass
         self._drt_next_pass += 1
         self._drt_current = pass_index
+        self._drt_loaded = None
         resume = self._drt_dataset.resume
         resumed = self._drt_dataset.layout.mode != "global" and pass_index == resume.pass_index
         # Reference modes count a resumed pass's batches from its start.
@@ -1376,7 +1390,9 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
     def state_dict(self) -> dict[str, Any]:
         """The loader's position: small (no sample lists), JSON-serializable, with the
         digest of the active table. In "global" mode it describes the whole job (every
-        rank's state is the same) and can be loaded with another world size."""
+        rank's describes the same position; only ``rank`` differs) and can be loaded with
+        another world size. Right after ``load_state_dict`` (before the next pass starts)
+        it is the loaded position."""
         layout = self._drt_dataset.layout
         pass_index, steps = self._drt_next_pass, 0
         if self._drt_current is not None and self._drt_steps < len(self):
@@ -1405,6 +1421,9 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
             else:
                 state["position"] = self._drt_dataset._global_pass(pass_index).start
                 state["epoch_end"] = state["position"]
+        if self._drt_current is None and self._drt_loaded is not None:
+            # Loaded and not started since: still exactly where the loaded state was.
+            state.update(self._drt_loaded)
         return plan.as_plain(state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -1466,9 +1485,18 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
             resume = _Resume(pass_index, 0, position, -(-(end - position) // per_round) or None)
         recipe = dataset.recipe
         if seed != layout.seed:
-            layout = _relayout(layout, seed, self._drt_identity["row_count"])
+            row_count = self._drt_identity["row_count"]
+            layout = _relayout(layout, seed, row_count)
             if layout.mode == "global":
                 recipe = dataclasses.replace(recipe, seed=seed)
+            elif recipe.order_path is not None:
+                # Shuffled "split" slices a shared row order made from the seed.
+                order_path = str(Path(recipe.order_path).with_name(f"partition-order.{seed}.npy"))
+                np.save(order_path, _row_order(row_count, plan._require(seed)))
+                recipe = dataclasses.replace(recipe, order_path=order_path)
+        loaded = {"pass": pass_index, "steps": steps}
+        if layout.mode == "global":
+            loaded.update(position=state["position"], epoch_end=state["epoch_end"])
         self._drt_shutdown_workers()
         dataset.layout = layout
         dataset.recipe = recipe
@@ -1476,6 +1504,7 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
         self._drt_next_pass = pass_index
         self._drt_current = None
         self._drt_steps = 0
+        self._drt_loaded = loaded
 
     def _drt_shutdown_workers(self) -> None:
         """Persistent workers hold the old plan: stop them; the next pass starts new ones."""
