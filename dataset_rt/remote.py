@@ -439,7 +439,10 @@ class _Upload:
                     f"as they are: check the cache with `dataset-rt verify {url}`"
                 )
         except BaseException as exc:
-            left = self._delete([lock_key] if theirs else self.touched)
+            # The lock goes last: until it is gone, no other writer starts putting the
+            # keys this cleanup deletes.
+            left = [] if theirs else self._delete([k for k in self.touched if k != lock_key])
+            left += self._delete([lock_key])
             uploaded = [key for key in self.touched if key != lock_key]
             if isinstance(exc, FileExistsError) and (theirs or not uploaded):
                 raise

@@ -404,6 +404,39 @@ def test_a_conditional_put_whose_answer_was_lost_counts_as_done(
     assert listing(f"{base}/y") == []
 
 
+def test_a_failed_uploads_cleanup_lets_go_of_the_lock_last(
+    runtime, s3_bucket, shard_cache, monkeypatch
+) -> None:
+    """Until the lock is gone no other writer starts: deleting it first let a second
+    writer put the keys the cleanup was still deleting, and publish a cache without them."""
+    import obstore
+
+    from dataset_rt import remote
+
+    calls = {"n": 0}
+    real_put, real_delete = remote._put_file, obstore.delete
+    deleted: list[str] = []
+
+    def failing(obstore_: Any, store: Any, key: str, path: Path) -> None:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise RuntimeError("Generic S3 error: 400 Bad Request (injected)")
+        real_put(obstore_, store, key, path)
+
+    def recording(store: Any, key: str) -> None:
+        deleted.append(key)
+        real_delete(store, key)
+
+    monkeypatch.setattr(remote, "_put_file", failing)
+    monkeypatch.setattr(obstore, "delete", recording)
+    result = runtime.write_cache(
+        [Numbers("x", 200, 97)], f"{s3_bucket}/order", writer_config=WRITER
+    )
+    assert isinstance(result[0], drt.CacheWriteError), result
+    assert len(deleted) == 6 and deleted[-1] == "order/x/.dataset-rt-upload", deleted
+    assert listing(f"{s3_bucket}/order") == []
+
+
 def test_ctrl_c_during_an_upload_deletes_what_it_uploaded(
     runtime, s3_bucket, shard_cache, monkeypatch
 ) -> None:
