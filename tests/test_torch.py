@@ -198,10 +198,14 @@ if __name__ == "__main__":
         resumed = dataset.to_torch_dataloader(**options)  # seed="random": adopts the saved one
         resumed.load_state_dict(saved)
         again = plain(resumed.state_dict())  # a checkpoint before the loop starts
+        used = dataset.to_torch_dataloader(**options)  # its own seed; a pass read already
+        run(used)
+        used.load_state_dict(saved)
         out[f"{mode} {workers}"] = {
             "resumed": run(resumed) == full[2:],
             # (random_seed says how this loader was made: seed="random".)
             "state after load": {**again, "random_seed": False} == saved,
+            "after a pass": run(used) == full[2:],
         }
     print(json.dumps(out))
 """
@@ -211,13 +215,14 @@ def test_resuming_continues_exactly_and_a_loaded_state_is_kept(
     torch_env: ExtraEnv, tmp_path: Path
 ) -> None:
     """A loader with seed="random" adopts a saved state's seed (shuffled "split" slices a
-    row order made from it), and state_dict() before the first pass after loading is the
-    loaded position, in every mode."""
+    row order made from it; readers it opened for its own seed are not reused), and
+    state_dict() before the first pass after loading is the loaded position, in every
+    mode."""
     script = tmp_path / "resumed.py"
     script.write_text(RESUMED)
     out = run_json(torch_env, [str(script)], tmp_path)
     assert out == {
-        key: {"resumed": True, "state after load": True}
+        key: {"resumed": True, "state after load": True, "after a pass": True}
         for key in ("split 0", "split 2", "replicate 0", "global 0")
     }
 

@@ -1501,6 +1501,7 @@ class DatasetRTDataLoader(DataLoader):  # type: ignore[type-arg]
         dataset.layout = layout
         dataset.recipe = recipe
         dataset.resume = resume
+        dataset._readers = {}  # this process's readers were opened for the old plan
         self._drt_next_pass = pass_index
         self._drt_current = None
         self._drt_steps = 0
