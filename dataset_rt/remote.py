@@ -283,12 +283,13 @@ def private(cache_dir: str | os.PathLike[str]) -> _native.Remote:
     return handle
 
 
-def exists(url: str) -> bool:
-    """Whether a cache is published at ``url`` (its ``manifest.json`` exists). Raises
-    ``RuntimeError`` naming ``url`` when the store cannot say (credentials, a bad URL)."""
+def exists(url: str, transport: ObstoreTransport | None = None) -> bool:
+    """Whether a cache is published at ``url`` (its ``manifest.json`` exists), asked
+    through ``transport`` (default: a new one). Raises ``RuntimeError`` naming ``url``
+    when the store cannot say (credentials, a bad URL)."""
     obstore = _require_obstore()
     try:
-        store, key = ObstoreTransport().locate(join(url, "manifest.json"))
+        store, key = (transport or ObstoreTransport()).locate(join(url, "manifest.json"))
         obstore.head(store, key)
         return True
     except _native.RemoteError as exc:
@@ -405,7 +406,7 @@ class _Upload:
 
     def _run(self) -> None:
         url = self.url
-        if exists(url):
+        if exists(url, self.transport):
             raise FileExistsError(f"cache path already exists: {url}")
         store, lock_key = self.transport.locate(join(url, UPLOAD_LOCK))
         try:
@@ -423,7 +424,7 @@ class _Upload:
         theirs = False
         try:
             # Published between the check above and the lock (its writer has let go).
-            if exists(url):
+            if exists(url, self.transport):
                 raise FileExistsError(f"cache path already exists: {url}")
             for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
                 rel = path.relative_to(self.local).as_posix()
@@ -441,9 +442,9 @@ class _Upload:
         except BaseException as exc:
             # The lock goes last: until it is gone, no other writer starts putting the
             # keys this cleanup deletes.
-            left = [] if theirs else self._delete([k for k in self.touched if k != lock_key])
-            left += self._delete([lock_key])
             uploaded = [key for key in self.touched if key != lock_key]
+            left = [] if theirs else self._delete(uploaded)
+            left += self._delete([lock_key])
             if isinstance(exc, FileExistsError) and (theirs or not uploaded):
                 raise
             detail = (
@@ -470,7 +471,7 @@ class _Upload:
     def _locked_message(self, store: Any, lock_key: str) -> str:
         """Why the lock could not be had: the cache was published meanwhile, or another
         writer holds it (or died holding it)."""
-        if exists(self.url):
+        if exists(self.url, self.transport):
             return f"cache path already exists: {self.url}"
         try:
             holder = bytes(self.obstore.get(store, lock_key).bytes()).decode(errors="replace")

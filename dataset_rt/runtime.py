@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import operator
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +26,7 @@ from dataset_rt.records import (
     CacheWriteResult,
     CacheWriteSuccess,
 )
-from dataset_rt.writer import _Plan, is_parallel, plan_sources, write_planned
+from dataset_rt.writer import _Plan, _u64, is_parallel, plan_sources, write_planned
 
 
 class DatasetRuntime:
@@ -40,11 +39,7 @@ class DatasetRuntime:
     __slots__ = ("_runtime",)
 
     def __init__(self, *, num_workers: int) -> None:
-        count = operator.index(num_workers)
-        if count < 0:
-            raise OverflowError("can't convert negative int to unsigned")
-        if count >= 2**64:
-            raise OverflowError("int too big to convert")
+        count = _u64(num_workers)
         # Closed when collected: datasets and writers opened from it keep the pool alive.
         self._runtime = _native.Runtime.open(count)
 

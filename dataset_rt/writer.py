@@ -481,10 +481,18 @@ class _Timings:
 
 
 def _write_profile(path: Path, elapsed_ns: int, sources: list[dict[str, Any]]) -> None:
+    """Write a profile (``sources``: per-source stage entries, in order), atomically: a
+    reader sees the old file or the whole new one."""
     import json
+    import secrets
 
     document = {"format_version": 1, "elapsed_ns": elapsed_ns, "sources": sources}
-    path.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
+    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
+    try:
+        partial.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _write_one(

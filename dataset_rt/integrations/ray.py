@@ -30,7 +30,6 @@ merges them locally and uploads the cache.
 from __future__ import annotations
 
 import json
-import operator
 import os
 import re
 import secrets
@@ -53,7 +52,7 @@ from dataset_rt.fragments import (
 )
 from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
 from dataset_rt.runtime import DatasetRuntime
-from dataset_rt.writer import plan_sources
+from dataset_rt.writer import _u64, _write_profile, plan_sources
 
 __all__ = ["CacheDatasink", "CacheDatasinkError", "RemoteFragment", "write_sources"]
 
@@ -163,6 +162,8 @@ def write_sources(
     finally:
         if profiling:
             elapsed_ns = time.perf_counter_ns() - started_ns
+            # In write_cache's format: sources sorted by name, as the writer lists them.
+            profiles.sort(key=lambda e: e["source_name"].encode("utf-8", "surrogatepass"))
             _write_profile(Path(writer_config.profiler.path), elapsed_ns, profiles)
     return [results[i] for i in range(len(items))]
 
@@ -171,11 +172,7 @@ def _check_num_workers(num_workers: int) -> int:
     """``num_workers`` as an int, checked on the driver as ``DatasetRuntime(num_workers=...)``
     checks it, with its exceptions and messages (a task would only fail, or never be
     scheduled, later)."""
-    count = operator.index(num_workers)  # TypeError for floats, strings
-    if count < 0:
-        raise OverflowError("can't convert negative int to unsigned")
-    if count >= 2**64:
-        raise OverflowError("int too big to convert")
+    count = _u64(num_workers)  # TypeError for floats, strings; OverflowError
     if count == 0:
         raise ValueError("num_workers must be greater than zero")
     return count
@@ -202,20 +199,6 @@ def _ray_error(exc: BaseException) -> str:
     """``"Ray error: <type>: <message>"`` for a task that failed in Ray, without the
     terminal colour codes Ray puts in its messages."""
     return "Ray error: " + _ANSI_ESCAPE.sub("", f"{type(exc).__name__}: {exc}").rstrip()
-
-
-def _write_profile(path: Path, elapsed_ns: int, sources: _SourceProfiles) -> None:
-    """Write the profile of a :func:`write_sources` call in ``write_cache``'s format
-    (sources sorted by name, as the writer lists them), atomically: a reader sees the
-    old file or the whole new one."""
-    sources = sorted(sources, key=lambda e: e["source_name"].encode("utf-8", "surrogatepass"))
-    document = {"format_version": 1, "elapsed_ns": elapsed_ns, "sources": sources}
-    partial = path.with_name(f".{path.name}.{secrets.token_hex(4)}.partial")
-    try:
-        partial.write_text(json.dumps(document, separators=(",", ":")), encoding="utf-8")
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 class CacheDatasinkError(RuntimeError):

@@ -108,19 +108,13 @@ class _Recipe:
     cache_dirs: tuple[tuple[int, int] | None, ...] = ()
 
 
-def _check_cache_dirs(paths: Any, identities: tuple[tuple[int, int] | None, ...]) -> None:
-    """Raises ValueError, as the dataset itself would, when a cache directory is not the
-    one the snapshot was taken from (rebuilt with ``on_stale="rebuild"``, or removed):
-    a reader of it would pair the snapshot's table with other bytes."""
-    for path, identity in zip(paths, identities):
-        if identity is None:
-            continue
-        try:
-            st = os.stat(path)
-            same = (st.st_dev, st.st_ino) == identity
-        except OSError:
-            same = False
-        if not same:
+def _check_cache_dirs(dataset: Any, identities: tuple[tuple[int, int] | None, ...]) -> None:
+    """Raises ValueError, as the dataset itself would, when ``dataset`` (a reader opened
+    from a snapshot) opened a cache directory other than the one the snapshot was taken
+    from (rebuilt with ``on_stale="rebuild"``): it would pair the snapshot's table with
+    other bytes."""
+    for path, opened, identity in zip(dataset.cache_paths, dataset._dir_identities, identities):
+        if opened != identity:
             raise ValueError(
                 f"cache {path} was replaced (rebuilt) or removed while this dataset was "
                 "open; open it again"
@@ -142,7 +136,7 @@ def _open_reader(recipe: _Recipe, offset: int = 0, population: int = 0) -> Any:
     )
     runtime = DatasetRuntime(num_workers=recipe.native_threads)
     dataset = runtime.cached_dataset(list(config.cache_paths), reader_config=reader_config)
-    _check_cache_dirs(config.cache_paths, recipe.cache_dirs)
+    _check_cache_dirs(dataset, recipe.cache_dirs)
     if recipe.use_table:
         with pa.memory_map(str(config_file.parent / config.metadata_file), "r") as source:
             table = pa.ipc.open_file(source).read_all()
