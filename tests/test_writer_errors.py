@@ -1323,3 +1323,46 @@ def test_write_cache_never_reuses(runtime, fixture_copy) -> None:
     )
     assert source.iterations == 0
     assert snapshot(cache) == before
+
+
+def test_file_size_limit_is_an_io_error_in_words(tmp_path: Path) -> None:
+    """A shard write refused with EFBIG (``ulimit -f``) reads as 0.4.8's "File too large
+    (os error 27)" and names the file; nothing is published."""
+    import resource
+    import subprocess
+    import sys
+
+    script = """
+import sys
+import dataset_rt as drt
+
+class Big:
+    name = "big"
+    def __iter__(self):
+        for i in range(40):
+            yield (bytes(100_000), {"i": i})
+
+runtime = drt.DatasetRuntime(num_workers=1)
+config = drt.WriterConfig(show_progress=False)
+[result] = runtime.write_cache(Big(), sys.argv[1], writer_config=config)
+print(repr(result))
+"""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    base = tmp_path / "base"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(base)],
+        preexec_fn=limit,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = done.stdout.strip()
+    assert out.startswith(
+        "CacheWriteError(source_name='big', message='I/O error: File too large (os error 27): "
+    ), out
+    assert "shards/000000.bin" in out
+    assert_failed_cleanly(base)

@@ -119,7 +119,18 @@ pub fn failErrno(e: std.posix.E, path: []const u8) Error {
         .NOMEM => "Cannot allocate memory",
         .INVAL => "Invalid argument",
         .NOSPC => "No space left on device",
-        else => @tagName(e),
+        .FBIG => "File too large",
+        .ROFS => "Read-only file system",
+        .DQUOT => "Disk quota exceeded",
+        .MFILE, .NFILE => "Too many open files",
+        .AGAIN => "Resource temporarily unavailable",
+        .BUSY => "Device or resource busy",
+        .NXIO => "No such device or address",
+        .NODEV => "No such device",
+        .NOTDIR => "Not a directory",
+        .OVERFLOW => "Value too large for defined data type",
+        .STALE => "Stale file handle",
+        else => "OS error",
     };
     return fail(error.Io, "I/O error: {s} (os error {d}): {s}", .{ text, @intFromEnum(e), path });
 }
@@ -142,8 +153,31 @@ pub fn describeOsError(err: anyerror) []const u8 {
         error.SymLinkLoop => "Too many levels of symbolic links (os error 40)",
         error.BadPathName, error.InvalidUtf8 => "invalid path name",
         error.EndOfStream, error.ShortRead => "failed to fill whole buffer",
+        error.FileTooBig => "File too large (os error 27)",
+        error.SystemResources, error.OutOfMemory => "Cannot allocate memory (os error 12)",
+        error.DeviceBusy => "Device or resource busy (os error 16)",
+        error.FileBusy => "Text file busy (os error 26)",
+        error.WouldBlock => "Resource temporarily unavailable (os error 11)",
+        error.NoDevice => "No such device (os error 19)",
+        error.NotOpenForReading, error.NotOpenForWriting => "Bad file descriptor (os error 9)",
+        error.InvalidArgument => "Invalid argument (os error 22)",
+        error.Unseekable => "Illegal seek (os error 29)",
+        error.LinkQuotaExceeded => "Too many links (os error 31)",
+        error.BrokenPipe => "Broken pipe (os error 32)",
+        error.ConnectionResetByPeer => "Connection reset by peer (os error 104)",
+        error.Unexpected => "unexpected error from the operating system",
+        // Any other error the std library names: its name, not an errno text.
         else => @errorName(err),
     };
+}
+
+test "OS errors are described in the reference's words" {
+    try std.testing.expectEqualStrings("File too large (os error 27)", describeOsError(error.FileTooBig));
+    try std.testing.expectEqualStrings("Cannot allocate memory (os error 12)", describeOsError(error.SystemResources));
+    try std.testing.expectEqual(error.Io, failErrno(.FBIG, "a/shards/000000.bin"));
+    try std.testing.expectEqualStrings("I/O error: File too large (os error 27): a/shards/000000.bin", lastMessage());
+    try std.testing.expectEqual(error.Io, failErrno(.PIPE, "x"));
+    try std.testing.expectEqualStrings("I/O error: OS error (os error 32): x", lastMessage());
 }
 
 test "fail records the message and returns the error" {
