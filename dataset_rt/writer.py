@@ -628,7 +628,9 @@ class _Ingest:
         Each step is checked and taken apart (payloads, one list of values per field)
         as soon as it is pulled, and its tuples and metadata dicts are released then: at
         most one step of them is alive, so the source's next samples reuse their memory
-        (and CPython's free lists) instead of allocating a batch's worth."""
+        (and CPython's free lists) instead of allocating a batch's worth. A large payload
+        that is a view of the caller's buffer ends the batch: it is written before the
+        source runs again (``_pull``)."""
         payloads: list[Any] = []
         lengths: list[int] = []
         picked: list[list[Any]] = []
@@ -638,30 +640,23 @@ class _Ingest:
         try:
             while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
                 want = min(self.step, size - len(payloads))
-                chunk: list[Any] = []
-                try:
-                    # list.extend keeps the items pulled before an exception.
-                    chunk.extend(islice(iterator, want))
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except BaseException as exc:
+                step_payloads, rows, failure, pulled, cut = self._pull(iterator, want)
+                if failure is not None:
                     # The samples pulled before the failure are checked first, as when
                     # each sample is checked as it arrives.
-                    _, _, step_values = self._take(chunk)
+                    _, _, step_values = self._take(step_payloads, rows)
                     if self.keys is not None:
                         self._extend(picked, step_values)
                         self._check_values(picked)
-                    raise SourceFailure(python_error(exc)) from exc
-                if not chunk:
-                    more = False
-                    break
-                pulled = len(chunk)
-                step_payloads, step_lengths, step_values = self._take(chunk)
-                del chunk
+                    raise failure
+                step_payloads, step_lengths, step_values = self._take(step_payloads, rows)
+                del rows
                 payloads += step_payloads
                 lengths += step_lengths
                 nbytes += sum(step_lengths)
                 self._extend(picked, step_values)
+                if cut:
+                    break
                 if pulled < want:
                     more = False
                     break
@@ -674,6 +669,70 @@ class _Ingest:
         average = max(1, nbytes // count)
         return max(1, min(self.batch_size, BATCH_BYTES_MAX // average)), more
 
+    def _pull(
+        self, iterator: Iterator[Any], want: int
+    ) -> tuple[list[Any], list[dict[str, Any]], SourceFailure | None, int, bool]:
+        """Pull up to ``want`` samples, each one taken from the objects the source yielded
+        before the next is pulled, as 0.4.8 takes them: a source may refill one buffer and
+        one dict for every sample. Returns the payloads (``bytes``; a large payload of
+        another type as a view, written by pointer), the metadata dicts (copies), the
+        failure that ended the pull (the source raised, or yielded something that is not
+        a sample; it is raised once the samples before it are checked), the count of
+        items pulled, and whether the pull stopped after a large view, which the caller
+        writes before the source runs again.
+
+        The usual sample (a ``CacheInput`` or 2-tuple of ``bytes`` and a ``dict``) costs
+        a type check and a C-level ``dict.copy``; anything else goes through ``_own``."""
+        payloads: list[Any] = []
+        rows: list[dict[str, Any]] = []
+        add_payload = payloads.append
+        add_row = rows.append
+        copy = dict.copy
+        pulled = 0
+        try:
+            for item in islice(iterator, want):
+                pulled += 1
+                cls = type(item)
+                if cls is CacheInput or (cls is tuple and len(item) == 2):
+                    data, row = item
+                    if type(data) is bytes and type(row) is dict:
+                        add_payload(data)
+                        add_row(copy(row))
+                        continue
+                try:
+                    data, row = self._own(item)
+                except SourceFailure as failure:
+                    return payloads, rows, failure, pulled, False
+                add_payload(data)
+                add_row(row)
+                if type(data) is memoryview:
+                    return payloads, rows, None, pulled, True
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            failure = SourceFailure(python_error(exc))
+            failure.__cause__ = exc
+            return payloads, rows, failure, pulled, False
+        return payloads, rows, None, pulled, False
+
+    def _own(self, item: Any) -> tuple[Any, dict[str, Any]]:
+        """One yielded item as this writer keeps it, before the source runs again: checked
+        as 0.4.8 checks it (``SourceFailure``), its metadata dict copied, and a payload
+        that is not ``bytes`` copied into ``bytes``, except a large one of an uncompressed
+        cache, returned as a flat view (the caller writes it before the next pull)."""
+        if not isinstance(item, tuple):
+            raise SourceFailure("CacheSource must yield CacheInput tuples")
+        if len(item) != 2:
+            raise SourceFailure("CacheInput must contain data and metadata")
+        data, metadata = item
+        if type(data) is not bytes:
+            data = _byte_view(data)
+            if type(data) is memoryview and not (self.direct and len(data) >= LARGE_PAYLOAD_BYTES):
+                data = data.tobytes()
+        if not isinstance(metadata, dict):
+            raise SourceFailure("metadata must be a dict")
+        return data, dict.copy(metadata)
+
     @staticmethod
     def _extend(picked: list[list[Any]], values: list[list[Any]]) -> None:
         """Append a step's per-field values to the batch's (``picked`` starts empty)."""
@@ -683,9 +742,11 @@ class _Ingest:
         for column, step in zip(picked, values):
             column += step
 
-    def _take(self, chunk: list[Any]) -> tuple[Sequence[Any], list[int], list[list[Any]]]:
-        """Check pulled samples and take them apart: their payloads (``bytes`` or flat
-        byte views), the payloads' lengths and, per schema field, the values (plain
+    def _take(
+        self, payloads: list[Any], rows: list[dict[str, Any]]
+    ) -> tuple[list[Any], list[int], list[list[Any]]]:
+        """Check pulled samples (as ``_pull`` returns them) and take their metadata apart:
+        the payloads, their lengths and, per schema field, the values (plain
         ``bool``/``int``/``float``/``str``, or ``str`` subclasses for string fields).
         Raises the first failing sample's error, as a per-sample writer would, except for
         the int64 range and UTF-8 checks of the bulk path, which ``_flush`` (or the
@@ -694,40 +755,38 @@ class _Ingest:
         The bulk path is a few C-level passes over the step (``str.join`` is the type
         check of string values); anything unusual goes through ``_take_each``, one
         sample at a time."""
-        if self.keys is not None and _all_exactly(CacheInput, chunk):
-            payloads, rows = zip(*chunk)
-            if _all_exactly(bytes, payloads) and _all_exactly(dict, rows):
-                try:
-                    picked = [list(map(getter, rows)) for getter in self.getters]
-                    # Every row holds the schema's (distinct) keys, so none has fewer;
-                    # the total then says that none has more: the key sets are equal.
-                    if sum(map(len, rows)) == len(rows) * len(self.getters) and all(
-                        "\0".join(values) is not None  # the type check: str (subclasses too)
-                        if kind == Kind.STRING
-                        else _all_exactly(cls, values)
-                        for values, cls, kind in zip(picked, self.plain_types, self.kinds)
-                    ):
-                        return payloads, list(map(len, payloads)), picked
-                except (TypeError, KeyError):
-                    pass
-        return self._take_each(chunk)
+        if self.keys is not None and rows and _all_exactly(bytes, payloads):
+            try:
+                picked = [list(map(getter, rows)) for getter in self.getters]
+                # Every row holds the schema's (distinct) keys, so none has fewer; the
+                # total then says that none has more: the key sets are equal.
+                if sum(map(len, rows)) == len(rows) * len(self.getters) and all(
+                    "\0".join(values) is not None  # the type check: str (subclasses too)
+                    if kind == Kind.STRING
+                    else _all_exactly(cls, values)
+                    for values, cls, kind in zip(picked, self.plain_types, self.kinds)
+                ):
+                    return payloads, list(map(len, payloads)), picked
+            except (TypeError, KeyError):
+                pass
+        return self._take_each(payloads, rows)
 
-    def _take_each(self, chunk: list[Any]) -> tuple[list[Any], list[int], list[list[Any]]]:
+    def _take_each(
+        self, payloads: list[Any], rows: list[dict[str, Any]]
+    ) -> tuple[list[Any], list[int], list[list[Any]]]:
         """``_take`` one sample at a time: every check of a sample before the next one
         (after those of the batch's earlier samples, ``_check_values``)."""
-        payloads: list[Any] = []
         picked: list[list[Any]] = [[] for _ in self.keys or ()]
-        for item in chunk:
+        for row in rows:
             try:
-                payload, metadata = self._unpack(item)
-                if len(picked) != len(self.keys or ()):  # the schema was set by this sample
+                if self.keys is None:  # the first sample sets the schema
+                    self._infer_schema(row)
                     picked = [[] for _ in self.keys or ()]
-                values = self._row_values(metadata)
+                values = self._row_values(row)
             except SourceFailure:
                 if self._pending:
                     self._check_values(self._pending)
                 raise
-            payloads.append(payload)
             for column, value in zip(picked, values):
                 column.append(value)
         return payloads, list(map(len, payloads)), picked
@@ -758,7 +817,7 @@ class _Ingest:
                     except UnicodeEncodeError:
                         for index, value in enumerate(values):
                             try:
-                                str(value).encode("utf-8")
+                                str.__str__(value).encode("utf-8")
                             except UnicodeEncodeError:
                                 bad = (index, position, VALUE_TYPES_MESSAGE)
                                 break
@@ -786,18 +845,20 @@ class _Ingest:
                 raise SourceFailure(
                     f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
                 )
+            # A subclass of int, float or str stores the value it holds, as in 0.4.8,
+            # not what its __int__, __float__ or __str__ (an Enum's name) returns.
             if kind == Kind.INT:
-                value = int(value)
+                value = int.__int__(value) if isinstance(value, int) else int(value)
                 if not INT64_MIN <= value <= INT64_MAX:
                     raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
             elif kind == Kind.STRING:
-                value = str(value)
+                value = str.__str__(value)
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError as exc:
                     raise SourceFailure(VALUE_TYPES_MESSAGE) from exc
             elif kind == Kind.FLOAT:
-                value = float(value)
+                value = float.__float__(value) if isinstance(value, float) else float(value)
                 if not math.isfinite(value):
                     raise SourceFailure(f"metadata field '{key}' must be a finite float")
             else:
@@ -833,11 +894,13 @@ class _Ingest:
                     raise SourceFailure(python_error(exc)) from exc
                 timings.add("python_next", started)
                 started = clock()
-                taken_payloads, _, taken_values = self._take([item])
+                data, row = self._own(item)
+                taken_payloads, _, taken_values = self._take([data], [row])
                 payloads.append(taken_payloads[0])
                 self._extend(picked, taken_values)
                 timings.add("python_extract", started, len(payloads[-1]))
-                if len(payloads) >= batch_size:
+                # A view of the caller's buffer is written before the source runs again.
+                if len(payloads) >= batch_size or type(data) is memoryview:
                     self._flush(payloads, picked)
                     payloads, picked = [], []
         finally:
@@ -854,20 +917,6 @@ class _Ingest:
         self._write_arrow()
         if self.timings:
             self.timings.add("finish_metadata", started)
-
-    def _unpack(self, item: Any) -> tuple[Any, dict[str, Any]]:
-        if not isinstance(item, tuple):
-            raise SourceFailure("CacheSource must yield CacheInput tuples")
-        if len(item) != 2:
-            raise SourceFailure("CacheInput must contain data and metadata")
-        data, metadata = item
-        if type(data) is not bytes:
-            data = _byte_view(data)
-        if not isinstance(metadata, dict):
-            raise SourceFailure("metadata must be a dict")
-        if self.keys is None:
-            self._infer_schema(metadata)
-        return data, metadata
 
     def _infer_schema(self, metadata: dict[Any, Any]) -> None:
         for key in metadata:

@@ -322,3 +322,143 @@ def test_metadata_columns_keep_every_value_on_each_conversion_path(tmp_path: Pat
     assert table.column("n").to_pylist() == [m["n"] for m in expected]
     assert table.column("b").to_pylist() == [m["b"] for m in expected]
     assert table.column("x").to_pylist() == [m["x"] for m in expected]
+
+
+# A source may refill one buffer and one dict for every sample: 0.4.8 takes each sample's
+# bytes and values when it is yielded, so the cache holds what was yielded, not what the
+# objects hold later.
+REUSE_CONFIGS = {
+    "default": {},
+    "prefetch_1": {"prefetch_size": 1},
+    "lz4": {"shard_compression": drt.ShardCompression(algo="lz4")},
+    "profiler": {"profiler": "enabled"},
+}
+
+
+@pytest.mark.parametrize("settings", REUSE_CONFIGS.values(), ids=REUSE_CONFIGS.keys())
+@pytest.mark.parametrize("kind", ["bytearray", "numpy_large", "memoryview_slices", "bytes"])
+def test_reused_buffers_and_dicts_are_taken_when_yielded(
+    tmp_path: Path, settings: dict, kind: str
+) -> None:
+    import numpy as np
+
+    count, size = 300, (100_000 if kind == "numpy_large" else 8)
+
+    class Reuse:
+        name = "reuse"
+
+        def __iter__(self):
+            buffer = np.zeros(size, dtype=np.uint8) if kind == "numpy_large" else bytearray(size)
+            row: dict = {}
+            for i in range(count):
+                if kind == "numpy_large":
+                    buffer[:] = i % 251
+                else:
+                    buffer[:] = bytes([i % 251]) * size
+                row["i"] = i
+                row["s"] = f"s{i}"
+                if kind == "memoryview_slices":
+                    data = memoryview(buffer)[: size - i % 3]
+                elif kind == "bytes":
+                    data = bytes(buffer)
+                else:
+                    data = buffer
+                yield drt.CacheInput(data, row)
+
+    if settings.get("profiler"):
+        profiler = drt.WriterProfilerConfig(enabled=True, path=tmp_path / "profile.json")
+        settings = {**settings, "profiler": profiler}
+    config = drt.WriterConfig(show_progress=False, **settings)
+    runtime = drt.DatasetRuntime(num_workers=2)
+    [result] = runtime.write_cache(Reuse(), tmp_path / "base", writer_config=config)
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    dataset = runtime.cached_dataset(
+        [result.path], reader_config=drt.ReaderConfig(seed=0, shuffle=False)
+    )
+    samples = list(dataset)
+    assert [s.metadata for s in samples] == [{"i": i, "s": f"s{i}"} for i in range(count)]
+    for i, sample in enumerate(samples):
+        length = size - i % 3 if kind == "memoryview_slices" else size
+        assert sample.data == bytes([i % 251]) * length, i
+    assert dataset.get_metadata()["i"].to_list() == list(range(count))
+
+
+@pytest.mark.parametrize(("prefetch", "fail_at"), [(64, 64), (64, 768), (1, 1), (1, 5), (7, 14)])
+def test_a_source_failing_at_a_step_boundary_reports_its_own_error(
+    tmp_path: Path, prefetch: int, fail_at: int
+) -> None:
+    class Boundary:
+        name = "boundary"
+
+        def __iter__(self):
+            for i in range(fail_at):
+                yield drt.CacheInput(b"x" * 10, {"i": i})
+            raise RuntimeError(f"failed after {fail_at}")
+
+    class Good:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __iter__(self):
+            yield drt.CacheInput(b"y", {"i": 0})
+
+    config = drt.WriterConfig(show_progress=False, prefetch_size=prefetch)
+    runtime = drt.DatasetRuntime(num_workers=2)
+    results = runtime.write_cache(
+        [Good("a"), Boundary(), Good("c")], tmp_path / "base", writer_config=config
+    )
+    assert results == [
+        drt.CacheWriteSuccess("a", tmp_path / "base" / "a"),
+        drt.CacheWriteError("boundary", f"Python error: RuntimeError: failed after {fail_at}"),
+        drt.CacheWriteSuccess("c", tmp_path / "base" / "c"),
+    ]
+
+
+def test_subclass_values_are_stored_as_their_raw_value(tmp_path: Path) -> None:
+    """``str``, ``int`` and ``float`` subclasses (a ``(str, Enum)``, ``IntEnum``, classes
+    overriding ``__str__``/``__int__``/``__float__``) store the value they hold, as 0.4.8
+    does, on every sample (the first ones are checked one by one, later ones in bulk)."""
+    import enum
+
+    class Split(str, enum.Enum):
+        TRAIN = "train"
+        VAL = "val"
+
+    class Loud(str):
+        def __str__(self) -> str:
+            return "OVERRIDE"
+
+    class Odd(int):
+        def __int__(self) -> int:
+            return 999
+
+        def __index__(self) -> int:
+            return 999
+
+    class Shifted(float):
+        def __float__(self) -> float:
+            return 9.5
+
+    class Subclasses:
+        name = "sub"
+
+        def __iter__(self):
+            for i in range(300):
+                split = Split.TRAIN if i % 2 else Split.VAL
+                yield drt.CacheInput(
+                    b"x", {"split": split, "s": Loud(f"raw{i}"), "n": Odd(i), "f": Shifted(i / 4)}
+                )
+
+    runtime = drt.DatasetRuntime(num_workers=2)
+    config = drt.WriterConfig(show_progress=False)
+    [result] = runtime.write_cache(Subclasses(), tmp_path / "base", writer_config=config)
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    dataset = runtime.cached_dataset(
+        [result.path], reader_config=drt.ReaderConfig(seed=0, shuffle=False)
+    )
+    expected = [
+        {"f": i / 4, "n": i, "s": f"raw{i}", "split": "train" if i % 2 else "val"}
+        for i in range(300)
+    ]
+    assert [s.metadata for s in dataset] == expected
+    assert dataset.get_metadata().select(["f", "n", "s", "split"]).to_dicts() == expected
