@@ -27,8 +27,17 @@ def read_arrow_file(path: Path) -> Any:
     """The record batches of an Arrow IPC file, as one memory-mapped table, fully
     validated (offsets, UTF-8): a damaged file must raise here, not crash whatever
     consumes the columns later (Polars trusts Arrow data)."""
+    import stat
+
     import pyarrow as pa
 
+    # Only a regular file: mapping a FIFO would block, a device never ends.
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"not a regular file: {path}")
     try:
         source = pa.memory_map(str(path), "r")
     except OSError as exc:
@@ -107,6 +116,13 @@ def default_table(dataset: Any) -> Any:
                 f"metadata row count for cache {index} expected {info.sample_count}, "
                 f"got {table.num_rows}"
             )
+        for name, column in zip(table.column_names, table.columns):
+            if column.null_count:  # the library's load rejects it too (as 0.4.8 does)
+                raise RuntimeError(
+                    "Arrow error: Invalid argument error: Column "
+                    f"'{name}' is declared as non-nullable but contains null values: "
+                    f"{directory / 'metadata.arrow'}"
+                )
         for i in range(len(fields)):
             chunks[i].extend(table.column(i).chunks)
     count_array = np.array(counts, dtype=np.int64)

@@ -133,6 +133,16 @@ def exact(text: str) -> Check:
     return check
 
 
+def names_file(text: str, file: str) -> Check:
+    """The reference's exact message, then ours names the file: ``<text>: <cache>/<file>``."""
+
+    def check(message: str, cache: Path) -> None:
+        assert message == f"{text}: {cache / file}", message
+
+    check.__doc__ = f"{text}: {file}"
+    return check
+
+
 def io_error(text: str, file: str) -> Check:
     """Reference I/O text first, then our message names the file."""
 
@@ -453,17 +463,17 @@ CASES: dict[str, Case] = {
     ),
     "index_truncated_1_byte": Case(
         _truncate_index_one_byte,
-        load(ValueError, exact("index length is not divisible by row size")),
+        load(ValueError, names_file("index length is not divisible by row size", "index.bin")),
         load(ValueError, checksum("index.bin")),
     ),
     "index_missing_row": Case(
         _index_missing_row,
-        load(ValueError, exact("index row count does not match manifest")),
+        load(ValueError, names_file("index row count does not match manifest", "index.bin")),
         load(ValueError, checksum("index.bin")),
     ),
     "index_empty": Case(
         _index_empty,
-        load(ValueError, exact("index row count does not match manifest")),
+        load(ValueError, names_file("index row count does not match manifest", "index.bin")),
         load(ValueError, checksum("index.bin")),
     ),
     "index_bad_offset": Case(
@@ -483,13 +493,13 @@ CASES: dict[str, Case] = {
     ),
     "index_shard_id_99": Case(
         _index_field(0, 99),
-        load(ValueError, exact("index references missing shard 99")),
+        load(ValueError, names_file("index references missing shard 99", "index.bin")),
         load(ValueError, checksum("index.bin")),
     ),
     "manifest_drops_last_shard": Case(
         _drop_last_shard,
-        load(ValueError, exact("index references missing shard 24")),
-        load(ValueError, exact("index references missing shard 24")),
+        load(ValueError, names_file("index references missing shard 24", "index.bin")),
+        load(ValueError, names_file("index references missing shard 24", "index.bin")),
         fixture="plain_many_shards",
     ),
     "metadata_arrow_flip_middle": Case(
@@ -512,13 +522,17 @@ CASES: dict[str, Case] = {
     ),
     "sample_count_plus_1": Case(
         _sample_count(+1),
-        load(ValueError, exact("index row count does not match manifest")),
-        load(ValueError, exact("metadata row count does not match manifest")),
+        load(ValueError, names_file("index row count does not match manifest", "index.bin")),
+        load(
+            ValueError, names_file("metadata row count does not match manifest", "metadata.arrow")
+        ),
     ),
     "sample_count_minus_1": Case(
         _sample_count(-1),
-        load(ValueError, exact("index row count does not match manifest")),
-        load(ValueError, exact("metadata row count does not match manifest")),
+        load(ValueError, names_file("index row count does not match manifest", "index.bin")),
+        load(
+            ValueError, names_file("metadata row count does not match manifest", "metadata.arrow")
+        ),
     ),
     "format_version_4": Case(
         _set("format_version", 4),
@@ -547,7 +561,7 @@ CASES: dict[str, Case] = {
                 exact("metadata column 'label' does not match manifest schema"),
             ),
         ),
-        load(ValueError, exact("metadata 'label' is not float")),
+        load(ValueError, names_file("metadata 'label' is not float", "metadata.arrow")),
     ),
     "schema_reordered": Case(
         _schema_reorder,
@@ -558,7 +572,7 @@ CASES: dict[str, Case] = {
                 exact("metadata column 'score' does not match manifest schema"),
             ),
         ),
-        load(ValueError, exact("metadata 'score' is not float")),
+        load(ValueError, names_file("metadata 'score' is not float", "metadata.arrow")),
         verify=_reordered_values,
     ),
     "schema_drops_a_column": Case(
@@ -961,7 +975,7 @@ def test_caches_must_share_one_schema(
     with pytest.raises(ValueError) as info:
         runtime.cached_dataset([first, second], reader_config=reader(validate))
     if validate and validated_message is not None:
-        assert str(info.value) == validated_message
+        assert str(info.value) == f"{validated_message}: {second / 'metadata.arrow'}"
     else:
         assert str(info.value) == "all caches must share the same metadata schema"
 
@@ -1033,3 +1047,120 @@ def test_load_errors_change_nothing_on_disk(runtime, reader: Reader, fixture_cop
         runtime.cached_dataset([*copies, root], reader_config=reader(False))
     assert snapshot(root) == before
     assert snapshot(FIXTURES / "plain_one_shard") == snapshot(copies[0])
+
+
+# ------------------------------------------- files that are not what they should be
+
+
+def test_shard_name_longer_than_a_file_name_is_an_io_error(runtime, fixture_copy) -> None:
+    """A shard name of 256 bytes cannot name a file: 0.4.8's "File name too long" (it
+    aborted the process: std's statFile treats ENAMETOOLONG as unreachable)."""
+    cache = fixture_copy("plain_one_shard")
+    edit_manifest(cache, lambda m: m["shards"][0].__setitem__("name", "x" * 256))
+    with pytest.raises(RuntimeError) as info:
+        runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0))
+    assert (
+        str(info.value)
+        == f"I/O error: File name too long (os error 36): {cache}/shards/{'x' * 256}"
+    )
+
+
+SPECIAL_FILE_SCRIPT = """
+import os, sys
+import dataset_rt as drt
+cache, name, kind, validate, call = sys.argv[1:]
+target = os.path.join(cache, name)
+os.remove(target)
+if kind == "fifo":
+    os.mkfifo(target)
+else:
+    os.symlink("/dev/zero", target)
+runtime = drt.DatasetRuntime(num_workers=1)
+try:
+    config = drt.ReaderConfig(seed=0, validate_cache=validate == "1")
+    dataset = runtime.cached_dataset([cache], reader_config=config)
+    if call == "get_metadata":
+        dataset.get_metadata()
+    else:
+        next(iter(dataset.iter_batches(4)))
+    print("no error")
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "validate", "call"),
+    [
+        ("manifest.json", "fifo", "0", "batches"),
+        ("index.bin", "fifo", "0", "batches"),
+        ("index.bin", "zero", "1", "batches"),
+        ("metadata.arrow", "fifo", "1", "batches"),
+        ("metadata.arrow", "zero", "1", "batches"),
+        ("metadata.arrow", "fifo", "0", "batches"),
+        ("metadata.arrow", "fifo", "0", "get_metadata"),
+    ],
+)
+def test_special_files_are_rejected_without_blocking(
+    fixture_copy, name: str, kind: str, validate: str, call: str
+) -> None:
+    """A FIFO blocks an open for reading and /dev/zero never ends a read (0.4.8 hangs on
+    both): a cache file must be a regular file, or the load names it."""
+    import subprocess
+    import sys
+
+    cache = fixture_copy("plain_one_shard")
+    done = subprocess.run(
+        [sys.executable, "-c", SPECIAL_FILE_SCRIPT, str(cache), name, kind, validate, call],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == f"ValueError not a regular file: {cache}/{name}"
+
+
+def test_batches_check_metadata_column_names(runtime, tmp_path: Path) -> None:
+    """Batches take metadata.arrow's columns by position: a manifest naming them in
+    another order is refused, as get_metadata refuses it, instead of values served under
+    each other's names."""
+
+    class Source:
+        name = "ab"
+
+        def __iter__(self) -> Any:
+            for i in range(4):
+                yield drt.CacheInput(b"x%d" % i, {"a": i, "b": 100 + i})
+
+    config = drt.WriterConfig(show_progress=False)
+    [result] = runtime.write_cache(Source(), tmp_path, writer_config=config)
+    cache = result.path
+    edit_manifest(
+        cache,
+        lambda m: m.__setitem__(
+            "metadata_schema", [{"name": "b", "kind": "int"}, {"name": "a", "kind": "int"}]
+        ),
+    )
+    cache_id = manifest(cache)["cache_id"]
+    message = f"metadata column 'b' does not match manifest schema: {cache}/metadata.arrow"
+    dataset = runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0))
+    with pytest.raises(ValueError) as info:
+        next(iter(dataset.iter_batches(4)))
+    assert str(info.value) == message
+    with pytest.raises(ValueError) as info:
+        dataset.get_items([cache_id, cache_id], [0, 1])
+    assert str(info.value) == message
+    with pytest.raises(ValueError, match="metadata column 'b' does not match manifest schema"):
+        dataset.get_metadata()
+
+
+def test_a_shard_deleted_while_open_is_named(runtime, fixture_copy) -> None:
+    """The cache directory is the one opened; only a shard is gone: the error names it
+    (not "the cache was replaced")."""
+    cache = fixture_copy("plain_many_shards")
+    dataset = runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0))
+    shard = cache / "shards" / manifest(cache)["shards"][0]["name"]
+    shard.unlink()
+    with pytest.raises(RuntimeError) as info:
+        list(dataset)
+    assert str(info.value) == f"I/O error: No such file or directory (os error 2): {shard}"

@@ -20,6 +20,8 @@ const publish = @import("publish.zig");
 pub const Metadata = struct {
     map: []align(std.heap.page_size_min) const u8,
     file: arrow.File,
+    /// Whether the file's columns are the manifest's fields by name, in order.
+    columns_match: bool,
 
     /// Maps and parses `<cache>/metadata.arrow`, then checks it against the manifest the
     /// way the reference's validation does: row count first, then each manifest field's
@@ -27,8 +29,7 @@ pub const Metadata = struct {
     fn load(gpa: std.mem.Allocator, dir: posix.fd_t, cache_path: []const u8, m: *const manifest.Manifest) status.Error!Metadata {
         const path = try std.fmt.allocPrintSentinel(gpa, "{s}/metadata.arrow", .{std.mem.trimRight(u8, cache_path, "/")}, 0);
         defer gpa.free(path);
-        const fd = posix.openatZ(dir, "metadata.arrow", .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| return status.failIo(err, path);
-        const file = std.fs.File{ .handle = fd };
+        const file = try publish.openRegular(dir, "metadata.arrow", path);
         defer file.close();
         const size = (file.stat() catch |err| return status.failIo(err, path)).size;
         const map: []align(std.heap.page_size_min) const u8 = if (size == 0)
@@ -38,12 +39,18 @@ pub const Metadata = struct {
         errdefer if (map.len > 0) posix.munmap(map);
         var parsed = try arrow.File.parse(gpa, map);
         errdefer parsed.deinit(gpa);
-        if (parsed.row_count != m.sample_count) return status.fail(error.InvalidCache, "metadata row count does not match manifest", .{});
+        if (parsed.row_count != m.sample_count) return status.fail(error.InvalidCache, "metadata row count does not match manifest: {s}", .{path});
         for (m.fields, 0..) |f, i| {
             const actual: ?schema.Kind = if (i < parsed.fields.len) parsed.fields[i].type.kind() else null;
-            if (actual != f.kind) return status.fail(error.InvalidCache, "metadata '{s}' is not {s}", .{ f.name, f.kind.name() });
+            if (actual != f.kind) return status.fail(error.InvalidCache, "metadata '{s}' is not {s}: {s}", .{ f.name, f.kind.name(), path });
         }
-        return .{ .map = map, .file = parsed };
+        // Past the reference's checks (which a validated open makes, and no more), those
+        // of `get_metadata` (metadata.py), made when the columns are used (`columns`).
+        var columns_match = parsed.fields.len == m.fields.len;
+        if (columns_match) for (m.fields, parsed.fields) |f, actual| {
+            columns_match = columns_match and std.mem.eql(u8, actual.name, f.name);
+        };
+        return .{ .map = map, .file = parsed, .columns_match = columns_match };
     }
 
     fn deinit(md: *Metadata, gpa: std.mem.Allocator) void {
@@ -55,6 +62,9 @@ pub const Metadata = struct {
 /// Who reads a record: an iterator (plan order) or a lookup (`get_item`); a remote
 /// cache's read policy (`ShardSource.ranges`) tells them apart.
 pub const Reader = enum { iterator, lookup };
+
+/// The largest `manifest.json` a cache may have (64 MiB: about 400,000 shards).
+pub const manifest_bytes_max = 64 << 20;
 
 /// Where the shards of a cache fetched from object storage come from (the I/O layer's
 /// remote transport, `io/remote.zig`): `open` returns a read-only descriptor of a verified
@@ -159,8 +169,14 @@ pub const Cache = struct {
 
         const manifest_path = try joinPath(gpa, path, "manifest.json");
         defer gpa.free(manifest_path);
-        const text = dir.readFileAlloc(gpa, "manifest.json", 64 << 20) catch |err| switch (err) {
-            error.FileNotFound => return status.fail(error.InvalidCache, "missing manifest: {s}", .{manifest_path}),
+        const manifest_file = publish.openRegular(dir.fd, "manifest.json", manifest_path) catch |err| {
+            if (err == error.Io and std.mem.startsWith(u8, status.lastMessage(), "I/O error: No such file or directory")) {
+                return status.fail(error.InvalidCache, "missing manifest: {s}", .{manifest_path});
+            }
+            return err;
+        };
+        defer manifest_file.close();
+        const text = manifest_file.readToEndAlloc(gpa, manifest_bytes_max) catch |err| switch (err) {
             error.OutOfMemory => return error.OutOfMemory,
             error.FileTooBig => return status.fail(error.InvalidCache, "manifest is too large: {s}", .{manifest_path}),
             else => return status.failIo(err, manifest_path),
@@ -181,7 +197,8 @@ pub const Cache = struct {
             made += 1;
         }
         if (remote == null) for (m.shards, shard_paths) |shard, p| {
-            const st = std.fs.cwd().statFile(p) catch |err| return status.failIo(err, p);
+            // (fstatat: std's statFile treats a name longer than NAME_MAX as unreachable)
+            const st = posix.fstatatZ(posix.AT.FDCWD, p, 0) catch |err| return status.failIo(err, p);
             if (st.size != shard.byte_len) return status.fail(error.InvalidCache, "shard length mismatch for {s}", .{p});
         };
         _ = dir.statFile("metadata.arrow") catch |err| {
@@ -199,7 +216,7 @@ pub const Cache = struct {
         if (validate) metadata = try Metadata.load(gpa, dir.fd, path, &m);
         errdefer if (metadata) |*md| md.deinit(gpa);
 
-        const index_map = try mapIndex(dir, path, m.sample_count, m.shards.len);
+        const index_map = try mapIndex(gpa, dir, path, m.sample_count, m.shards.len);
         errdefer if (index_map.len > 0) posix.munmap(index_map);
         const url = if (remote) |r| try gpa.dupe(u8, r.url) else null;
         return .{
@@ -218,7 +235,9 @@ pub const Cache = struct {
         };
     }
 
-    /// The parsed metadata.arrow, loading it on first use. Thread-safe.
+    /// The parsed metadata.arrow, loading it on first use. Thread-safe. Its columns are
+    /// taken by position, so they must be the manifest's fields by name too, as
+    /// `get_metadata` checks them (a validated open checks only the reference's rules).
     pub fn metadataFile(c: *Cache) status.Error!*const arrow.File {
         if (!c.metadata_ready.load(.acquire)) {
             c.metadata_mutex.lock();
@@ -230,7 +249,14 @@ pub const Cache = struct {
                 c.metadata_ready.store(true, .release);
             }
         }
-        return &c.metadata.?.file;
+        const md = &c.metadata.?;
+        if (!md.columns_match) {
+            if (md.file.fields.len != c.manifest.fields.len) return status.fail(error.InvalidCache, "metadata batch column count does not match manifest: {s}/metadata.arrow", .{std.mem.trimRight(u8, c.path, "/")});
+            for (c.manifest.fields, md.file.fields) |f, actual| if (!std.mem.eql(u8, actual.name, f.name)) {
+                return status.fail(error.InvalidCache, "metadata column '{s}' does not match manifest schema: {s}/metadata.arrow", .{ f.name, std.mem.trimRight(u8, c.path, "/") });
+            };
+        }
+        return &md.file;
     }
 
     /// An O_PATH descriptor of the cache directory, provided the path still names the
@@ -261,7 +287,11 @@ pub const Cache = struct {
         var buf: [std.fs.max_path_bytes]u8 = undefined;
         const rel = std.fmt.bufPrintZ(&buf, "shards/{s}", .{name}) catch return status.fail(error.InvalidCache, "shard name too long", .{});
         return posix.openatZ(dir, rel, .{ .ACCMODE = .RDONLY, .CLOEXEC = true }, 0) catch |err| switch (err) {
-            error.FileNotFound => c.replacedError(),
+            // The directory removed meanwhile (a rebuild), or this one shard missing.
+            error.FileNotFound => if (c.openSameDir()) |again| blk: {
+                posix.close(again);
+                break :blk status.failIo(err, c.shard_paths[@intCast(shard_id)]);
+            } else |replaced| replaced,
             else => status.failIo(err, c.shard_paths[@intCast(shard_id)]),
         };
     }
@@ -317,21 +347,21 @@ fn joinPath(gpa: std.mem.Allocator, dir: []const u8, name: []const u8) error{Out
     return std.fmt.allocPrint(gpa, "{s}{s}{s}", .{ dir, sep, name });
 }
 
-fn mapIndex(dir: std.fs.Dir, path: []const u8, sample_count: u64, shard_count: usize) status.Error![]align(std.heap.page_size_min) const u8 {
-    const file = dir.openFile("index.bin", .{}) catch |err| {
-        return status.fail(error.Io, "I/O error: {s}: {s}/index.bin", .{ status.describeOsError(err), path });
-    };
+fn mapIndex(gpa: std.mem.Allocator, dir: std.fs.Dir, path: []const u8, sample_count: u64, shard_count: usize) status.Error![]align(std.heap.page_size_min) const u8 {
+    const index_path = try joinPath(gpa, path, "index.bin");
+    defer gpa.free(index_path);
+    const file = try publish.openRegular(dir.fd, "index.bin", index_path);
     defer file.close();
-    const size = (file.stat() catch |err| return status.failIo(err, path)).size;
-    if (size % index.row_bytes != 0) return status.fail(error.InvalidCache, "index length is not divisible by row size", .{});
-    if (size / index.row_bytes != sample_count) return status.fail(error.InvalidCache, "index row count does not match manifest", .{});
+    const size = (file.stat() catch |err| return status.failIo(err, index_path)).size;
+    if (size % index.row_bytes != 0) return status.fail(error.InvalidCache, "index length is not divisible by row size: {s}", .{index_path});
+    if (size / index.row_bytes != sample_count) return status.fail(error.InvalidCache, "index row count does not match manifest: {s}", .{index_path});
     if (size == 0) return &.{};
-    const map = posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
+    const map = posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, index_path);
     errdefer posix.munmap(map);
     var i: u64 = 0;
     while (i < sample_count) : (i += 1) {
         const shard_id = index.get(map, i).shard_id;
-        if (shard_id >= shard_count) return status.fail(error.InvalidCache, "index references missing shard {d}", .{shard_id});
+        if (shard_id >= shard_count) return status.fail(error.InvalidCache, "index references missing shard {d}: {s}", .{ shard_id, index_path });
     }
     return map;
 }

@@ -45,11 +45,23 @@ pub fn hashFile(file: std.fs.File, path: []const u8) status.Error!Digest {
     return .{ .byte_len = total, .sha256 = hasher.finalResult() };
 }
 
-/// Hashes the file at `path`.
+/// Hashes the file at `path` (a regular file, see `openRegular`).
 pub fn hashPath(path: [:0]const u8) status.Error!Digest {
-    const file = std.fs.cwd().openFileZ(path, .{}) catch |err| return status.failIo(err, path);
+    const file = try openRegular(posix.AT.FDCWD, path, path);
     defer file.close();
     return hashFile(file, path);
+}
+
+/// Opens `name` (relative to `dir`) for reading, provided it is a regular file: a FIFO
+/// would block the open and a device (`/dev/zero`) never end a read, so anything else
+/// fails as an invalid cache ("not a regular file: <path>"). `path` names it in errors.
+pub fn openRegular(dir: posix.fd_t, name: [:0]const u8, path: []const u8) status.Error!std.fs.File {
+    // O_NONBLOCK: opening a FIFO returns at once (it changes nothing for a regular file).
+    const fd = posix.openatZ(dir, name, .{ .ACCMODE = .RDONLY, .NONBLOCK = true, .CLOEXEC = true }, 0) catch |err| return status.failIo(err, path);
+    errdefer posix.close(fd);
+    const st = posix.fstat(fd) catch |err| return status.failIo(err, path);
+    if (!posix.S.ISREG(st.mode)) return status.fail(error.InvalidCache, "not a regular file: {s}", .{path});
+    return .{ .handle = fd };
 }
 
 /// Fails with "checksum mismatch for <path>" unless `digest` spells `expected_hex`
