@@ -233,3 +233,54 @@ def test_tight_byte_budget_bounds_memory(big_cache: Path, io_backend: str, batch
     # Read-ahead bounded by the budget alone (through the ring).
     loose = _growth_mib(big_cache, io_backend, 1 << 30, batches, False, validate=batches)
     assert loose > tight + 32, (tight, loose)
+
+
+@pytest.fixture(scope="module")
+def lz4_big_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``big_cache`` written with lz4: each 2 MiB record is stored in about 8 KiB, so the
+    stored bytes the ring holds say nothing of what they decompress to."""
+    base = tmp_path_factory.mktemp("budget-lz4")
+    rt = drt.DatasetRuntime(num_workers=2)
+    config = drt.WriterConfig(
+        show_progress=False,
+        max_shard_bytes=256 << 20,
+        shard_compression=drt.ShardCompression(algo="lz4"),
+    )
+    [result] = rt.write_cache(_Big(), base, writer_config=config)
+    assert type(result).__name__ == "CacheWriteSuccess", result
+    return Path(result.path)
+
+
+@pytest.mark.parametrize("batches", [False, True])
+@pytest.mark.parametrize("validate", [False, True], ids=["plain", "validate"])
+def test_byte_budget_counts_decompressed_payloads(
+    lz4_big_cache: Path, io_backend: str, batches: bool, validate: bool
+) -> None:
+    """Decompressed lz4 payloads count in the byte budget: with prefetch_size=64 and a
+    4 MiB budget, 2 MiB records stored in 8 KiB are not all decompressed ahead (they
+    were: the budget counted stored bytes, and the slots kept what they decompressed)."""
+    tight = _growth_mib(lz4_big_cache, io_backend, 4 << 20, batches, False, validate=validate)
+    assert tight < 24, f"peak RSS grew by {tight:.0f} MiB with a 4 MiB budget"
+
+
+def test_a_budget_of_many_gib_reserves_no_memory(tmp_path: Path) -> None:
+    """prefetch_bytes is an upper bound: a budget larger than the machine's memory reads
+    (the ring's address space is reserved as far as the system allows, and its pages
+    stay within the bytes in flight), instead of failing with MemoryError."""
+
+    class Mid:
+        name = "mid"
+
+        def __iter__(self) -> Any:
+            for i in range(400):
+                yield drt.CacheInput(bytes([i % 251]) * 20_000, {"i": i})
+
+    rt = drt.DatasetRuntime(num_workers=2)
+    [result] = rt.write_cache(Mid(), tmp_path, writer_config=drt.WriterConfig(show_progress=False))
+    for shuffle in (False, True):
+        streams = []
+        for budget in (0, 1 << 50):
+            config = drt.ReaderConfig(seed=0, shuffle=shuffle, prefetch_bytes=budget)
+            dataset = rt.cached_dataset([result.path], reader_config=config)
+            streams.append([(s.sample_id, s.data) for s in dataset])
+        assert streams[0] == streams[1] and len(streams[0]) == 400

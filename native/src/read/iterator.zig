@@ -48,7 +48,8 @@
 //! Invariants (asserted in `checkInvariants`):
 //! - At most `prefetch_size` samples are planned and not yet released by the consumer
 //!   (in flight, completed, or in the batch last handed out), and the slots' buffers hold
-//!   at most `budget` bytes, or one read when a single read is larger: an iterator's
+//!   at most `budget` bytes, or one read when a single read is larger (their decoded
+//!   bytes, `raw_bytes`, count too, known exactly only once decoded): an iterator's
 //!   memory is bounded by `min(prefetch_size records, budget)` plus fixed buffers. A slow
 //!   consumer stops reads. The read-ahead of `takeAdjacent` (contiguous ordered batches,
 //!   which use no slots) is bounded by bytes alone: `max(budget, 256 KiB)` in runs whose
@@ -99,6 +100,9 @@ const inline_read_max = 64 << 10;
 /// Records shorter than this whose pages are in the page cache are served from a
 /// read-only mapping of their shard (see `Iter.mappedRecord`).
 pub const mapped_record_max = 16 << 10;
+/// A slot's decode buffer (`Slot.raw`) is freed on release when larger than this and
+/// its share of the byte budget.
+const slot_raw_keep_min = 256 << 10;
 
 /// Records a step of a mapped run locates and prefetches together (see `planMapped`).
 const mapped_step = 16;
@@ -204,6 +208,9 @@ const Slot = struct {
     /// `buf` is empty, and `span.len` counts in `Iter.dest_bytes`.
     dest: bool = false,
     raw: std.ArrayList(u8) = .empty,
+    /// Bytes of `raw` counted in `Iter.raw_bytes` while the slot is in use: estimated
+    /// when planned for an lz4 read (`Iter.decodedEstimate`), exact for a mapped run.
+    raw_charge: u64 = 0,
     decoded: std.ArrayList(Decoded) = .empty,
     failure: ?status.Error = null,
     /// The failure's message, whole (reused from failure to failure).
@@ -328,17 +335,21 @@ const ByteRing = struct {
 
     /// Where `n` (> 0) bytes would go, or null when the ring has no room now. An empty
     /// ring always has room (it grows to `n` if needed, in `alloc`).
+    /// Wraps to the front as soon as it has room, so the ring stays within about the
+    /// bytes in flight (its pages past them are never touched), whatever its size.
     fn place(r: *const ByteRing, n: usize) ?usize {
         if (r.live == 0) return 0;
         if (r.wrapped) return if (r.head - r.tail >= n) r.tail else null;
-        if (r.mem.len - r.tail >= n) return r.tail;
         if (r.head >= n) return 0;
+        if (r.mem.len - r.tail >= n) return r.tail;
         return null;
     }
 
     /// `n` (> 0) bytes, or null when they do not fit now. Never fails on an empty ring
     /// (except for memory): it grows to `max(n, capacity)` then (pages are touched only
-    /// when read into, so an unused part of the budget costs no memory).
+    /// when read into, so an unused part of the budget costs no memory), or, when the
+    /// system refuses that much address space (a budget of many GiB), to half as much,
+    /// and so on down to `n`.
     fn alloc(r: *ByteRing, gpa: std.mem.Allocator, n: usize, capacity: usize) error{OutOfMemory}!?[]u8 {
         std.debug.assert(n > 0);
         if (r.live == 0) {
@@ -346,7 +357,14 @@ const ByteRing = struct {
             r.tail = 0;
             r.wrapped = false;
             if (n > r.mem.len) {
-                const mem = try mem_mod.allocUninit(gpa, @max(n, capacity));
+                var size = @max(n, capacity);
+                const mem = while (true) {
+                    break mem_mod.allocUninit(gpa, size) catch |err| {
+                        if (size == n) return err;
+                        size = @max(n, size / 2);
+                        continue;
+                    };
+                };
                 mem_mod.freeUninit(gpa, r.mem);
                 r.mem = mem;
             }
@@ -438,6 +456,9 @@ pub const Iter = struct {
     own_dest: []u8 = &.{},
     /// The slots' read buffers, and the bytes they may hold (see //!).
     ring: ByteRing = .{},
+    /// Decoded bytes (lz4 payloads decompressed, records read inline) the slots in use
+    /// hold or will hold in their `raw`: counted in the byte budget with the ring's.
+    raw_bytes: u64 = 0,
     budget: u64,
     /// Coalesced reads stop growing at this size (0 in shuffled mode: one record each).
     coalesce: u64,
@@ -565,7 +586,8 @@ pub const Iter = struct {
         std.debug.assert(it.used <= it.slots.len);
         std.debug.assert(it.pending_release <= it.used);
         std.debug.assert(it.head < it.slots.len);
-        // The byte budget: exceeded only by a single read larger than it.
+        // The byte budget: exceeded only by a single read larger than it (decoded bytes,
+        // known only once decoded, may exceed it by the record that crossed it).
         std.debug.assert(it.ring.inUse() + it.dest_bytes <= it.budget or it.ring.live + it.dest_slots <= 1);
         std.debug.assert(it.dest_slots <= it.used and it.dest_head <= it.dests.items.len);
         // The ring is in plan order: the head slot holds the next sample to deliver (or
@@ -607,6 +629,8 @@ pub const Iter = struct {
             // Reads in flight are delivered before waiting for a shard's download, or
             // before opening descriptors past `files_mod.owned_max`.
             if (it.used > 0 and (!it.shardReady(loc) or it.filesFull(loc))) break;
+            // Decoded bytes of mapped runs may fill the budget with no read buffer.
+            if (it.raw_bytes > 0 and it.inUse() >= it.budget) break;
             if (it.planMapped(slot, loc, limit)) {
                 it.planned += slot.span.count;
                 it.used += 1;
@@ -622,11 +646,15 @@ pub const Iter = struct {
                 .over_budget, .wait => break,
                 .not_here => {},
             }
-            const span = plan.nextFrom(ds, it.table, it.schedule, it.planned, loc, limit, it.coalesce, it.loc_ring);
-            // The budget: a read that does not fit waits until older buffers come back
-            // (with nothing in flight any read runs, so one larger than the budget does).
-            if (span.len > 0 and (it.ring.live > 0 or it.dest_slots > 0) and
-                (it.ring.inUse() + it.dest_bytes +| span.len > it.budget or it.ring.place(@intCast(span.len)) == null)) break;
+            const span = plan.nextFrom(ds, it.table, it.schedule, it.planned, loc, limit, it.coalesceFor(loc), it.loc_ring);
+            const decoded = it.decodedEstimate(span.cache, span.shard_id, span.len);
+            // The budget, counting what lz4 payloads decompress to: a read that does not
+            // fit waits until older buffers come back (with nothing in flight any read
+            // runs, so one larger than the budget does).
+            if (span.len > 0 and (it.ring.live > 0 or it.dest_slots > 0 or it.raw_bytes > 0) and
+                (it.inUse() +| span.len +| decoded > it.budget or it.ring.place(@intCast(span.len)) == null)) break;
+            slot.raw_charge = decoded;
+            it.raw_bytes += decoded;
             slot.span = span;
             slot.mapped = false;
             it.planned += slot.span.count;
@@ -669,6 +697,31 @@ pub const Iter = struct {
     fn filesFull(it: *const Iter, loc: Loc) bool {
         const c = &it.ds.caches[loc.cache];
         return it.files.full(.{ .cache = loc.cache, .shard_id = c.row(loc.sample_id).shard_id });
+    }
+
+    /// The bytes counted in the byte budget now: read buffers, records read into
+    /// callers' buffers, decoded bytes.
+    fn inUse(it: *const Iter) u64 {
+        return it.ring.inUse() +| it.dest_bytes +| it.raw_bytes;
+    }
+
+    /// What `len` stored bytes of shard `shard_id` decompress to, estimated from the
+    /// shard's manifest lengths (0 for an uncompressed shard): an lz4 read's payloads
+    /// are decompressed into its slot, and count in the byte budget.
+    fn decodedEstimate(it: *const Iter, cache: u32, shard_id: u64, len: u64) u64 {
+        const entry = &it.ds.caches[cache].manifest.shards[@intCast(shard_id)];
+        if (entry.compression != .lz4 or entry.byte_len == 0) return 0;
+        return std.math.lossyCast(u64, @as(u128, len) * entry.uncompressed_byte_len / entry.byte_len);
+    }
+
+    /// The coalescing bound for the read starting at `loc`: `coalesce` decompressed
+    /// bytes, so an lz4 read stops at the stored bytes that decompress to it.
+    fn coalesceFor(it: *const Iter, loc: Loc) u64 {
+        if (it.coalesce == 0) return 0;
+        const c = &it.ds.caches[loc.cache];
+        const entry = &c.manifest.shards[@intCast(c.row(loc.sample_id).shard_id)];
+        if (entry.compression != .lz4 or entry.uncompressed_byte_len <= entry.byte_len) return it.coalesce;
+        return @max(1, std.math.lossyCast(u64, @as(u128, it.coalesce) * entry.byte_len / entry.uncompressed_byte_len));
     }
 
     /// Ordered reads: advises the kernel to read ahead the records planned next
@@ -829,12 +882,17 @@ pub const Iter = struct {
                     slot.fail(err);
                     break :run;
                 };
+                // Decompressed payloads and records read inline are in `raw`: the run
+                // ends once they fill the byte budget.
+                if (slot.raw.items.len > 0 and it.inUse() +| slot.raw.items.len > it.budget) break :run;
             }
             if (mapped < n or base + n >= limit) break;
             step = @min(step * 2, mapped_step);
         }
         if (count == 0) return false;
         _ = ds.bytes_read.fetchAdd(bytes, .monotonic);
+        slot.raw_charge = slot.raw.items.len;
+        it.raw_bytes += slot.raw_charge;
         it.mapped_records += count;
         slot.mapped = true;
         slot.span = .{ .first = it.planned, .count = count, .cache = first.cache, .shard_id = 0, .offset = 0, .len = 0 };
@@ -894,7 +952,7 @@ pub const Iter = struct {
         if (dest.len == 0 or dest.len > row.byte_len - @min(row.byte_len, shard.header_bytes)) return .not_here;
         const head_len: usize = @intCast(row.byte_len - dest.len);
         if (head_len > dest_head_max) return .not_here;
-        if ((it.ring.live > 0 or it.dest_slots > 0) and it.ring.inUse() + it.dest_bytes +| row.byte_len > it.budget) return .over_budget;
+        if ((it.ring.live > 0 or it.dest_slots > 0 or it.raw_bytes > 0) and it.inUse() +| row.byte_len > it.budget) return .over_budget;
         const handle = it.files.acquire(.{ .cache = loc.cache, .shard_id = row.shard_id }, Dataset.ShardOpener{ .ds = ds }) catch return .not_here;
         slot.raw.clearRetainingCapacity();
         slot.decoded.clearRetainingCapacity();
@@ -1000,6 +1058,11 @@ pub const Iter = struct {
             std.debug.assert(slot.read.isDone());
             it.releaseFile(slot);
             it.releaseBuffer(slot);
+            it.raw_bytes -= slot.raw_charge;
+            slot.raw_charge = 0;
+            // A slot keeps its share of the budget for the next read it decodes, not the
+            // most one ever decompressed.
+            if (slot.raw.capacity > @max(slot_raw_keep_min, it.budget / it.slots.len)) slot.raw.clearAndFree(it.ds.gpa);
             if (slot.dest) {
                 it.dest_slots -= 1;
                 it.dest_bytes -= slot.span.len;
