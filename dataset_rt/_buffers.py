@@ -148,7 +148,11 @@ class Pool:
             if start is None:
                 return None
             self.produced = start + size
-        region, entry = self.releases.view(self.array, start % self.capacity, nbytes, start + size)
+            # Registered under the lock: releases go in ring order, so two threads
+            # taking at once must register in the order they reserved.
+            region, entry = self.releases.view(
+                self.array, start % self.capacity, nbytes, start + size
+            )
         return region, entry, start
 
     def trim(self, entry: list[Any], start: int, nbytes: int) -> None:

@@ -1556,7 +1556,7 @@ def row_getter(
     shape = "(" + "".join(f"{v}, " for v in ["n", *(f"v{i}" for i in strings)]) + ")"
     same = " and ".join(["n == _n", *(f"v{i} == _m{i}" for i in strings)])
     lines = [
-        "def build(_acquire, _release, _ptr, _sample_type, _refusal, _grow, view, capacity):",
+        "def build(_lock, _ptr, _sample_type, _refusal, _grow, view, capacity):",
         # Until a shape repeats: the header's values and empty bytes, which `same` refuses.
         f"    _shaped = _shape_unpacker({layout!r}, {tuple(0 for _ in range(1 + len(strings)))!r})",
         "    _missed = None",
@@ -1566,8 +1566,9 @@ def row_getter(
         + ", ".join(["_n", *(f"_m{i}" for i in strings)]),
         "        if type(cache_id) is not int or type(sample_id) is not int:",
         "            raise TypeError('cache_id and sample_id must be integers')",
-        "        _acquire()",
-        "        try:",
+        # A with statement: an interrupt (Ctrl-C) right after an acquire() call, before
+        # its try began, left the lock held and every later get_item blocked.
+        "        with _lock:",
         "            try:",
         "                size = _row(_ptr, cache_id, sample_id)",
         "            except OverflowError:",
@@ -1600,8 +1601,6 @@ def row_getter(
     lines += [f"                    _m{i} = v{i}" for i in strings]
     lines += [
         f"                _missed = {shape}",
-        "        finally:",
-        "            _release()",
     ]
     values = []
     for i, (name, kind) in enumerate(zip(names, kinds)):
@@ -1625,10 +1624,8 @@ def row_getter(
     }
     exec(compile("\n".join(lines) + "\n", "<dataset_rt row getter>", "exec"), namespace)
     build = namespace["build"]
-    # The lock's bound methods in try/finally: about half the cost of a with statement.
     return build(  # type: ignore[no-any-return]
-        lock.acquire,
-        lock.release,
+        lock,
         lookup._ptr,
         sample_type,
         refusal,

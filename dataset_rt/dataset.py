@@ -12,6 +12,7 @@ import inspect
 import operator
 import os
 import threading
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import chain, repeat
@@ -134,6 +135,21 @@ def _dir_identities(paths: Sequence[Path | str]) -> tuple[tuple[int, int] | None
     return tuple(identities)
 
 
+# Datasets whose Python locks a forked child makes new: a lock that another thread of the
+# parent held at the fork never comes free in the child, where a call would then hang
+# before reaching the library (which raises its fork error, `_native.FORK_MESSAGE`).
+_OPEN: weakref.WeakSet[CachedDataset] = weakref.WeakSet()
+
+
+def _unlock_in_child() -> None:
+    for dataset in list(_OPEN):
+        dataset._lookup_lock._at_fork_reinit()  # type: ignore[attr-defined]
+        dataset._state_lock._at_fork_reinit()  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
+
+
 class CachedDataset:
     """Caches loaded as one dataset, in ``cache_paths`` order.
 
@@ -195,6 +211,7 @@ class CachedDataset:
         self._kinds = [int(kind) for _, kind in self._columns]
         self._make_dicts = _dict_builder(self._field_names)
         self._state_lock = threading.RLock()
+        _OPEN.add(self)
         self._active: Any = None
         self._active_arrow: Any = None  # a pyarrow active table not yet seen by Polars
         self._custom_table = False
@@ -933,6 +950,11 @@ class _SampleStream(chain):  # type: ignore[type-arg]
     def close(self) -> None:
         """Stop the iteration now: closes the generator (and so the native iterator)."""
         self._runs.close()
+
+    def __reduce__(self) -> Any:
+        """Refused, as for 0.4.8's generator (``copy.copy`` too: a copy would share the
+        native iterator with this stream)."""
+        raise TypeError("cannot pickle 'generator' object")
 
     # The rest of the generator protocol (0.4.8's ``iter(dataset)`` is a generator).
 

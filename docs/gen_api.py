@@ -119,7 +119,11 @@ UNDOCUMENTED = {
         "`throw` and `close` work as on 0.4.8's Python generator, but "
         "`inspect.isgenerator` is false). Nothing is reserved until its first "
         "`next()`, which takes the next `len(dataset)` positions of the dataset's stream "
-        "(see [Determinism](determinism.md))."
+        "(see [Determinism](determinism.md)). Advance it from one thread at a time (one "
+        "iterator per thread): a `next()` while another thread is inside one raises "
+        "`ValueError: generator already executing`, as on 0.4.8, but the stream then "
+        "ends for every thread (0.4.8's goes on); copying or pickling it raises "
+        "`TypeError`, as for a generator."
     ),
     "CachedDataset.__len__": (
         "The epoch length: samples each new iterator yields. It starts as the number of "

@@ -148,3 +148,14 @@ def test_parallel_writer_checks_names_with_the_public_rules(
             "source[1]", "CacheSource.name exceeds the supported filesystem component limit"
         ),
     ]
+
+
+def test_sample_stream_refuses_copy_and_pickle(dataset: drt.CachedDataset) -> None:
+    """0.4.8's ``iter(dataset)`` is a generator: copying or pickling it raises; a copy of
+    ours would share the native iterator with the original (each taking the other's
+    samples) without ``close`` or ``throw``."""
+    stream = iter(dataset)
+    for operation in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match=r"^cannot pickle 'generator' object$"):
+            operation(stream)
+    assert next(stream).sample_id == 0

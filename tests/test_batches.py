@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
@@ -248,3 +249,51 @@ def test_large_record_batches_stop_at_a_bad_record(
             got, got_error = _until_error(batches())
             assert (got, got_error) == (expected, error), (pool, copy)
             assert all(size == batch_size for size in sizes[:-1])
+
+
+def test_batch_pool_releases_in_ring_order_across_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two threads taking batch memory at once register their releases in the order of
+    their ring positions: dropping the later batch first gives nothing back while the
+    earlier one lives (a thread registering late let the pool hand out a live batch's
+    bytes to a third batch)."""
+    import gc
+    import threading
+    import time
+
+    from dataset_rt import _buffers
+
+    size = 1 << 20
+    pool = _buffers.Pool(3 * size)
+    original = _buffers.Releases.view
+    b_started = threading.Event()
+
+    def slow_view(self: Any, *args: Any) -> Any:
+        if threading.current_thread().name == "A":
+            b_started.wait(5)
+            time.sleep(0.2)  # B's take runs here unless the pool lock keeps it out
+        return original(self, *args)
+
+    monkeypatch.setattr(_buffers.Releases, "view", slow_view)
+    got: dict[str, Any] = {}
+
+    def take(name: str) -> None:
+        if name == "B":
+            b_started.set()
+        got[name] = pool.take(size)
+
+    a = threading.Thread(target=take, args=("A",), name="A")
+    b = threading.Thread(target=take, args=("B",), name="B")
+    a.start()
+    b.start()
+    a.join(10)
+    b.join(10)
+    first, second = sorted((got["A"], got["B"]), key=lambda taken: taken[2])
+    first[0][:] = 0xAA
+    got.clear()
+    del second
+    gc.collect()  # the later batch is dropped, the earlier one kept
+    assert pool.consumed == 0
+    third = pool.take(size)
+    assert third is not None
+    third[0][:] = 0xDD
+    assert (first[0] == 0xAA).all()

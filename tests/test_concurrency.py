@@ -301,7 +301,7 @@ def test_many_processes_read_one_dataset_at_once(tmp_path: Path, validate: bool)
 # --------------------------------------------------------------------------- fork
 
 FORK = """
-    import faulthandler, json, os, sys, time
+    import faulthandler, json, os, sys, threading, time
     from pathlib import Path
     import dataset_rt as drt
 
@@ -378,6 +378,8 @@ FORK = """
         "iter": lambda: attempt(lambda: next(iter(dataset))),
         "iter_batches": lambda: attempt(lambda: next(dataset.iter_batches(4))),
         "get_item": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
+        "get_item_locked": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
+        "get_items_locked": lambda: attempt(lambda: dataset.get_items([CACHE_ID], [3])),
         "set_epoch_len": lambda: attempt(lambda: dataset.set_epoch_len(3)),
         "io_backend": lambda: attempt(lambda: dataset.io_backend),
         "get_metadata_cached": lambda: attempt(lambda: dataset.get_metadata().shape),
@@ -389,6 +391,18 @@ FORK = """
         "inherited_iterator": inherited_iterator,
         "fresh_runtime": lambda: attempt(fresh),
     }
+
+    # "_locked": another thread of the parent holds the dataset's Python locks at the fork
+    # (as a thread in get_item would); they never come free in the child.
+    unhold = threading.Event()
+    if op.endswith("_locked"):
+        held = threading.Event()
+        def hold():
+            with dataset._lookup_lock, dataset._state_lock:
+                held.set()
+                unhold.wait()
+        threading.Thread(target=hold, daemon=True).start()
+        held.wait()
 
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -402,6 +416,7 @@ FORK = """
         # A normal interpreter exit: the inherited handles are finalized in the child.
         sys.exit(0)
     os.close(write_end)
+    unhold.set()
     chunks = []
     while chunk := os.read(read_end, 1 << 16):
         chunks.append(chunk)
@@ -417,7 +432,14 @@ FORK = """
     print(json.dumps({"first": first, "child": child, "status": status, "parent": parent}))
 """
 
-FORK_OPS_RAISING = ["iter", "iter_batches", "get_item", "cached_dataset"]
+FORK_OPS_RAISING = [
+    "iter",
+    "iter_batches",
+    "get_item",
+    "get_item_locked",
+    "get_items_locked",
+    "cached_dataset",
+]
 FORK_OPS_WORKING = {"len": "120", "set_epoch_len": "None", "get_metadata_cached": "(120, 7)"}
 
 

@@ -129,3 +129,51 @@ def test_sweep_leaves_live_writers_alone(tmp_path: Path) -> None:
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+GET_ITEM_INTERRUPTS = textwrap.dedent(
+    """
+    import random, signal, sys
+    import dataset_rt as drt
+
+    class Small:
+        name = "small"
+        def __iter__(self):
+            for i in range(64):
+                yield drt.CacheInput(bytes([i]) * 100, {"i": i})
+
+    rt = drt.DatasetRuntime(num_workers=2)
+    config = drt.WriterConfig(show_progress=False)
+    [result] = rt.write_cache(Small(), sys.argv[1], writer_config=config)
+    ds = rt.cached_dataset([result.path], reader_config=drt.ReaderConfig(seed=0))
+    cid = next(iter(ds)).cache_id
+    ds.get_item(cid, 0)
+    rnd = random.Random(0)
+    signal.signal(signal.SIGALRM, signal.default_int_handler)
+    for rep in range(300):
+        signal.setitimer(signal.ITIMER_REAL, rnd.uniform(0.0005, 0.005))
+        try:
+            while True:
+                ds.get_item(cid, 7)
+        except KeyboardInterrupt:
+            pass
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        if ds._lookup_lock.locked():
+            sys.exit(f"interrupt {rep + 1} left the lookup lock held")
+        assert ds.get_item(cid, 8).data == bytes([8]) * 100
+    print("ok")
+    """
+)
+
+
+def test_ctrl_c_during_get_item_leaves_it_usable(tmp_path: Path) -> None:
+    """Ctrl-C (KeyboardInterrupt) landing anywhere in ``get_item``, 300 times: the dataset's
+    lookup lock is never left held, so the next ``get_item`` returns (an interrupt right
+    after the lock's acquire() call, before its try block, blocked every later call)."""
+    done = subprocess.run(
+        [sys.executable, "-c", GET_ITEM_INTERRUPTS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
