@@ -1164,3 +1164,18 @@ def test_a_shard_deleted_while_open_is_named(runtime, fixture_copy) -> None:
     with pytest.raises(RuntimeError) as info:
         list(dataset)
     assert str(info.value) == f"I/O error: No such file or directory (os error 2): {shard}"
+
+
+def test_deeply_nested_manifest_is_refused_as_in_0_4_8(runtime, fixture_copy) -> None:
+    """An extra manifest key nesting 200 arrays: 0.4.8's serde_json stops at 128 levels
+    ("JSON error: recursion limit exceeded"); so does the load here (the command's own
+    JSON reading of the manifest then never sees it)."""
+    cache = fixture_copy("plain_one_shard")
+    text = (cache / "manifest.json").read_text(encoding="utf-8")
+    (cache / "manifest.json").write_text(
+        text.replace("{", '{"deep": ' + "[" * 200 + "]" * 200 + ", ", 1), encoding="utf-8"
+    )
+    with pytest.raises(RuntimeError) as info:
+        runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0))
+    assert str(info.value).startswith("JSON error: recursion limit exceeded at line 1 column ")
+    assert str(info.value).endswith(f" in {cache}/manifest.json")

@@ -83,6 +83,7 @@ pub fn isPlainSegment(name: []const u8) bool {
 /// The manifest's JSON (duplicate keys refused, numbers kept as written), allocated in
 /// `arena`. `path` names the file in error messages.
 fn parseJson(arena: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!std.json.Value {
+    try checkDepth(arena, bytes, path);
     var scanner = std.json.Scanner.initCompleteInput(arena, bytes);
     var diagnostics: std.json.Diagnostics = .{};
     scanner.enableDiagnostics(&diagnostics);
@@ -100,6 +101,33 @@ fn parseJson(arena: std.mem.Allocator, bytes: []const u8, path: []const u8) stat
             what, diagnostics.getLine(), diagnostics.getColumn(), path,
         });
     };
+}
+
+/// Arrays and objects nested this deep are refused, as serde_json (0.4.8's parser)
+/// refuses them: a manifest never nests more than four levels.
+const nesting_max = 128;
+
+/// Fails with 0.4.8's "JSON error: recursion limit exceeded" when `bytes` nests arrays or
+/// objects `nesting_max` deep (a token scan; syntax errors are left to the parse).
+fn checkDepth(arena: std.mem.Allocator, bytes: []const u8, path: []const u8) status.Error!void {
+    var scanner = std.json.Scanner.initCompleteInput(arena, bytes);
+    var diagnostics: std.json.Diagnostics = .{};
+    scanner.enableDiagnostics(&diagnostics);
+    var depth: usize = 0;
+    while (true) {
+        const token = scanner.next() catch return;
+        switch (token) {
+            .object_begin, .array_begin => {
+                depth += 1;
+                if (depth >= nesting_max) return status.fail(error.Json, "JSON error: recursion limit exceeded at line {d} column {d} in {s}", .{
+                    diagnostics.getLine(), diagnostics.getColumn(), path,
+                });
+            },
+            .object_end, .array_end => depth -= 1,
+            .end_of_document => return,
+            else => {},
+        }
+    }
 }
 
 /// Parses manifest bytes. `path` names the file in error messages.
@@ -825,4 +853,27 @@ test "sameContent compares fields and unknown keys as the reference does" {
         defer y.deinit();
         try testing.expectEqual(pair[2], sameContent(&x, &y));
     }
+}
+
+test "manifests nested as deep as serde_json refuses are refused" {
+    const gpa = std.testing.allocator;
+    var arena = std.heap.ArenaAllocator.init(gpa);
+    defer arena.deinit();
+    var deep: [2 * nesting_max + 16]u8 = undefined;
+    var n: usize = 0;
+    deep[n] = '{';
+    n += 1;
+    for ("\"x\":") |ch| {
+        deep[n] = ch;
+        n += 1;
+    }
+    for (0..nesting_max) |_| {
+        deep[n] = '[';
+        n += 1;
+    }
+    try std.testing.expectError(error.Json, checkDepth(arena.allocator(), deep[0..n], "m.json"));
+    try std.testing.expect(std.mem.startsWith(u8, status.lastMessage(), "JSON error: recursion limit exceeded at line 1 column "));
+    // Shallower nesting (and syntax errors) pass: the parse reports those.
+    try checkDepth(arena.allocator(), "{\"x\": [[[1]]], \"y\": {\"z\": []}}", "m.json");
+    try checkDepth(arena.allocator(), "{\"x\": [", "m.json");
 }
