@@ -915,10 +915,12 @@ class _Ingest:
                 payloads.append(taken_payloads[0])
                 self._extend(picked, taken_values)
                 timings.add("python_extract", started, len(payloads[-1]))
-                # A view of the caller's buffer is written before the source runs again.
+                # A view of the caller's buffer is written before the source runs again,
+                # and no reference to it is left then (the source may resize the buffer).
                 if len(payloads) >= batch_size or type(data) is memoryview:
                     self._flush(payloads, picked)
                     payloads, picked = [], []
+                del item, data, row, taken_payloads
         finally:
             self._pending = None
         if payloads:

@@ -336,13 +336,15 @@ REUSE_CONFIGS = {
 
 
 @pytest.mark.parametrize("settings", REUSE_CONFIGS.values(), ids=REUSE_CONFIGS.keys())
-@pytest.mark.parametrize("kind", ["bytearray", "numpy_large", "memoryview_slices", "bytes"])
+@pytest.mark.parametrize(
+    "kind", ["bytearray", "numpy_large", "memoryview_slices", "bytes", "bytearray_resized"]
+)
 def test_reused_buffers_and_dicts_are_taken_when_yielded(
     tmp_path: Path, settings: dict, kind: str
 ) -> None:
     import numpy as np
 
-    count, size = 300, (100_000 if kind == "numpy_large" else 8)
+    count, size = 300, (100_000 if kind in ("numpy_large", "bytearray_resized") else 8)
 
     class Reuse:
         name = "reuse"
@@ -357,7 +359,11 @@ def test_reused_buffers_and_dicts_are_taken_when_yielded(
                     buffer[:] = bytes([i % 251]) * size
                 row["i"] = i
                 row["s"] = f"s{i}"
-                if kind == "memoryview_slices":
+                if kind == "bytearray_resized":
+                    # Resized in place: no view of it may be left when the source runs.
+                    buffer[:] = bytes([i % 251]) * (size - i % 3)
+                    data = buffer
+                elif kind == "memoryview_slices":
                     data = memoryview(buffer)[: size - i % 3]
                 elif kind == "bytes":
                     data = bytes(buffer)
@@ -378,7 +384,7 @@ def test_reused_buffers_and_dicts_are_taken_when_yielded(
     samples = list(dataset)
     assert [s.metadata for s in samples] == [{"i": i, "s": f"s{i}"} for i in range(count)]
     for i, sample in enumerate(samples):
-        length = size - i % 3 if kind == "memoryview_slices" else size
+        length = size - i % 3 if kind in ("memoryview_slices", "bytearray_resized") else size
         assert sample.data == bytes([i % 251]) * length, i
     assert dataset.get_metadata()["i"].to_list() == list(range(count))
 

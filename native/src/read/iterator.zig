@@ -103,6 +103,7 @@ pub const mapped_record_max = 16 << 10;
 /// A slot's decode buffer (`Slot.raw`) is freed on release when larger than this and
 /// its share of the byte budget.
 const slot_raw_keep_min = 256 << 10;
+const slot_raw_keep_total = 64 << 20;
 
 /// Records a step of a mapped run locates and prefetches together (see `planMapped`).
 const mapped_step = 16;
@@ -883,8 +884,9 @@ pub const Iter = struct {
                     break :run;
                 };
                 // Decompressed payloads and records read inline are in `raw`: the run
-                // ends once they fill the byte budget.
-                if (slot.raw.items.len > 0 and it.inUse() +| slot.raw.items.len > it.budget) break :run;
+                // ends once they fill the byte budget, or reach what one coalesced read
+                // holds (so a slot's buffer never grows to the whole window).
+                if (slot.raw.items.len > 0 and (it.inUse() +| slot.raw.items.len > it.budget or slot.raw.items.len >= plan.coalesce_bytes_max)) break :run;
             }
             if (mapped < n or base + n >= limit) break;
             step = @min(step * 2, mapped_step);
@@ -1060,9 +1062,9 @@ pub const Iter = struct {
             it.releaseBuffer(slot);
             it.raw_bytes -= slot.raw_charge;
             slot.raw_charge = 0;
-            // A slot keeps its share of the budget for the next read it decodes, not the
-            // most one ever decompressed.
-            if (slot.raw.capacity > @max(slot_raw_keep_min, it.budget / it.slots.len)) slot.raw.clearAndFree(it.ds.gpa);
+            // A slot keeps its share of the budget (of at most `slot_raw_keep_total`) for
+            // the next read it decodes, not the most one ever decompressed.
+            if (slot.raw.capacity > @max(slot_raw_keep_min, @min(it.budget, slot_raw_keep_total) / it.slots.len)) slot.raw.clearAndFree(it.ds.gpa);
             if (slot.dest) {
                 it.dest_slots -= 1;
                 it.dest_bytes -= slot.span.len;
