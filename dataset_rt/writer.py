@@ -131,16 +131,6 @@ def _byte_view(data: object) -> Any:
         return view.tobytes()
 
 
-_FIRST = itemgetter(0)
-
-
-class _Owned(tuple):  # type: ignore[type-arg]
-    """A sample's ``(payload, metadata)`` as the writer took it when it was pulled
-    (``_Ingest._own``: checked, copied where the source could change it)."""
-
-    __slots__ = ()
-
-
 def _all_exactly(cls: type, items: Sequence[Any]) -> bool:
     """Whether every item's type is exactly ``cls`` (subclasses are not): two C-level
     passes, no per-item objects, cheaper than collecting the types in a set (no
@@ -650,18 +640,18 @@ class _Ingest:
         try:
             while len(payloads) < size and nbytes < BATCH_BYTES_MAX:
                 want = min(self.step, size - len(payloads))
-                items, rows, failure, cut = self._pull(iterator, want)
+                step_payloads, rows, failure, cut = self._pull(iterator, want)
                 if failure is not None:
                     # The samples pulled before the failure are checked first, as when
                     # each sample is checked as it arrives.
-                    _, _, step_values = self._take(items, rows)
+                    _, _, step_values = self._take(step_payloads, rows)
                     if self.keys is not None:
                         self._extend(picked, step_values)
                         self._check_values(picked)
                     raise failure
-                pulled = len(items)
-                step_payloads, step_lengths, step_values = self._take(items, rows)
-                del items, rows
+                pulled = len(step_payloads)
+                step_payloads, step_lengths, step_values = self._take(step_payloads, rows)
+                del rows
                 payloads += step_payloads
                 lengths += step_lengths
                 nbytes += sum(step_lengths)
@@ -683,46 +673,49 @@ class _Ingest:
     def _pull(
         self, iterator: Iterator[Any], want: int
     ) -> tuple[list[Any], list[dict[str, Any]], SourceFailure | None, bool]:
-        """Pull up to ``want`` samples, taking each one before the next is pulled, as
+        """Pull up to ``want`` samples, taking each one apart before the next is pulled, as
         0.4.8 does: a source may refill one buffer and one dict for every sample. Returns
-        the items, a copy of each one's metadata dict, the failure that ended the pull
-        (the source raised, or yielded something that is not a sample; raised once the
-        samples before it are checked), and whether the pull stopped after a large
+        the payloads, a copy of each sample's metadata dict, the failure that ended the
+        pull (the source raised, or yielded something that is not a sample; raised once
+        the samples before it are checked), and whether the pull stopped after a large
         payload that is a view of the caller's buffer (written before the next pull).
 
-        An item whose payload is ``bytes`` is kept as it is, with a C-level copy of its
-        dict (``_take`` checks it later, with the step); any other is checked and taken
-        apart now (``_own``) and kept as an ``_Owned`` ``(payload, metadata)`` pair."""
-        items: list[Any] = []
+        A ``CacheInput`` (or 2-tuple) of ``bytes`` and a ``dict`` costs a C-level copy
+        of the dict, and the item and its dict are released at once (CPython's free
+        lists serve the source's next ones); anything else goes through ``_own``."""
+        payloads: list[Any] = []
         rows: list[dict[str, Any]] = []
-        add_item = items.append
+        add_payload = payloads.append
         add_row = rows.append
         copy = dict.copy
         try:
             for item in islice(iterator, want):
-                try:
-                    row = copy(item[1])
-                    if type(item[0]) is bytes:
-                        add_item(item)
-                        add_row(row)
-                        continue
-                except Exception:  # not a pair holding a dict: _own says which error
-                    pass
+                cls = type(item)
+                if cls is CacheInput or (cls is tuple and len(item) == 2):
+                    data = item[0]
+                    if type(data) is bytes:
+                        try:
+                            add_row(copy(item[1]))
+                        except TypeError:  # not a dict: _own says so
+                            pass
+                        else:
+                            add_payload(data)
+                            continue
                 try:
                     data, row = self._own(item)
                 except SourceFailure as failure:
-                    return items, rows, failure, False
-                add_item(_Owned((data, row)))
+                    return payloads, rows, failure, False
+                add_payload(data)
                 add_row(row)
                 if type(data) is memoryview:
-                    return items, rows, None, True
+                    return payloads, rows, None, True
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:
             failure = SourceFailure(python_error(exc))
             failure.__cause__ = exc
-            return items, rows, failure, False
-        return items, rows, None, False
+            return payloads, rows, failure, False
+        return payloads, rows, None, False
 
     def _own(self, item: Any) -> tuple[Any, dict[str, Any]]:
         """One yielded item as this writer keeps it, before the source runs again: checked
@@ -752,48 +745,42 @@ class _Ingest:
             column += step
 
     def _take(
-        self, items: list[Any], rows: list[dict[str, Any]]
-    ) -> tuple[Sequence[Any], list[int], list[list[Any]]]:
-        """Check pulled samples (as ``_pull`` returns them: ``rows`` are their metadata as
-        pulled) and take them apart: their payloads (``bytes`` or flat byte views), the
-        payloads' lengths and, per schema field, the values (plain
-        ``bool``/``int``/``float``/``str``, or ``str`` subclasses for string fields).
-        Raises the first failing sample's error, as a per-sample writer would, except for
-        the int64 range and UTF-8 checks of the bulk path, which ``_flush`` (or the
-        next error) makes with ``_check_values``.
+        self, payloads: list[Any], rows: list[dict[str, Any]]
+    ) -> tuple[list[Any], list[int], list[list[Any]]]:
+        """Check pulled samples (as ``_pull`` returns them: payloads and metadata dicts
+        as pulled) and take their metadata apart: the payloads, their lengths and, per
+        schema field, the values (plain ``bool``/``int``/``float``/``str``, or ``str``
+        subclasses for string fields). Raises the first failing sample's error, as a
+        per-sample writer would, except for the int64 range and UTF-8 checks of the bulk
+        path, which ``_flush`` (or the next error) makes with ``_check_values``.
 
         The bulk path is a few C-level passes over the step (``str.join`` is the type
         check of string values); anything unusual goes through ``_take_each``, one
         sample at a time."""
-        if self.keys is not None and items and _all_exactly(CacheInput, items):
-            payloads = list(map(_FIRST, items))
-            if _all_exactly(bytes, payloads):
-                try:
-                    picked = [list(map(getter, rows)) for getter in self.getters]
-                    # Every row holds the schema's (distinct) keys, so none has fewer;
-                    # the total then says that none has more: the key sets are equal.
-                    if sum(map(len, rows)) == len(rows) * len(self.getters) and all(
-                        "\0".join(values) is not None  # the type check: str (subclasses too)
-                        if kind == Kind.STRING
-                        else _all_exactly(cls, values)
-                        for values, cls, kind in zip(picked, self.plain_types, self.kinds)
-                    ):
-                        return payloads, list(map(len, payloads)), picked
-                except (TypeError, KeyError):
-                    pass
-        return self._take_each(items, rows)
+        if self.keys is not None and rows:
+            try:
+                picked = [list(map(getter, rows)) for getter in self.getters]
+                # Every row holds the schema's (distinct) keys, so none has fewer; the
+                # total then says that none has more: the key sets are equal.
+                if sum(map(len, rows)) == len(rows) * len(self.getters) and all(
+                    "\0".join(values) is not None  # the type check: str (subclasses too)
+                    if kind == Kind.STRING
+                    else _all_exactly(cls, values)
+                    for values, cls, kind in zip(picked, self.plain_types, self.kinds)
+                ):
+                    return payloads, list(map(len, payloads)), picked
+            except (TypeError, KeyError):
+                pass
+        return self._take_each(payloads, rows)
 
     def _take_each(
-        self, items: list[Any], rows: list[dict[str, Any]]
+        self, payloads: list[Any], rows: list[dict[str, Any]]
     ) -> tuple[list[Any], list[int], list[list[Any]]]:
         """``_take`` one sample at a time: every check of a sample before the next one
         (after those of the batch's earlier samples, ``_check_values``)."""
-        payloads: list[Any] = []
         picked: list[list[Any]] = [[] for _ in self.keys or ()]
-        for item, row in zip(items, rows):
+        for row in rows:
             try:
-                # (an _Owned pair was checked and taken apart when pulled)
-                payload = item[0] if type(item) is _Owned else self._own(item)[0]
                 if self.keys is None:  # the first sample sets the schema
                     self._infer_schema(row)
                     picked = [[] for _ in self.keys or ()]
@@ -802,7 +789,6 @@ class _Ingest:
                 if self._pending:
                     self._check_values(self._pending)
                 raise
-            payloads.append(payload)
             for column, value in zip(picked, values):
                 column.append(value)
         return payloads, list(map(len, payloads)), picked
@@ -911,7 +897,7 @@ class _Ingest:
                 timings.add("python_next", started)
                 started = clock()
                 data, row = self._own(item)
-                taken_payloads, _, taken_values = self._take([_Owned((data, row))], [row])
+                taken_payloads, _, taken_values = self._take([data], [row])
                 payloads.append(taken_payloads[0])
                 self._extend(picked, taken_values)
                 timings.add("python_extract", started, len(payloads[-1]))
