@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import struct
 from collections.abc import Callable
@@ -130,6 +131,18 @@ def exact(text: str) -> Check:
         assert message == text.format(cache=cache)
 
     check.__doc__ = text
+    return check
+
+
+def in_shard(text: str) -> Check:
+    """A record's error: the reference's exact message, then ours names the record's
+    shard file (``<text>: <cache>/shards/<name>``)."""
+
+    def check(message: str, cache: Path) -> None:
+        assert message.startswith(f"{text}: {cache / 'shards'}/"), message
+        assert message.endswith(".bin"), message
+
+    check.__doc__ = f"{text}: <shard>"
     return check
 
 
@@ -412,19 +425,21 @@ CASES: dict[str, Case] = {
     ),
     "flip_length_prefix": Case(
         _flip_length_prefix,
-        iterate(ValueError, exact("invalid binary record")),
+        iterate(ValueError, in_shard("invalid binary record")),
         load(ValueError, checksum(SHARD0)),
     ),
     "change_json_value_sha_fixed": Case(
         _change_json_value,
         OK,
-        iterate(ValueError, exact("embedded metadata does not match metadata.arrow for sample 2")),
+        iterate(
+            ValueError, in_shard("embedded metadata does not match metadata.arrow for sample 2")
+        ),
         verify=_changed_value_is_returned,
     ),
     "rename_json_key_sha_fixed": Case(
         _rename_json_key,
-        iterate(ValueError, exact("embedded metadata field 'name' is missing")),
-        iterate(ValueError, exact("embedded metadata field 'name' is missing")),
+        iterate(ValueError, in_shard("embedded metadata field 'name' is missing")),
+        iterate(ValueError, in_shard("embedded metadata field 'name' is missing")),
     ),
     "truncate_shard_1_byte": Case(
         _truncate_shard,
@@ -488,7 +503,7 @@ CASES: dict[str, Case] = {
     ),
     "index_short_length": Case(
         _index_field(2, 5),
-        iterate(ValueError, exact("invalid binary record")),
+        iterate(ValueError, in_shard("invalid binary record")),
         load(ValueError, checksum("index.bin")),
     ),
     "index_shard_id_99": Case(
@@ -554,7 +569,7 @@ CASES: dict[str, Case] = {
         _schema_kind,
         iterate(
             ValueError,
-            exact("embedded metadata field 'label' expected float, got int"),
+            in_shard("embedded metadata field 'label' expected float, got int"),
             after=0,
             get_metadata=(
                 ValueError,
@@ -579,13 +594,13 @@ CASES: dict[str, Case] = {
         _schema_drop,
         iterate(
             ValueError,
-            exact("embedded metadata keys do not match schema"),
+            in_shard("embedded metadata keys do not match schema"),
             after=0,
             get_metadata=(ValueError, exact("metadata batch column count does not match manifest")),
         ),
         iterate(
             ValueError,
-            exact("embedded metadata keys do not match schema"),
+            in_shard("embedded metadata keys do not match schema"),
             after=0,
             get_metadata=(ValueError, exact("metadata batch column count does not match manifest")),
         ),
@@ -756,7 +771,9 @@ def test_error_ends_only_that_iterator(
     dataset.set_epoch_len(3)
     iterator = iter(dataset)
     got = []
-    with pytest.raises(ValueError, match=r"^embedded metadata field 'name' is missing$"):
+    with pytest.raises(
+        ValueError, match=r"^embedded metadata field 'name' is missing: .*/shards/000000\.bin$"
+    ):
         for sample in iterator:
             got.append(sample.sample_id)
     assert got == [0, 1]
@@ -766,7 +783,9 @@ def test_error_ends_only_that_iterator(
         next(iterator)
     assert [s.sample_id for s in dataset] == [3, 4, 5]
     assert [s.sample_id for s in dataset] == [6, 7, 8]
-    with pytest.raises(ValueError, match=r"^embedded metadata field 'name' is missing$"):
+    with pytest.raises(
+        ValueError, match=r"^embedded metadata field 'name' is missing: .*/shards/000000\.bin$"
+    ):
         dataset.get_item(PLAIN_ONE_SHARD_ID, 2)
     assert dataset.get_item(PLAIN_ONE_SHARD_ID, 3).sample_id == 3
     assert len(dataset) == 3
@@ -784,7 +803,9 @@ def test_error_in_shuffled_stream_ends_the_iterator(
     dataset.set_epoch_len(2000)
     iterator = iter(dataset)
     got = []
-    with pytest.raises(ValueError, match=r"^embedded metadata field 'name' is missing$"):
+    with pytest.raises(
+        ValueError, match=r"^embedded metadata field 'name' is missing: .*/shards/000000\.bin$"
+    ):
         for sample in iterator:
             got.append(sample.sample_id)
     assert BAD not in got and len(got) < 2000
@@ -820,7 +841,10 @@ def test_error_with_a_second_cache(runtime, reader: Reader, fixture_copy) -> Non
     dataset = runtime.cached_dataset([good, bad], reader_config=reader(False))
     iterator = iter(dataset)
     got = []
-    with pytest.raises(ValueError, match=r"^invalid binary record$"):
+    # The error names the corrupt record's shard, in the second cache.
+    with pytest.raises(
+        ValueError, match=rf"^invalid binary record: {re.escape(str(bad / SHARD0))}$"
+    ):
         for sample in iterator:
             got.append((sample.cache_id, sample.sample_id))
     assert got == [(UNICODE_ID, i) for i in range(10)] + [
@@ -1179,3 +1203,42 @@ def test_deeply_nested_manifest_is_refused_as_in_0_4_8(runtime, fixture_copy) ->
         runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0))
     assert str(info.value).startswith("JSON error: recursion limit exceeded at line 1 column ")
     assert str(info.value).endswith(f" in {cache}/manifest.json")
+
+
+@pytest.mark.parametrize("lz4", [False, True], ids=["plain", "lz4"])
+def test_record_errors_name_the_records_shard(
+    runtime, reader: Reader, fixture_copy, lz4: bool
+) -> None:
+    """A corrupt record in a later shard: every read path names that shard's file
+    after the reference's text (per-sample ordered and shuffled, batches copied and
+    not, get_item, get_items)."""
+    cache = fixture_copy("lz4_many_shards" if lz4 else "plain_many_shards")
+    total = manifest(cache)["sample_count"]
+    victim = total - 2
+    shard_id, offset, _ = index_row(cache, victim)
+    assert shard_id > 0
+    xor_byte(shard_path(cache, shard_id), offset + 4, 0x10)  # its JSON length
+    want = f"invalid binary record: {shard_path(cache, shard_id)}"
+    cache_id = _cache_id(cache)
+    for shuffle in (False, True):
+        config = drt.ReaderConfig(
+            seed=0, shuffle=shuffle, validate_cache=False, io_backend=reader(False).io_backend
+        )
+        dataset = runtime.cached_dataset([cache], reader_config=config)
+        dataset.set_epoch_len(4 * total)
+        with pytest.raises(ValueError) as info:
+            for _ in dataset:
+                pass
+        assert str(info.value) == want
+        for copy in (True, False):
+            with pytest.raises(ValueError) as info:
+                for _ in dataset.iter_batches(7, copy=copy):
+                    pass
+            assert str(info.value) == want
+    with pytest.raises(ValueError) as info:
+        dataset.get_item(cache_id, victim)
+    assert str(info.value) == want
+    with pytest.raises(ValueError) as info:
+        dataset.get_items([cache_id] * 3, [0, victim, 1])
+    assert str(info.value) == want
+    assert dataset.get_item(cache_id, 0).sample_id == 0

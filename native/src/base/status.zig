@@ -74,6 +74,16 @@ pub fn failText(err: Error, text: []const u8) Error {
     return err;
 }
 
+/// Appends ": <path>" to this thread's message (cut at the bound as `fail` cuts), unless
+/// it names `path` already, and returns `err`: a record's error then names its shard.
+pub fn nameFile(err: Error, path: []const u8) Error {
+    const msg = lastMessage();
+    if (std.mem.indexOf(u8, msg, path) != null) return err;
+    var copy: [message_bytes_max]u8 = undefined;
+    @memcpy(copy[0..msg.len], msg);
+    return fail(err, "{s}: {s}", .{ copy[0..msg.len], path });
+}
+
 /// Replaces this thread's message without failing (for errors raised without one).
 pub fn setMessage(text: []const u8) void {
     const n = @min(text.len, message_bytes_max);
@@ -185,6 +195,14 @@ test "fail records the message and returns the error" {
     try std.testing.expectEqual(error.InvalidCache, e);
     try std.testing.expectEqualStrings("missing manifest: a/b/manifest.json", lastMessage());
     try std.testing.expectEqual(Status.invalid_cache, toStatus(e));
+}
+
+test "nameFile appends the path once" {
+    try std.testing.expectEqual(error.InvalidCache, fail(error.InvalidCache, "invalid binary record", .{}));
+    try std.testing.expectEqual(error.InvalidCache, nameFile(error.InvalidCache, "c/shards/000000.bin"));
+    try std.testing.expectEqualStrings("invalid binary record: c/shards/000000.bin", lastMessage());
+    try std.testing.expectEqual(error.InvalidCache, nameFile(error.InvalidCache, "c/shards/000000.bin"));
+    try std.testing.expectEqualStrings("invalid binary record: c/shards/000000.bin", lastMessage());
 }
 
 test "long messages are truncated on a UTF-8 boundary" {

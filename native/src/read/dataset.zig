@@ -369,6 +369,20 @@ pub const Dataset = struct {
         return .{ .cache = @intCast(lo), .sample_id = flat - ds.prefix[lo] };
     }
 
+    /// `err` from reading the record at `loc`, its message naming the record's shard
+    /// file when it is the record's own fault (a framing, JSON, metadata or lz4 error;
+    /// I/O errors name the file already, other errors are not about the record).
+    pub fn recordError(ds: *const Dataset, loc: Loc, err: status.Error) status.Error {
+        if (err != error.InvalidCache and err != error.Json) return err;
+        const c = &ds.caches[loc.cache];
+        // Already about a file of the cache (metadata.arrow; a replaced cache).
+        if (std.mem.indexOf(u8, status.lastMessage(), c.path) != null) return err;
+        if (loc.sample_id >= c.sampleCount()) return err;
+        const shard_id = c.row(loc.sample_id).shard_id;
+        if (shard_id >= c.shard_paths.len) return err;
+        return status.nameFile(err, c.shard_paths[@intCast(shard_id)]);
+    }
+
     /// The physical sample at stream position `p` of a window over `table`.
     pub fn locate(ds: *const Dataset, table: *const Table, p: u64) Loc {
         std.debug.assert(table.len > 0 and (table.cache.len == 0 or table.cache.len == table.len));

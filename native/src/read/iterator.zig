@@ -1088,8 +1088,16 @@ pub const Iter = struct {
         return it.nextBatchTo(max_count, true, dest, false);
     }
 
-    /// `own`: `dest` is `own_dest`, sized here for the next batch.
+    /// `own`: `dest` is `own_dest`, sized here for the next batch. A record's error names
+    /// its shard file (the record is the next one to deliver, see `deliver`).
     fn nextBatchTo(it: *Iter, max_count: u64, contiguous: bool, dest: []u8, own: bool) status.Error!batch_mod.View {
+        return it.nextBatchOf(max_count, contiguous, dest, own) catch |err| {
+            if (it.delivered >= it.schedule.count) return err;
+            return it.ds.recordError(it.ds.locate(it.table, it.schedule.position(it.delivered)), err);
+        };
+    }
+
+    fn nextBatchOf(it: *Iter, max_count: u64, contiguous: bool, dest: []u8, own: bool) status.Error!batch_mod.View {
         const ds = it.ds;
         try ds.runtime.checkPid();
         // The first staged batch is this call's (taken below) or dropped.
@@ -2294,7 +2302,9 @@ fn expectStagedBatches(backend: io.Kind) !void {
         it.stage_min = .{ .read = 0, .mapped = 0 };
         const k, const failed = try Run.read(&env, it, &bufs, max_count, 0, false);
         try testing.expect(failed);
-        try testing.expectEqualStrings("invalid binary record", status.lastMessage());
+        // The record's error names its shard file.
+        try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "invalid binary record: "));
+        try testing.expect(std.mem.endsWith(u8, status.lastMessage(), "plain_one_shard/shards/000000.bin"));
         // Batches before the corrupt record's whole, the one holding it cut before it.
         try testing.expectEqual(@as(u64, 5), k);
         try testing.expectEqual(mapped, env.ds.shard_maps.mapped_bytes > 0);
@@ -2633,7 +2643,8 @@ fn expectCorruptRecordDeferred(backend: io.Kind, corruption: Corruption) !void {
                         switch (corruption) {
                             .json_len => {
                                 try testing.expectEqual(error.InvalidCache, err);
-                                try testing.expectEqualStrings("invalid binary record", status.lastMessage());
+                                try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "invalid binary record: "));
+                                try testing.expect(std.mem.endsWith(u8, status.lastMessage(), "/shards/000000.bin"));
                             },
                             .past_shard => {
                                 try testing.expectEqual(error.Io, err);

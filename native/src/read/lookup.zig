@@ -295,16 +295,16 @@ pub const Lookup = struct {
         const c = &ds.caches[loc.cache];
         if (c.manifest.shards[@intCast(row.shard_id)].compression != .none) return null;
         const bytes = lk.mappedAt(loc.cache, row.shard_id, row.byte_len, row.offset) orelse return null;
-        const rec = try shard.split(bytes);
+        const rec = shard.split(bytes) catch |err| return ds.recordError(loc, err);
         lk.scratch.clearRetainingCapacity();
         const diag = &lk.diag;
         metadata_json.parseRecord(rec.json, ds.fields, lk.values, &lk.scratch, ds.gpa, diag) catch |err| switch (err) {
             error.OutOfMemory => return error.OutOfMemory,
             // The messages of batch.zig's addParsed.
-            error.Invalid => return switch (diag.kind) {
+            error.Invalid => return ds.recordError(loc, switch (diag.kind) {
                 .json => status.fail(error.Json, "JSON error: {s}", .{diag.message()}),
                 .invalid_cache => status.failText(error.InvalidCache, diag.message()),
-            },
+            }),
         };
         for (lk.values, 0..) |*v, fi| {
             if (v.* != .null) continue;
@@ -444,13 +444,13 @@ pub const Lookup = struct {
             const row = try checkRow(ds, loc);
             try record.growUninit(&lk.record, gpa, @intCast(row.byte_len));
             try lk.readAt(loc.cache, row.shard_id, lk.record.items, row.offset);
-            const rec = try shard.split(lk.record.items);
+            const rec = shard.split(lk.record.items) catch |err| return ds.recordError(loc, err);
             try lk.jsons.append(gpa, .{ lk.raw.items.len, rec.json.len });
             try lk.raw.appendSlice(gpa, rec.json);
             const payload_at = lk.raw.items.len;
             switch (ds.caches[loc.cache].manifest.shards[@intCast(row.shard_id)].compression) {
                 .none => try lk.raw.appendSlice(gpa, rec.stored_payload),
-                .lz4 => _ = try record.appendDecompressed(&lk.raw, gpa, rec.stored_payload),
+                .lz4 => _ = record.appendDecompressed(&lk.raw, gpa, rec.stored_payload) catch |err| return ds.recordError(loc, err),
             }
             try lk.spans.append(gpa, .{ payload_at, lk.raw.items.len - payload_at });
         }
@@ -491,7 +491,7 @@ pub const Lookup = struct {
                     continue;
                 }
             } else if (i + prefetch_distance < n) lk.batch.prefetch(ds, locs[i + prefetch_distance]);
-            try lk.batch.add(ds, locs[i], lk.jsonOf(source, i), payloads[i]);
+            lk.batch.add(ds, locs[i], lk.jsonOf(source, i), payloads[i]) catch |err| return ds.recordError(locs[i], err);
             i += 1;
         }
         if (contiguous) try lk.batch.pack(gpa, 0);
