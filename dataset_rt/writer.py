@@ -687,13 +687,14 @@ class _Ingest:
         rows: list[dict[str, Any]] = []
         add_payload = payloads.append
         add_row = rows.append
-        copy = dict.copy
+        # Locals: the loop runs per sample (a global or builtin lookup costs more).
+        copy, kind, sample, pair, raw = dict.copy, type, CacheInput, tuple, bytes
         try:
             for item in islice(iterator, want):
-                cls = type(item)
-                if cls is CacheInput or (cls is tuple and len(item) == 2):
+                cls = kind(item)
+                if cls is sample or (cls is pair and len(item) == 2):
                     data = item[0]
-                    if type(data) is bytes:
+                    if kind(data) is raw:
                         try:
                             add_row(copy(item[1]))
                         except TypeError:  # not a dict: _own says so
