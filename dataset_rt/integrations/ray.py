@@ -75,7 +75,7 @@ def _write_source_task(
     entries: the task profiles into a temporary file of its own (removed here) and the
     driver writes the one profile of the whole call."""
     runtime = DatasetRuntime(num_workers=num_workers)
-    if not getattr(getattr(config, "profiler", None), "enabled", False):
+    if not config.profiler.enabled:
         return runtime.write_cache(source, base_dir, writer_config=config)[0], None
     fd, name = tempfile.mkstemp(prefix="dataset_rt-profile-", suffix=".json")
     os.close(fd)
@@ -132,7 +132,7 @@ def write_sources(
         remote_args["num_cpus"] = _default_num_cpus(count)
     task = ray.remote(_write_source_task).options(**remote_args)
     target = url if url is not None else str(base)
-    profiling = bool(getattr(getattr(writer_config, "profiler", None), "enabled", False))
+    profiling = writer_config.profiler.enabled
     profiles: _SourceProfiles = []
     started_ns = time.perf_counter_ns()
     try:

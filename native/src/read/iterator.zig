@@ -101,7 +101,8 @@ const inline_read_max = 64 << 10;
 /// read-only mapping of their shard (see `Iter.mappedRecord`).
 pub const mapped_record_max = 16 << 10;
 /// A slot's decode buffer (`Slot.raw`) is freed on release when larger than this and
-/// its share of the byte budget.
+/// its share of the byte budget, counted as at most `slot_raw_keep_total`: with a budget
+/// of many GiB every slot would otherwise keep the largest buffer it ever decoded into.
 const slot_raw_keep_min = 256 << 10;
 const slot_raw_keep_total = 64 << 20;
 
