@@ -42,16 +42,31 @@ def read_arrow_file(path: Path) -> Any:
         source = pa.memory_map(str(path), "r")
     except OSError as exc:
         raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
-    # Not an IPC file at all (no leading magic) is the reference's "invalid footer", even
-    # when the end of the file looks right (pyarrow reads only the end); a damaged IPC
-    # file is an Arrow parser error.
-    if source.size() < 6 or source.read_at(6, 0) != b"ARROW1":
-        raise ValueError("invalid metadata Arrow footer")
+    # The footer is located as the reference locates it (and as the native parser does,
+    # arrow.zig): not an IPC file at all (no leading magic, even when the end of the file
+    # looks right: pyarrow reads only the end), a footer length pointing outside the
+    # file, or a footer that fails verification is its ValueError "invalid metadata Arrow
+    # footer"; a missing trailing magic (truncation) or a negative length an Arrow parser
+    # error.
+    size = source.size()
+    if size < 6 or source.read_at(6, 0) != b"ARROW1":
+        raise ValueError(f"invalid metadata Arrow footer: {path}")
+    if size < 18 or source.read_at(6, size - 6) != b"ARROW1":
+        raise RuntimeError(
+            f"Arrow error: Parser error: Arrow file does not contain correct footer: {path}"
+        )
+    footer_length = int.from_bytes(source.read_at(4, size - 10), "little", signed=True)
+    if footer_length < 0:
+        raise RuntimeError(
+            f"Arrow error: Parser error: Invalid footer length: {footer_length}: {path}"
+        )
+    if footer_length == 0 or footer_length > size - 18:
+        raise ValueError(f"invalid metadata Arrow footer: {path}")
     try:
         reader = pa.ipc.open_file(source)
         reader.schema.names  # noqa: B018 - decodes field names (invalid UTF-8 raises here)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
-        raise RuntimeError(f"Arrow error: Parser error: {exc}: {path}") from exc
+        raise ValueError(f"invalid metadata Arrow footer: {exc}: {path}") from exc
     try:
         table = reader.read_all()
         table.validate(full=True)

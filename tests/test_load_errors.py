@@ -181,6 +181,23 @@ def starts(text: str) -> Check:
 JSON_ERROR = starts("JSON error: ")
 
 
+def in_metadata_arrow(prefix: str) -> Check:
+    """Starts with ``prefix`` and ends naming the cache's ``metadata.arrow`` (the middle is
+    the Arrow library's own detail)."""
+
+    def check(message: str, cache: Path) -> None:
+        assert message.startswith(prefix), message
+        assert message.endswith(f": {cache / 'metadata.arrow'}"), message
+
+    check.__doc__ = prefix
+    return check
+
+
+# 0.4.8's texts for a metadata.arrow whose footer cannot be located or read.
+BAD_FOOTER = "invalid metadata Arrow footer"
+NO_FOOTER = "Arrow error: Parser error: Arrow file does not contain correct footer"
+
+
 def checksum(file: str) -> Check:
     return exact("checksum mismatch for {cache}/" + file)
 
@@ -317,6 +334,16 @@ def _metadata_leading_magic(cache: Path) -> None:
     the end of the file)."""
     with (cache / "metadata.arrow").open("r+b") as f:
         f.write(b"XXXXXX")
+
+
+def _metadata_footer_length(value: int) -> Callable[[Path], None]:
+    def corrupt(cache: Path) -> None:
+        path = cache / "metadata.arrow"
+        data = bytearray(path.read_bytes())
+        data[-10:-6] = value.to_bytes(4, "little", signed=True)
+        path.write_bytes(bytes(data))
+
+    return corrupt
 
 
 def _set(key: str, value: Any) -> Callable[[Path], None]:
@@ -522,17 +549,46 @@ CASES: dict[str, Case] = {
     ),
     "metadata_arrow_truncated": Case(
         _metadata_truncate,
-        Outcome("ok", get_metadata=(RuntimeError, starts("Arrow error: "))),
+        Outcome("ok", get_metadata=(RuntimeError, names_file(NO_FOOTER, "metadata.arrow"))),
         load(ValueError, checksum("metadata.arrow")),
     ),
     "metadata_arrow_garbage": Case(
         _metadata_garbage,
-        Outcome("ok", get_metadata=(ValueError, exact("invalid metadata Arrow footer"))),
+        Outcome("ok", get_metadata=(ValueError, names_file(BAD_FOOTER, "metadata.arrow"))),
         load(ValueError, checksum("metadata.arrow")),
     ),
     "metadata_arrow_leading_magic": Case(
         _metadata_leading_magic,
-        Outcome("ok", get_metadata=(ValueError, exact("invalid metadata Arrow footer"))),
+        Outcome("ok", get_metadata=(ValueError, names_file(BAD_FOOTER, "metadata.arrow"))),
+        load(ValueError, checksum("metadata.arrow")),
+    ),
+    # The footer length (the i32 before the trailing magic) damaged, as 0.4.8 reports it.
+    "metadata_arrow_footer_length_huge": Case(
+        _metadata_footer_length(2**31 - 1),
+        Outcome("ok", get_metadata=(ValueError, names_file(BAD_FOOTER, "metadata.arrow"))),
+        load(ValueError, checksum("metadata.arrow")),
+    ),
+    "metadata_arrow_footer_length_zero": Case(
+        _metadata_footer_length(0),
+        Outcome("ok", get_metadata=(ValueError, names_file(BAD_FOOTER, "metadata.arrow"))),
+        load(ValueError, checksum("metadata.arrow")),
+    ),
+    "metadata_arrow_footer_length_negative": Case(
+        _metadata_footer_length(-1),
+        Outcome(
+            "ok",
+            get_metadata=(
+                RuntimeError,
+                names_file(
+                    "Arrow error: Parser error: Invalid footer length: -1", "metadata.arrow"
+                ),
+            ),
+        ),
+        load(ValueError, checksum("metadata.arrow")),
+    ),
+    "metadata_arrow_footer_unverifiable": Case(
+        _metadata_footer_length(1),
+        Outcome("ok", get_metadata=(ValueError, in_metadata_arrow(BAD_FOOTER + ": "))),
         load(ValueError, checksum("metadata.arrow")),
     ),
     "sample_count_plus_1": Case(
@@ -738,6 +794,36 @@ def test_corrupted_cache(runtime, reader: Reader, fixture_copy, name: str, valid
         else:
             pytest.fail("get_metadata did not raise")
     assert snapshot(root) == before
+
+
+DAMAGED_METADATA_ARROW = [
+    name
+    for name, case in CASES.items()
+    if name.startswith("metadata_arrow_") and case.plain.get_metadata is not None
+]
+
+
+@pytest.mark.parametrize("name", DAMAGED_METADATA_ARROW)
+def test_damaged_metadata_arrow_fails_batches_and_get_items_alike(
+    runtime, reader: Reader, fixture_copy, name: str
+) -> None:
+    """``iter_batches`` and ``get_items`` read metadata.arrow natively (arrow.zig), not
+    with pyarrow as ``get_metadata`` does: the same error type and text, naming
+    metadata.arrow (not the shard of the record being read)."""
+    case = CASES[name]
+    cache = fixture_copy(case.fixture)
+    case.corrupt(cache)
+    dataset = runtime.cached_dataset([cache], reader_config=reader(False))
+    assert case.plain.get_metadata is not None
+    error, check = case.plain.get_metadata
+    cache_id = _cache_id(cache)
+    for read in (
+        lambda: next(iter(dataset.iter_batches(8))),
+        lambda: dataset.get_items([cache_id], [0]),
+    ):
+        with pytest.raises(error) as info:
+            read()
+        check(str(info.value), cache)
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])

@@ -37,7 +37,10 @@ pub const Metadata = struct {
         else
             posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
         errdefer if (map.len > 0) posix.munmap(map);
-        var parsed = try arrow.File.parse(gpa, map);
+        var parsed = arrow.File.parse(gpa, map) catch |err| return switch (err) {
+            error.InvalidCache, error.Arrow => status.nameFile(err, path),
+            else => err,
+        };
         errdefer parsed.deinit(gpa);
         if (parsed.row_count != m.sample_count) return status.fail(error.InvalidCache, "metadata row count does not match manifest: {s}", .{path});
         for (m.fields, 0..) |f, i| {
