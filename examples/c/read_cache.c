@@ -268,11 +268,12 @@ int main(int argc, char **argv) {
     options opts;
     if (parse_args(argc, argv, &opts) != 0) return 2;
 
-    /* A binding refuses a library whose ABI major differs from its header's. */
+    /* A binding refuses a library whose ABI major differs from its header's, or whose
+       minor is older (it may lack functions this program calls). */
     uint32_t abi = drt_abi_version();
-    if (abi >> 16 != DRT_ABI_VERSION_MAJOR) {
-        fprintf(stderr, "error: libdataset_rt %s has ABI %" PRIu32 ".%" PRIu32 "; this program needs %d.x\n",
-                drt_version(), abi >> 16, abi & 0xffff, DRT_ABI_VERSION_MAJOR);
+    if (abi >> 16 != DRT_ABI_VERSION_MAJOR || (abi & 0xffff) < DRT_ABI_VERSION_MINOR) {
+        fprintf(stderr, "error: libdataset_rt %s has ABI %" PRIu32 ".%" PRIu32 "; this program needs %d.%d or a later %d.x\n",
+                drt_version(), abi >> 16, abi & 0xffff, DRT_ABI_VERSION_MAJOR, DRT_ABI_VERSION_MINOR, DRT_ABI_VERSION_MAJOR);
         return 1;
     }
 

@@ -155,6 +155,8 @@ export fn drt_writer_append(w: ?*Writer, count: u64, payloads: ?[*]const u8, pay
 export fn drt_writer_stats(w: ?*Writer, out: ?[*]abi.StageStats) Rc {
     const writer = w orelse return nullArgument("writer");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    writer.runtime.checkPid() catch |err| return fromError(err);
     for (o[0..writer.profile.stages.len], writer.profile.stages) |*dst, src| {
         dst.* = .{ .calls = src.calls, .total_ns = src.total_ns, .bytes = src.bytes };
     }
@@ -164,6 +166,8 @@ export fn drt_writer_stats(w: ?*Writer, out: ?[*]abi.StageStats) Rc {
 export fn drt_writer_sample_count(w: ?*Writer, out: ?*u64) Rc {
     const writer = w orelse return nullArgument("writer");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    writer.runtime.checkPid() catch |err| return fromError(err);
     o.* = writer.sample_count;
     return ok();
 }
@@ -171,6 +175,8 @@ export fn drt_writer_sample_count(w: ?*Writer, out: ?*u64) Rc {
 export fn drt_writer_staging_path(w: ?*Writer, out: ?*abi.Str) Rc {
     const writer = w orelse return nullArgument("writer");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    writer.runtime.checkPid() catch |err| return fromError(err);
     o.* = abi.Str.from(writer.stagingPath());
     return ok();
 }
@@ -206,6 +212,7 @@ export fn drt_remote_open(options: ?*const abi.RemoteOptions, out: ?*?*remote.Re
     const opts = options orelse return nullArgument("options");
     const o = out orelse return nullArgument("out");
     status.clear();
+    if (opts.reserved != 0) return fromError(status.fail(error.InvalidArgument, "drt_remote_options.reserved must be 0", .{}));
     o.* = remote.Remote.create(gpa, opts.ops, .{
         .root = opts.cache_dir.slice(),
         .budget = opts.budget_bytes,
@@ -217,6 +224,7 @@ export fn drt_remote_open(options: ?*const abi.RemoteOptions, out: ?*?*remote.Re
 export fn drt_remote_set_read_file(rm: ?*remote.Remote, read_file: ?remote.ReadFileFn) Rc {
     const r = rm orelse return nullArgument("remote");
     status.clear();
+    r.checkPid() catch |err| return fromError(err);
     r.setReadFile(read_file);
     return ok();
 }
@@ -229,6 +237,7 @@ export fn drt_dataset_cache_dir(ds: ?*Dataset, i: u64, out: ?*abi.Str) Rc {
     const d = ds orelse return nullArgument("dataset");
     const o = out orelse return nullArgument("out");
     status.clear();
+    d.runtime.checkPid() catch |err| return fromError(err);
     if (i >= d.caches.len) return fromError(status.fail(error.InvalidArgument, "cache index {d} is out of range", .{i}));
     o.* = abi.Str.from(d.caches[@intCast(i)].path);
     return ok();
@@ -240,6 +249,7 @@ fn openDataset(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: u64, options
     const opts = options orelse return nullArgument("options");
     if (path_count > 0 and paths == null) return nullArgument("paths");
     status.clear();
+    if (rm) |x| x.checkPid() catch |err| return fromError(err);
     const slices = gpa.alloc([]const u8, @intCast(path_count)) catch return fromError(error.OutOfMemory);
     defer gpa.free(slices);
     for (slices, 0..) |*s, i| {
@@ -566,6 +576,7 @@ export fn drt_iter_give_payload_buffers(it: ?*IterHandle, buffers: ?[*]const ?[*
     const taken = out_taken orelse return nullArgument("out_taken");
     const budget = out_budget orelse return nullArgument("out_budget");
     status.clear();
+    h.reader.ds.runtime.checkPid() catch |err| return fromError(err);
     if (flags & ~@as(u32, abi.payload_buffers_reset) != 0) return fromError(status.fail(error.InvalidArgument, "unknown payload buffer flags 0x{x}", .{flags}));
     const n: usize = @intCast(count);
     var bufs: std.ArrayList([]u8) = .empty;
@@ -594,7 +605,8 @@ export fn drt_batch_copy_payloads(b: ?*const abi.Batch, dst: ?[*]u8, capacity: u
     const lens = (bt.payload_lens orelse return nullArgument("batch.payload_lens"))[0..n];
     const payloads = (bt.payloads orelse return nullArgument("batch.payloads"))[0..n];
     var total: u64 = 0;
-    for (lens) |len| total += len;
+    for (lens) |len| total = std.math.add(u64, total, len) catch
+        return fromError(status.fail(error.Overflow, "the payload lengths of the batch add up to more than 2^64 bytes", .{}));
     o.* = total;
     if (total > capacity) return fromError(status.fail(error.InvalidArgument, "the payloads take {d} bytes, the buffer has {d}", .{ total, capacity }));
     if (total == 0) return ok();
@@ -620,6 +632,10 @@ test "drt_batch_copy_payloads gathers payloads back to back" {
     const empty: abi.Batch = .{ .count = 0, .payloads = null, .payload_lens = null, .payload_base = null, .payload_offsets = null, .cache_ids = null, .sample_ids = null, .columns = null };
     try std.testing.expectEqual(@as(Rc, 0), drt_batch_copy_payloads(&empty, null, 0, &len));
     try std.testing.expectEqual(@as(u64, 0), len);
+    // Lengths that cannot all exist add up past 2^64: a status, not a panic.
+    const huge = [_]u64{ std.math.maxInt(u64), 1, 0 };
+    const bad: abi.Batch = .{ .count = 3, .payloads = &ptrs, .payload_lens = &huge, .payload_base = null, .payload_offsets = null, .cache_ids = null, .sample_ids = null, .columns = null };
+    try std.testing.expectEqual(@as(Rc, @intFromEnum(status.Status.overflow)), drt_batch_copy_payloads(&bad, &buf, buf.len, &len));
 }
 
 export fn drt_batch_run(b: ?*const abi.Batch, out_cache_id: ?*u64, out_first: ?*u64, out_len: ?*u64) Rc {
@@ -756,6 +772,7 @@ export fn drt_lookup_get_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64, 
 export fn drt_lookup_set_row_buffer(lk: ?*LookupHandle, dst: ?[*]u8, capacity: u64) Rc {
     const h = lk orelse return nullArgument("lookup");
     status.clear();
+    h.reader.ds.runtime.checkPid() catch |err| return fromError(err);
     const d = dst orelse {
         h.reader.setRowBuffer(&.{});
         return ok();
@@ -966,4 +983,36 @@ test "misuse through the C ABI gets a status, never a panic or a hang" {
         const result = std.posix.waitpid(pid, 0);
         try t.expect(std.posix.W.IFEXITED(result.status) and std.posix.W.EXITSTATUS(result.status) == 0);
     }
+
+    // A remote: reserved must be 0; in a forked child it and the writer's getters say
+    // DRT_E_FORKED (the parent's fetches in flight never finish there).
+    const Stub = struct {
+        fn open(_: ?*anyopaque, _: [*:0]const u8, _: *u64, _: *?*anyopaque, _: [*]u8, _: u64) callconv(.c) i32 {
+            return 1;
+        }
+        fn read(_: ?*anyopaque, _: ?*anyopaque, _: u64, _: [*]u8, _: u64, _: [*]u8, _: u64) callconv(.c) i32 {
+            return 1;
+        }
+        fn close(_: ?*anyopaque, _: ?*anyopaque) callconv(.c) void {}
+    };
+    const rdir = try std.fs.path.join(t.allocator, &.{ base, "remote" });
+    defer t.allocator.free(rdir);
+    var ropts: abi.RemoteOptions = .{ .ops = .{ .context = null, .open = &Stub.open, .read = &Stub.read, .close = &Stub.close }, .cache_dir = abi.Str.from(rdir), .budget_bytes = 1 << 20, .retries = 0, .reserved = 1 };
+    var rm: ?*remote.Remote = null;
+    try t.expectEqual(invalid, drt_remote_open(&ropts, &rm));
+    try t.expectEqualStrings("drt_remote_options.reserved must be 0", status.lastMessage());
+    ropts.reserved = 0;
+    try t.expectEqual(@as(Rc, 0), drt_remote_open(&ropts, &rm));
+    defer drt_remote_close(rm);
+    const pid = try std.posix.fork();
+    if (pid == 0) {
+        var n: u64 = 0;
+        // A runtime of the child's own does not make the parent's remote usable.
+        var child_rt: ?*Runtime = null;
+        const ok_all = drt_remote_set_read_file(rm, null) == forked_rc and drt_writer_sample_count(w, &n) == forked_rc and
+            drt_runtime_open(1, &child_rt) == 0 and drt_dataset_open_remote(child_rt, &paths, 1, &options, rm, &ds) == forked_rc;
+        std.posix.exit(if (ok_all) 0 else 1);
+    }
+    const result = std.posix.waitpid(pid, 0);
+    try t.expect(std.posix.W.IFEXITED(result.status) and std.posix.W.EXITSTATUS(result.status) == 0);
 }

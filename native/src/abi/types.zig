@@ -254,3 +254,18 @@ test "fragment structs and constants match dataset_rt.h" {
     }
     try std.testing.expectEqual(@as(i64, commit_replace), c.DRT_COMMIT_REPLACE);
 }
+
+test "structs keep their size within ABI major 1 (a program built against 1.1 or later runs with any later 1.x)" {
+    const c = @cImport(@cInclude("dataset_rt.h"));
+    // Sizes since ABI 1.1 (1.1 added the fingerprint fields, growing drt_writer_options
+    // and drt_cache_info). A struct that must grow needs a new function or ABI 2.
+    const sizes = .{
+        .{ c.drt_str, 16 },            .{ c.drt_field, 24 },        .{ c.drt_column, 24 },
+        .{ c.drt_writer_options, 48 }, .{ c.drt_stage_stats, 24 },  .{ c.drt_dataset_options, 32 },
+        .{ c.drt_cache_info, 88 },     .{ c.drt_remote_ops, 32 },   .{ c.drt_remote_options, 64 },
+        .{ c.drt_io_stats, 32 },       .{ c.drt_table_column, 32 }, .{ c.drt_stream, 16 },
+        .{ c.drt_batch, 64 },          .{ c.drt_iter_range, 32 },   .{ c.drt_commit_options, 8 },
+        .{ c.drt_manifest_entry, 32 },
+    };
+    inline for (sizes) |entry| try std.testing.expectEqual(@as(usize, entry[1]), @sizeOf(entry[0]));
+}

@@ -118,6 +118,9 @@ pub const Remote = struct {
     mutex: std.Thread.Mutex = .{},
     cond: std.Thread.Condition = .{},
     in_flight: u64 = 0,
+    /// The process that opened it: a forked child gets error.Forked (the parent's
+    /// downloads in flight never finish there, see `checkPid`).
+    pid: std.posix.pid_t,
 
     pub fn create(gpa: std.mem.Allocator, ops: Ops, options: Options) status.Error!*Remote {
         if (ops.open == null or ops.read == null or ops.close == null) return status.fail(error.InvalidArgument, "remote ops: open, read and close are required", .{});
@@ -130,7 +133,7 @@ pub const Remote = struct {
         var shards = try ShardCache.open(shards_path, options.budget);
         errdefer shards.close();
         const r = try gpa.create(Remote);
-        r.* = .{ .gpa = gpa, .ops = ops, .root = root, .shards_path = shards_path, .shards = shards, .options = options };
+        r.* = .{ .gpa = gpa, .ops = ops, .root = root, .shards_path = shards_path, .shards = shards, .options = options, .pid = runtime.currentPid() };
         r.options.root = root;
         sweepCacheTemps(root);
         return r;
@@ -141,13 +144,22 @@ pub const Remote = struct {
         r.read_file.store(f, .release);
     }
 
+    /// error.Forked in a process other than the one that opened the remote: the parent's
+    /// fetches (threads, bytes in flight) do not exist there, so waiting on them would hang.
+    pub fn checkPid(r: *const Remote) status.Error!void {
+        if (r.pid != runtime.currentPid()) return runtime.forkedError();
+    }
+
     pub fn retain(r: *Remote) *Remote {
         _ = r.refs.fetchAdd(1, .monotonic);
         return r;
     }
 
+    /// In a forked child a no-op (as `Runtime.release`): the parent's state is not the
+    /// child's to free.
     pub fn release(r: *Remote) void {
         if (r.refs.fetchSub(1, .acq_rel) != 1) return;
+        if (r.pid != runtime.currentPid()) return;
         r.shards.close();
         r.gpa.free(r.shards_path);
         r.gpa.free(r.root);

@@ -689,10 +689,12 @@ pub const Writer = struct {
 
         t = w.profile.start();
         const metadata_sha = blk: {
-            const file = w.staging.dir.openFile("metadata.arrow", .{}) catch |err| return status.failIo(err, w.staging.staging_path);
+            var path_buf: [std.fs.max_path_bytes]u8 = undefined;
+            const path = std.fmt.bufPrint(&path_buf, "{s}/metadata.arrow", .{w.staging.staging_path}) catch w.staging.staging_path;
+            const file = w.staging.dir.openFile("metadata.arrow", .{}) catch |err| return status.failIo(err, path);
             defer file.close();
-            file.sync() catch |err| return status.failIo(err, w.staging.staging_path);
-            break :blk (try publish.hashFile(file, w.staging.staging_path)).sha256;
+            file.sync() catch |err| return status.failIo(err, path);
+            break :blk (try publish.hashFile(file, path)).sha256;
         };
         w.profile.stop(.finish_metadata, t, 0);
         t = w.profile.start();
@@ -1329,6 +1331,8 @@ test "writer: a writer that fails or is closed unfinished leaves no staging dire
         try w.setSchema(&small_fields);
         try input.appendTo(w, 0, 5);
         try testing.expectError(error.Io, w.finish());
+        // The message names the missing file, not just its directory.
+        try testing.expect(std.mem.endsWith(u8, status.lastMessage(), "/metadata.arrow"));
     }
     try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
     try testing.expect(!exists(tmp.dir, "c"));
