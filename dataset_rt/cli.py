@@ -5,18 +5,21 @@ Subcommands:
   (a table, or ``--json``);
 * ``verify PATH...``: every SHA-256 and every record's embedded metadata checked against
   ``metadata.arrow``, with progress and MB/s; exit status 0 only when every cache is
-  intact, and each bad file is named;
+  intact, and the first damaged file of each cache is named;
 * ``head PATH [-n N]``: the first samples' identities, payload sizes and metadata;
 * ``stats PATH``: per-column summaries of the metadata table (Polars);
 * ``config --cflags --libs [--static]``: flags to build C programs against the C SDK
   inside the installed package (see ``dataset_rt.sdk``).
 
-Exit status: 0 success, 1 a cache is damaged or cannot be read, 2 usage errors.
+Exit status: 0 success, 1 a cache is damaged or cannot be read (or the output cannot be
+written), 2 usage errors, 130 interrupted (Ctrl-C), 141 the reader of the output closed it.
+Paths are shown as given, bytes that are not UTF-8 included.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import sys
@@ -28,7 +31,11 @@ from typing import Any, TextIO
 from dataset_rt import _native, remote, sdk
 from dataset_rt.api import CachedDataset, DatasetRuntime, ReaderConfig
 
+# verify: samples a native batch may hold; the read-ahead byte budget bounds its bytes.
 VERIFY_BATCH = 4096
+# verify: a batch leaves its records in the read buffers and takes each cache's stored
+# metadata rows (compared with every record's JSON under validate_cache).
+VERIFY_FLAGS = int(_native.BatchFlag.STORED_METADATA)
 
 
 def _runtime() -> DatasetRuntime:
@@ -39,6 +46,14 @@ def _target(path: str) -> Path | str:
     """A command-line cache argument: a URL (``s3://...``, read through
     ``dataset_rt.remote``) stays a string, anything else is a local path."""
     return path if remote.is_url(path) else Path(path)
+
+
+def _cache_arg(path: str) -> str:
+    """argparse type of a cache path: not empty (it would name the working directory's
+    files in every message)."""
+    if not path:
+        raise argparse.ArgumentTypeError("a cache path must not be empty")
+    return path
 
 
 def _open(runtime: DatasetRuntime, path: Path | str, *, validate: bool = False) -> CachedDataset:
@@ -104,8 +119,12 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
             print(f"{path}: {exc}", file=sys.stderr)
             status = 1
     if args.json:
-        json.dump(reports, out, indent=2, ensure_ascii=False)
-        out.write("\n")
+        text = json.dumps(reports, indent=2, ensure_ascii=False)
+        # A path's undecodable bytes (surrogates) become JSON escapes: the output stays
+        # UTF-8, and json.loads + os.fsencode give the bytes back.
+        if any("\udc80" <= ch <= "\udcff" for ch in text):
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+        out.write(text + "\n")
         return status
     for facts in reports:
         sizes = facts["bytes"]
@@ -170,10 +189,12 @@ def _verify_records(
     total = facts["sample_count"]
     read_bytes = facts["bytes"]["shards"] + facts["bytes"]["index"] + facts["bytes"]["metadata"]
     done = 0
-    batches = dataset.iter_batches(VERIFY_BATCH)
+    # Every record vs metadata.arrow, natively; nothing is copied out, so memory stays
+    # within the read-ahead window whatever the record sizes.
+    iterator = _native.Iterator.open(dataset._handle)
     try:
-        for batch in batches:  # every record vs metadata.arrow
-            done += len(batch)
+        while count := iterator.next_batch(VERIFY_BATCH, VERIFY_FLAGS).count:
+            done += count
             if progress:
                 elapsed = max(time.monotonic() - started, 1e-9)
                 sys.stderr.write(
@@ -184,10 +205,10 @@ def _verify_records(
     except (ValueError, RuntimeError) as exc:
         if progress:
             sys.stderr.write("\r\x1b[2K")
-        out.write(f"FAIL {path}: {exc} (in {path}/shards)\n")
+        out.write(f"FAIL {path}: {exc}\n")
         return False
     finally:
-        batches.close()
+        iterator.close()
     if progress:
         sys.stderr.write("\r\x1b[2K")
     elapsed = max(time.monotonic() - started, 1e-9)
@@ -230,7 +251,11 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
         return 1
     stored = table.drop("cache_id", "sample_id", "weight")
     if "statistic" in stored.columns:  # describe() adds its own "statistic" column
-        stored = stored.rename({"statistic": "statistic (metadata)"})
+        rename, n = "statistic (metadata)", 1
+        while rename in stored.columns:
+            n += 1
+            rename = f"statistic (metadata {n})"
+        stored = stored.rename({"statistic": rename})
     out.write(f"{table.height} samples, {stored.width} metadata columns\n")
     if stored.width:
         with pl.Config(tbl_rows=50, tbl_cols=50, tbl_width_chars=200):
@@ -244,19 +269,21 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     inspect = sub.add_parser("inspect", help="manifest facts, schema, shards, sizes")
-    inspect.add_argument("paths", nargs="+", metavar="PATH")
+    inspect.add_argument("paths", nargs="+", metavar="PATH", type=_cache_arg)
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.set_defaults(run=cmd_inspect)
     verify = sub.add_parser("verify", help="check every checksum and record")
-    verify.add_argument("paths", nargs="+", metavar="PATH")
+    verify.add_argument("paths", nargs="+", metavar="PATH", type=_cache_arg)
     verify.add_argument("--quiet", action="store_true", help="no progress line")
     verify.set_defaults(run=cmd_verify)
     head = sub.add_parser("head", help="the first samples")
-    head.add_argument("path", metavar="PATH")
-    head.add_argument("-n", type=int, default=10, help="how many samples (default 10)")
+    head.add_argument("path", metavar="PATH", type=_cache_arg)
+    head.add_argument(
+        "-n", type=_count, default=10, help="how many samples (default 10)", metavar="N"
+    )
     head.set_defaults(run=cmd_head)
     stats = sub.add_parser("stats", help="per-column metadata summaries")
-    stats.add_argument("path", metavar="PATH")
+    stats.add_argument("path", metavar="PATH", type=_cache_arg)
     stats.set_defaults(run=cmd_stats)
     config = sub.add_parser("config", help="flags to build C programs against this package")
     sdk.add_arguments(config)
@@ -264,23 +291,99 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _count(text: str) -> int:
+    """argparse type of ``-n``: a non-negative integer."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("-n must be non-negative")
+    return value
+
+
+class OutputError(Exception):
+    """Standard output could not be written (other than a closed pipe)."""
+
+
+class _Output:
+    """Standard output for the commands: a failed write or flush is an
+    :class:`OutputError` (a closed pipe stays ``BrokenPipeError``), so it is never
+    mistaken for an error of a cache."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+
+    def _fail(self, exc: OSError) -> OutputError:
+        return OutputError(exc.strerror or str(exc))
+
+    def write(self, text: str) -> int:
+        if self._stream is None:  # started with standard output closed
+            raise OutputError("standard output is closed")
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise self._fail(exc) from exc
+
+    def flush(self) -> None:
+        if self._stream is None:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise self._fail(exc) from exc
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    """Run the command; returns the exit status."""
+    """Run the command (output to ``out``, by default standard output); returns the exit
+    status. Raises :class:`OutputError` when standard output cannot be written."""
     args = parser().parse_args(argv)
-    if getattr(args, "n", 1) < 0:
-        parser().error("-n must be non-negative")
-    return int(args.run(args, out or sys.stdout))
+    if out is None:
+        stdout = _Output(sys.stdout)
+        status = int(args.run(args, stdout))
+        stdout.flush()
+        return status
+    return int(args.run(args, out))
 
 
 def main_exit() -> None:
     """Console-script entry point. A reader that stops early (``| head``) ends the
-    command quietly with status 141 (128 + SIGPIPE), as other commands end."""
+    command quietly with status 141 (128 + SIGPIPE), as other commands end; Ctrl-C with
+    130 (128 + SIGINT); output that cannot be written (a full disk) with a one-line
+    error and status 1. Paths that are not UTF-8 are printed as their own bytes."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="surrogateescape")
     try:
         status = main()
-        sys.stdout.flush()
     except BrokenPipeError:
-        # Python flushes stdout again at exit: point it at /dev/null first.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        _quiet_stdout()
         raise SystemExit(141) from None
+    except KeyboardInterrupt:
+        if sys.stderr.isatty():  # the progress line
+            sys.stderr.write("\r\x1b[2K")
+        _quiet_stdout()
+        raise SystemExit(130) from None
+    except OutputError as exc:
+        sys.stderr.write(f"dataset-rt: cannot write the output: {exc}\n")
+        _quiet_stdout()
+        raise SystemExit(1) from None
     raise SystemExit(status)
+
+
+def _quiet_stdout() -> None:
+    """Points standard output at /dev/null: Python flushes it again at exit, which
+    would fail (and print) a second time."""
+    if sys.stdout is None:
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)

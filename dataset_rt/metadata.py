@@ -39,7 +39,7 @@ def read_arrow_file(path: Path) -> Any:
     if not stat.S_ISREG(mode):
         raise ValueError(f"not a regular file: {path}")
     try:
-        source = pa.memory_map(str(path), "r")
+        source = pa.memory_map(os.fsencode(path), "r")  # any bytes, not only UTF-8
     except OSError as exc:
         raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
     # The footer is located as the reference locates it (and as the native parser does,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -130,3 +131,130 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path) -> None:
         stderr = process.stderr.read()
         assert process.wait(timeout=120) == 141
     assert stderr == b""
+
+
+def test_stats_of_columns_named_like_its_renames(tmp_path) -> None:
+    path = _write(
+        tmp_path, "s2", 4, lambda i: {"statistic": i, "statistic (metadata)": -i, "label": "a"}
+    )
+    stats = run("stats", path)
+    assert stats.returncode == 0, stats.stderr
+    assert "statistic (metadata)" in stats.stdout and "statistic (metadata 2)" in stats.stdout
+
+
+def _rss_after(code: str) -> tuple[subprocess.CompletedProcess[str], int, int]:
+    """Runs ``code`` (which may print) after importing the command; the peak RSS in KiB
+    before and after it, from the last line of stderr."""
+    script = (
+        "import resource, sys\n"
+        "import polars, pyarrow, dataset_rt.cli as cli\n"
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "try:\n"
+        f"    {code}\n"
+        "finally:\n"
+        "    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "    print(before, after, file=sys.stderr)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    before, after = map(int, result.stderr.splitlines()[-1].split())
+    return result, before, after
+
+
+def test_verify_holds_large_records_within_the_read_ahead_budget(tmp_path) -> None:
+    import dataset_rt as drt
+
+    class Large:
+        name = "large"
+
+        def __iter__(self):
+            for i in range(48):
+                yield drt.CacheInput(bytes([i]) * (4 << 20), {"i": i})
+
+    runtime = drt.DatasetRuntime(num_workers=1)
+    [result] = runtime.write_cache(
+        Large(), tmp_path, writer_config=drt.WriterConfig(show_progress=False)
+    )
+    path = str(result.path)
+    done, before, after = _rss_after(f"sys.exit(cli.main(['verify', '--quiet', {path!r}]))")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith(f"OK   {path}: 48 samples")
+    # 192 MiB of records; the reads ahead hold a few of them (4096 samples a batch held
+    # them all, twice).
+    assert after - before < 96 * 1024, (before, after)
+
+
+def test_interrupted_command_ends_quietly_with_status_130() -> None:
+    code = (
+        "import dataset_rt.cli as cli\n"
+        "def interrupted(argv=None, out=None):\n"
+        "    raise KeyboardInterrupt\n"
+        "cli.main = interrupted\n"
+        "cli.main_exit()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 130
+    assert "Traceback" not in result.stderr
+
+
+def test_output_that_cannot_be_written_is_an_error_not_a_traceback() -> None:
+    cache = str(FIXTURES / "plain_one_shard")
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            [sys.executable, "-m", "dataset_rt", "inspect", cache],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 1
+    assert result.stderr.startswith("dataset-rt: cannot write the output: "), result.stderr
+    assert "Traceback" not in result.stderr
+    closed = subprocess.run(
+        [sys.executable, "-m", "dataset_rt", "inspect", cache],
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.close(1),
+    )
+    assert closed.returncode == 1
+    assert closed.stderr.startswith("dataset-rt: cannot write the output: "), closed.stderr
+
+
+def test_paths_that_are_not_utf8(tmp_path) -> None:
+    import shutil
+
+    good = _write(tmp_path, "name", 3, lambda i: {"label": i})
+    raw = os.fsencode(tmp_path) + b"/bad\xffname"
+    os.rename(os.fsencode(good), raw)
+    path = os.fsdecode(raw)
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict"}
+
+    def command(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [sys.executable, "-m", "dataset_rt", *args], capture_output=True, env=env, timeout=120
+        )
+
+    for args in (("inspect", path), ("verify", path), ("head", path), ("stats", path)):
+        result = command(*args)
+        assert result.returncode == 0, (args, result.stderr.decode(errors="replace"))
+    # The table and the verify line give the path's own bytes back, as ls does.
+    assert raw in command("inspect", path).stdout
+    # JSON stays valid UTF-8; the undecodable byte is an escape that decodes back.
+    listing = command("inspect", "--json", path).stdout
+    [facts] = json.loads(listing.decode("utf-8"))
+    assert os.fsencode(facts["path"]) == raw
+    shutil.rmtree(raw)
+
+
+def test_usage_errors_name_the_subcommand() -> None:
+    negative = run("head", str(FIXTURES / "plain_one_shard"), "-n", "-1")
+    assert negative.returncode == 2
+    assert negative.stderr.startswith("usage: dataset-rt head")
+    assert "-n must be non-negative" in negative.stderr
+    empty = run("inspect", "")
+    assert empty.returncode == 2
+    assert "a cache path must not be empty" in empty.stderr
