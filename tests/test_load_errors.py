@@ -1230,6 +1230,22 @@ def test_special_files_are_rejected_without_blocking(
     assert done.stdout.strip() == f"ValueError not a regular file: {cache}/{name}"
 
 
+@pytest.mark.parametrize("name", ["manifest.json", "index.bin", "metadata.arrow"])
+def test_a_cache_file_in_a_symlink_loop_is_named_as_an_os_error(
+    runtime, fixture_copy, name: str
+) -> None:
+    """0.4.8 reports a manifest it cannot stat (a symbolic link loop) as missing; the
+    OS error is reported instead, naming the file (docs/compatibility.md)."""
+    cache = fixture_copy("plain_one_shard")
+    (cache / name).unlink()
+    (cache / name).symlink_to(name)
+    with pytest.raises(RuntimeError) as caught:
+        runtime.cached_dataset([cache], reader_config=drt.ReaderConfig(seed=0)).get_metadata()
+    assert str(caught.value) == (
+        f"I/O error: Too many levels of symbolic links (os error 40): {cache / name}"
+    )
+
+
 def test_batches_check_metadata_column_names(runtime, tmp_path: Path) -> None:
     """Batches take metadata.arrow's columns by position: a manifest naming them in
     another order is refused, as get_metadata refuses it, instead of values served under
