@@ -243,15 +243,20 @@ class CachedDataset:
         return epoch_len
 
     def set_epoch_len(self, epoch_len: int) -> None:
-        """Set the number of samples each future iterator yields (>= 1).
+        """Set the number of samples each future iterator yields (1 to ``2**63 - 1``, what
+        ``len()`` can return).
 
-        Does not move the stream position; iterators already started keep theirs.
+        Does not move the stream position; iterators already started keep theirs. A
+        length of ``2**63`` or more raises ``OverflowError`` and changes nothing (0.4.8
+        sets it and then raises from ``len()``).
         """
         if epoch_len < 1:
             raise ValueError("epoch_len must be at least 1")
         value = operator.index(epoch_len)
         if value >= 2**64:
             raise OverflowError("int too big to convert")
+        if value >= 2**63:
+            raise OverflowError(f"epoch_len must be below 2**63, got {value}")
         self._handle.set_epoch_len(value)
 
     @property
@@ -536,7 +541,10 @@ class CachedDataset:
                 f"{mine['table_digest'][:16]}...); restore the same metadata table first"
             )
         position, window_end = _u64(state, "position"), _u64(state, "window_end")
-        self.set_epoch_len(_u64(state, "epoch_len"))
+        epoch_len = state.get("epoch_len")
+        if type(epoch_len) is not int or not 1 <= epoch_len < 2**63:
+            raise ValueError(f"state['epoch_len'] must be from 1 to 2**63 - 1, got {epoch_len!r}")
+        self.set_epoch_len(epoch_len)
         stream = _native.Stream(position, window_end)
         with self._state_lock:
             self._handle.set_stream(stream)

@@ -118,6 +118,23 @@ def test_a_window_that_crosses_2_to_the_64_resumes(caches: list[Path], shuffle: 
     assert got == expected
 
 
+@pytest.mark.parametrize("too_long", [2**63, 2**64 - 1])
+def test_an_epoch_length_len_cannot_return_is_refused_unchanged(
+    caches: list[Path], too_long: int
+) -> None:
+    """0.4.8 sets such a length and then raises from len(), leaving a dataset whose
+    state cannot be described; it is refused before anything changes."""
+    dataset = open_dataset(caches, shuffle=True)
+    before = len(dataset)
+    with pytest.raises(OverflowError, match="epoch_len must be below 2\\*\\*63"):
+        dataset.set_epoch_len(too_long)
+    assert len(dataset) == before
+    state = dataset.state_dict()
+    with pytest.raises(ValueError, match=r"state\['epoch_len'\] must be from 1 to 2\*\*63 - 1"):
+        dataset.load_state_dict({**state, "epoch_len": too_long})
+    assert dataset.state_dict() == state
+
+
 def test_state_is_small_and_names_the_table(caches: list[Path]) -> None:
     dataset = open_dataset(caches, shuffle=True)
     state = dataset.state_dict()
