@@ -15,7 +15,10 @@
  *    OS sees them. Signatures use only int32_t, uint32_t, uint64_t, double and pointers.
  *  - Thread safety: a handle may be used by one thread at a time unless its comment
  *    says otherwise. Distinct handles may be used concurrently. A dataset may have any
- *    number of iterators and lookups in use on different threads at once.
+ *    number of iterators and lookups in use on different threads at once. A call on an
+ *    iterator or lookup made while another thread's call is inside it returns
+ *    DRT_E_INVALID_ARGUMENT ("in use by another thread") and changes nothing; other
+ *    handles are not checked.
  *  - Every function taking a handle or an output pointer returns DRT_E_INVALID_ARGUMENT
  *    for NULL ones, and for a non-zero `reserved` field or unknown flag bits.
  *  - Lifetimes: "while the dataset is open" means until its last reference is released

@@ -456,11 +456,24 @@ fn tableColumn(c: abi.TableColumn) status.Error!table.Column {
 
 /// What `drt_iter` and `drt_lookup` point to: the reader and the `drt_column` array its
 /// batches point into (valid, like the batch, until the next call on the handle).
-fn BatchHandle(comptime Reader: type) type {
+fn BatchHandle(comptime Reader: type, comptime kind: []const u8) type {
     return struct {
         const Self = @This();
         reader: *Reader,
         columns: []abi.Column,
+        /// Set while a call is inside the handle (see `enter`).
+        busy: std.atomic.Value(bool) = .init(false),
+
+        /// A handle is used by one thread at a time: a call made while another thread's
+        /// call is inside it gets DRT_E_INVALID_ARGUMENT instead of corrupting the reader
+        /// (one atomic swap per call). Pair with `leave`.
+        fn enter(h: *Self) status.Error!void {
+            if (h.busy.swap(true, .acquire)) return status.fail(error.InvalidArgument, "the " ++ kind ++ " is in use by another thread (a handle is used by one thread at a time)", .{});
+        }
+
+        fn leave(h: *Self) void {
+            h.busy.store(false, .release);
+        }
 
         fn wrap(reader: *Reader) status.Error!*Self {
             errdefer reader.close();
@@ -500,8 +513,8 @@ fn BatchHandle(comptime Reader: type) type {
     };
 }
 
-const IterHandle = BatchHandle(Iter);
-const LookupHandle = BatchHandle(Lookup);
+const IterHandle = BatchHandle(Iter, "iterator");
+const LookupHandle = BatchHandle(Lookup, "lookup");
 
 /// Checks `flags` and returns whether the batch is contiguous; sets where the reader's
 /// batch takes its metadata from (DRT_BATCH_STORED_METADATA) and whether an iterator's
@@ -545,6 +558,8 @@ export fn drt_iter_next_batch(it: ?*IterHandle, max_count: u64, flags: u32, out:
     const h = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     const contiguous = batchFlags(&h.reader.batch, flags) catch |err| return fromError(err);
     const view = h.reader.nextBatch(max_count, contiguous) catch |err| return fromError(err);
     h.publish(view, o);
@@ -555,6 +570,8 @@ export fn drt_iter_next_batch_into(it: ?*IterHandle, max_count: u64, flags: u32,
     const h = it orelse return nullArgument("iter");
     const o = out orelse return nullArgument("out");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     _ = batchFlags(&h.reader.batch, flags) catch |err| return fromError(err);
     const dest: []u8 = if (dst) |d| d[0..@intCast(capacity)] else &.{};
     const view = h.reader.nextBatchInto(max_count, dest) catch |err| return fromError(err);
@@ -566,6 +583,8 @@ export fn drt_iter_stage_batch(it: ?*IterHandle, max_count: u64, dst: ?[*]u8, ca
     const h = it orelse return nullArgument("iter");
     const o = out_needed orelse return nullArgument("out_needed");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     const dest: []u8 = if (dst) |d| d[0..@intCast(capacity)] else &.{};
     o.* = h.reader.stageBatch(max_count, dest) catch |err| return fromError(err);
     return ok();
@@ -576,6 +595,8 @@ export fn drt_iter_give_payload_buffers(it: ?*IterHandle, buffers: ?[*]const ?[*
     const taken = out_taken orelse return nullArgument("out_taken");
     const budget = out_budget orelse return nullArgument("out_budget");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     h.reader.ds.runtime.checkPid() catch |err| return fromError(err);
     if (flags & ~@as(u32, abi.payload_buffers_reset) != 0) return fromError(status.fail(error.InvalidArgument, "unknown payload buffer flags 0x{x}", .{flags}));
     const n: usize = @intCast(count);
@@ -739,6 +760,8 @@ export fn drt_lookup_get(lk: ?*LookupHandle, count: u64, cache_ids: ?[*]const u6
     const h = lk orelse return nullArgument("lookup");
     const o = out orelse return nullArgument("out");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     const contiguous = batchFlags(&h.reader.batch, flags) catch |err| return fromError(err);
     if (count > 0 and (cache_ids == null or sample_ids == null)) return nullArgument("cache_ids and sample_ids");
     const n: usize = @intCast(count);
@@ -754,6 +777,8 @@ export fn drt_lookup_stored_rows(lk: ?*LookupHandle, cache_id: u64, first: u64, 
     const h = lk orelse return nullArgument("lookup");
     const o = out orelse return nullArgument("out");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     const view = h.reader.storedRows(cache_id, first, count) catch |err| return fromError(err);
     h.publish(view, o);
     return ok();
@@ -763,6 +788,8 @@ export fn drt_lookup_get_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64, 
     const h = lk orelse return nullArgument("lookup");
     const d = dst orelse return nullArgument("dst");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     if (capacity < 8) return fromError(status.fail(error.InvalidArgument, "drt_lookup_get_row needs a capacity of at least 8 bytes, got {d}", .{capacity}));
     h.reader.batch.stored_metadata = false;
     _ = h.reader.getRow(cache_id, sample_id, d[0..@intCast(capacity)]) catch |err| return fromError(err);
@@ -772,6 +799,8 @@ export fn drt_lookup_get_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64, 
 export fn drt_lookup_set_row_buffer(lk: ?*LookupHandle, dst: ?[*]u8, capacity: u64) Rc {
     const h = lk orelse return nullArgument("lookup");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     h.reader.ds.runtime.checkPid() catch |err| return fromError(err);
     const d = dst orelse {
         h.reader.setRowBuffer(&.{});
@@ -786,6 +815,8 @@ export fn drt_lookup_set_row_buffer(lk: ?*LookupHandle, dst: ?[*]u8, capacity: u
 export fn drt_lookup_row(lk: ?*LookupHandle, cache_id: u64, sample_id: u64) i64 {
     const h = lk orelse return nullArgument("lookup");
     status.clear();
+    h.enter() catch |err| return fromError(err);
+    defer h.leave();
     h.reader.batch.stored_metadata = false;
     const size = h.reader.getRegisteredRow(cache_id, sample_id) catch |err| return fromError(err);
     return std.math.cast(i64, size) orelse fromError(status.fail(error.Overflow, "a packed row of {d} bytes does not fit in an int64", .{size}));
@@ -966,6 +997,35 @@ test "misuse through the C ABI gets a status, never a panic or a hang" {
     var needed: u64 = 77;
     try t.expect(drt_iter_stage_batch(it, 0, null, 0, &needed) != 0);
     try t.expectEqual(@as(u64, 77), needed);
+    // A call while another thread is inside the handle is refused, and leaves it usable.
+    it.?.busy.store(true, .monotonic);
+    try t.expectEqual(invalid, drt_iter_next_batch(it, 1, 0, &b));
+    try t.expectEqualStrings("the iterator is in use by another thread (a handle is used by one thread at a time)", status.lastMessage());
+    it.?.busy.store(false, .monotonic);
+    try t.expectEqual(@as(Rc, 0), drt_iter_next_batch(it, 1, 0, &b));
+    // Two threads sharing one lookup: every call either reads its row or is refused.
+    var lk: ?*LookupHandle = null;
+    try t.expectEqual(@as(Rc, 0), drt_lookup_open(ds, &lk));
+    defer drt_lookup_close(lk);
+    var row_buf: [4096]u8 align(8) = undefined;
+    try t.expectEqual(@as(Rc, 0), drt_lookup_set_row_buffer(lk, &row_buf, row_buf.len));
+    var cache_id_buf: abi.CacheInfo = undefined;
+    try t.expectEqual(@as(Rc, 0), drt_dataset_cache_info(ds, 0, &cache_id_buf));
+    const Hammer = struct {
+        fn run(h: ?*LookupHandle, cache_id: u64, bad: *std.atomic.Value(u32)) void {
+            var i: u64 = 0;
+            while (i < 20_000) : (i += 1) {
+                const rc = drt_lookup_row(h, cache_id, i % 120);
+                if (rc < 0 and rc != invalid_rc) _ = bad.fetchAdd(1, .monotonic);
+            }
+        }
+        const invalid_rc: i64 = -1;
+    };
+    var bad = std.atomic.Value(u32).init(0);
+    const other = try std.Thread.spawn(.{}, Hammer.run, .{ lk, cache_id_buf.cache_id, &bad });
+    Hammer.run(lk, cache_id_buf.cache_id, &bad);
+    other.join();
+    try t.expectEqual(@as(u32, 0), bad.load(.monotonic));
 
     // In a forked child, the plain state works unless the parent held the dataset's lock
     // at the fork (then it never comes free): DRT_E_FORKED, not a hang.
