@@ -564,6 +564,28 @@ def test_no_cache_at_url(runtime, s3_bucket, shard_cache) -> None:
         )
 
 
+@pytest.mark.parametrize("missing", ["index.bin", "metadata.arrow", "shards/000001.bin"])
+def test_a_file_missing_on_the_server_is_an_io_error_as_locally(
+    runtime, s3_bucket, shard_cache, missing: str
+) -> None:
+    """A cache whose other files are not all on the server: RuntimeError naming the URL,
+    the type a file missing from a local cache raises."""
+    import obstore
+
+    source = Numbers("gap", 300, 97)
+    config = WRITER
+    [result] = runtime.write_cache([source], f"{s3_bucket}/gaps", writer_config=config)
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    store, key = obstore_store(f"{s3_bucket}/gaps/gap/{missing}")
+    obstore.delete(store, key)
+    with pytest.raises(RuntimeError, match=rf"^no object at {s3_bucket}/gaps/gap/{missing}: "):
+        dataset = runtime.cached_dataset(
+            [f"{s3_bucket}/gaps/gap"], reader_config=drt.ReaderConfig(seed=0)
+        )
+        for _ in dataset:
+            pass
+
+
 def test_access_denied_names_the_credentials(runtime, shard_cache) -> None:
     require_remote_packages()
     server = S3Server(enforce_auth=True)

@@ -204,6 +204,8 @@ pub const Remote = struct {
         r.ops.close.?(r.ops.context, obj.handle);
     }
 
+    const not_found_prefix = "no object at ";
+
     /// true on success, false after sleeping before another attempt, else the error.
     fn retryOrFail(r: *Remote, rc: i32, url: []const u8, message: *[512]u8, attempt: u32) status.Error!bool {
         const text = std.mem.sliceTo(message, 0);
@@ -215,7 +217,9 @@ pub const Remote = struct {
                 posix.nanosleep(0, @min(r.options.backoff_ns << shift, 2 * std.time.ns_per_s));
                 return false;
             } else return status.fail(error.Io, "cannot read {s}: still failing after {d} attempts with backoff: {s}", .{ url, attempt + 1, text }),
-            .not_found => return status.fail(error.InvalidCache, "no object at {s}: {s}", .{ url, text }),
+            // An I/O error, as a cache file missing from a local directory is ("no object
+            // at" also tells `fetchCache` that the manifest is not there).
+            .not_found => return status.fail(error.Io, not_found_prefix ++ "{s}: {s}", .{ url, text }),
             .denied => return status.fail(error.Io, "access denied to {s}: the object store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE, or GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_* for other stores): {s}", .{ url, text }),
             .failed => return status.fail(error.Io, "object store error for {s}: {s}", .{ url, text }),
             .changed => return status.fail(error.InvalidCache, "{s} changed on the server while it was read: the object is no longer the version opened (its ETag changed): {s}", .{ url, text }),
@@ -316,7 +320,9 @@ pub const Remote = struct {
         const manifest_url = try std.fmt.allocPrintSentinel(gpa, "{s}/manifest.json", .{url}, 0);
         defer gpa.free(manifest_url);
         const obj = r.openObject(manifest_url) catch |err| {
-            if (err == error.InvalidCache) return status.fail(error.InvalidCache, "no cache at {s}: {s} does not exist", .{ url, manifest_url });
+            if (err == error.Io and std.mem.startsWith(u8, status.lastMessage(), not_found_prefix)) {
+                return status.fail(error.InvalidCache, "no cache at {s}: {s} does not exist", .{ url, manifest_url });
+            }
             return err;
         };
         const text = blk: {
@@ -1292,7 +1298,7 @@ fn checkDownloads(with_read_file: bool) !void {
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "cannot read fake://bucket/c/shards/shard_000000.bin: still failing after 6 attempts") != null);
     store.fail_reads = 0;
     // 404 and 403.
-    try testing.expectError(error.InvalidCache, r.openShard("fake://bucket/missing", &third, null));
+    try testing.expectError(error.Io, r.openShard("fake://bucket/missing", &third, null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "no object at fake://bucket/missing/shards/") != null);
     try testing.expectError(error.Io, r.fetchCache("fake://denied/c", null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "access denied to fake://denied/c/manifest.json") != null);
