@@ -187,7 +187,13 @@ class SlowProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                # The server is down: the client sees its connection closed, as it
+                # would without the proxy, and later connections are still served.
+                client.close()
+                continue
             threading.Thread(target=self._pipe, args=(client, upstream, 0), daemon=True).start()
             threading.Thread(
                 target=self._pipe, args=(upstream, client, self.rate), daemon=True
