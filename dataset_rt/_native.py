@@ -955,15 +955,35 @@ class Dataset(_Handle):
 # ---------------------------------------------------------------- reading
 
 
+class _Memory:
+    """Native memory for ``numpy.asarray`` (the array interface) that keeps ``owner``,
+    the handle whose buffer it is, alive as long as any array made from it: a view of a
+    lookup's batch outlives the dataset that made it without pointing at freed memory."""
+
+    __slots__ = ("__array_interface__", "_owner")
+
+    def __init__(self, pointer: Any, count: int, typestr: str, owner: object) -> None:
+        address = int(ffi.cast("uintptr_t", pointer)) if count else 0
+        self.__array_interface__ = {
+            "data": (address, False),
+            "shape": (count,),
+            "typestr": typestr,
+            "version": 3,
+        }
+        self._owner = owner
+
+
 class Batch:
     """A view of a ``drt_batch`` filled by :meth:`Iterator.next_batch` or
     :meth:`Lookup.get`: valid until the next call on its owner or the owner's close.
     The methods copy what they return unless they say otherwise."""
 
-    __slots__ = ("_raw",)
+    __slots__ = ("_owner", "_raw")
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, owner: object = None) -> None:
         self._raw = raw
+        # The handle that filled it (kept alive by the arrays `arrays(False)` returns).
+        self._owner = owner
 
     @property
     def count(self) -> int:
@@ -1097,7 +1117,9 @@ class Batch:
         """A contiguous batch (``BatchFlag.CONTIGUOUS``) as numpy arrays ``(data,
         offsets, cache_id, sample_id)``: ``data`` uint8 with ``count + 1`` uint64
         ``offsets`` (always a new array). With ``copy`` false, ``data``, ``cache_id`` and
-        ``sample_id`` are views of the native buffers (valid as long as the batch)."""
+        ``sample_id`` are views of the native buffers (valid as long as the batch; they
+        keep the batch's owner alive, not its contents: the owner's next call reuses
+        them)."""
         import numpy as np
 
         raw = self._raw
@@ -1108,9 +1130,10 @@ class Batch:
         if n > 0:
             offsets[:n] = np.frombuffer(ffi.buffer(raw.payload_offsets, 8 * n), dtype=np.uint64)
             offsets[n] = raw.payload_offsets[n - 1] + raw.payload_lens[n - 1]
-        data = np.frombuffer(ffi.buffer(raw.payload_base, int(offsets[n])), dtype=np.uint8)
-        cache_id = np.frombuffer(ffi.buffer(raw.cache_ids, 8 * n), dtype=np.uint64)
-        sample_id = np.frombuffer(ffi.buffer(raw.sample_ids, 8 * n), dtype=np.uint64)
+        owner = self._owner
+        data = np.asarray(_Memory(raw.payload_base, int(offsets[n]), "|u1", owner))
+        cache_id = np.asarray(_Memory(raw.cache_ids, n, "<u8", owner))
+        sample_id = np.asarray(_Memory(raw.sample_ids, n, "<u8", owner))
         if copy:
             data, cache_id, sample_id = data.copy(), cache_id.copy(), sample_id.copy()
         return data, offsets, cache_id, sample_id
@@ -1442,7 +1465,7 @@ class Lookup(_Handle):
             first = ffi.new("uint64_t[]", list(cache_ids))
             second = ffi.new("uint64_t[]", list(sample_ids))
         check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
-        return Batch(self._batch)
+        return Batch(self._batch, self)
 
     def get_arrays(self, cache_ids: Any, sample_ids: Any, flags: int = 0) -> Batch:
         """``drt_lookup_get`` for identities given as two C-contiguous numpy uint64 arrays
@@ -1452,7 +1475,7 @@ class Lookup(_Handle):
         first = ffi.from_buffer("uint64_t[]", cache_ids)
         second = ffi.from_buffer("uint64_t[]", sample_ids)
         check(lib.drt_lookup_get(self._ptr, count, first, second, flags, self._batch))
-        return Batch(self._batch)
+        return Batch(self._batch, self)
 
     def stored_rows(self, cache_id: int, first: int, count: int) -> Batch:
         """``drt_lookup_stored_rows`` (ABI 1.13): rows ``first .. first + count`` of cache

@@ -621,7 +621,8 @@ class CachedDataset:
         Lifetime: as for :meth:`iter_batches`; with ``copy=False`` the arrays ``data``,
         ``cache_id`` and ``sample_id`` are views of native memory, valid only until the
         next ``get_item`` or ``get_items`` call on this dataset (and must not be read
-        after it, as for :meth:`iter_batches`).
+        after it, as for :meth:`iter_batches`). They keep the memory they show alive:
+        dropping the dataset before them is safe.
         """
         cids, sids, bad = _identity_arrays(cache_ids, sample_ids)
         with self._lookup_lock:
@@ -901,6 +902,10 @@ def _identity_arrays(
         try:
             if set(map(type, values)) - {int}:
                 raise TypeError
+            # numpy 1.x wraps a negative Python int into uint64 (with a
+            # DeprecationWarning) where numpy 2 raises OverflowError.
+            if values and int(np.__version__.split(".", 1)[0]) < 2 and min(values) < 0:
+                raise OverflowError
             array = np.array(values, dtype=np.uint64) if values else np.zeros(0, np.uint64)
         except (TypeError, OverflowError, ValueError):
             # Find the first element get_item would refuse (type, then range).

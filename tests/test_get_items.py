@@ -216,6 +216,27 @@ def test_copy_false_views_are_valid_until_the_next_call(runtime, io_backend: str
     assert not view.data.flags.owndata and owned.data.flags.owndata
 
 
+def test_copy_false_views_outlive_the_dataset(io_backend: str) -> None:
+    """The views keep the lookup whose buffer they show alive: dropping the dataset (and
+    its runtime) before them frees nothing they point at."""
+    import gc
+
+    runtime = drt.DatasetRuntime(num_workers=2)
+    dataset = open_dataset(runtime, io_backend)
+    every = identities(dataset)
+    cache_ids = [c for c, _ in every[:30]]
+    sample_ids = [s for _, s in every[:30]]
+    owned = dataset.get_items(cache_ids, sample_ids)
+    view = dataset.get_items(cache_ids, sample_ids, copy=False)
+    del dataset, runtime
+    gc.collect()
+    # Memory freed and reused would show other bytes (or crash the process).
+    for _ in range(50):
+        bytearray(len(view.data))
+    assert view.data.tobytes() == owned.data.tobytes()
+    assert view.sample_id.tolist() == sample_ids and view.cache_id.tolist() == cache_ids
+
+
 class _SizesSource:
     """Payloads around and far above get_item's initial 64 KiB row buffer."""
 
