@@ -42,12 +42,13 @@ def read_arrow_file(path: Path) -> Any:
         source = pa.memory_map(os.fsencode(path), "r")  # any bytes, not only UTF-8
     except OSError as exc:
         raise RuntimeError(f"I/O error: {exc.strerror} (os error {exc.errno}): {path}") from exc
-    # The footer is located as the reference locates it (and as the native parser does,
-    # arrow.zig): not an IPC file at all (no leading magic, even when the end of the file
-    # looks right: pyarrow reads only the end), a footer length pointing outside the
-    # file, or a footer that fails verification is its ValueError "invalid metadata Arrow
-    # footer"; a missing trailing magic (truncation) or a negative length an Arrow parser
-    # error.
+    # The footer is located as the reference's get_metadata locates it: not an IPC file
+    # at all (no leading magic, even when the end of the file looks right: pyarrow reads
+    # only the end), a footer length pointing outside the file, or a footer that fails
+    # verification is its ValueError "invalid metadata Arrow footer"; a missing trailing
+    # magic (truncation) or a negative length an Arrow parser error. (Its validated open
+    # reads the file with arrow-rs and reports all but the first as Arrow parser errors,
+    # as the native parser, arrow.zig, does.)
     size = source.size()
     if size < 6 or source.read_at(6, 0) != b"ARROW1":
         raise ValueError(f"invalid metadata Arrow footer: {path}")

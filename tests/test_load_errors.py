@@ -803,27 +803,59 @@ DAMAGED_METADATA_ARROW = [
 ]
 
 
+def _fix_metadata_checksum(cache: Path) -> None:
+    digest = hashlib.sha256((cache / "metadata.arrow").read_bytes()).hexdigest()
+    edit_manifest(cache, lambda m: m.__setitem__("metadata_sha256", digest))
+
+
 @pytest.mark.parametrize("name", DAMAGED_METADATA_ARROW)
 def test_damaged_metadata_arrow_fails_batches_and_get_items_alike(
     runtime, reader: Reader, fixture_copy, name: str
 ) -> None:
-    """``iter_batches`` and ``get_items`` read metadata.arrow natively (arrow.zig), not
-    with pyarrow as ``get_metadata`` does: the same error type and text, naming
+    """``iter_batches`` and ``get_items`` read metadata.arrow natively (arrow.zig), as a
+    validated open does (not with pyarrow, as ``get_metadata`` does): the validated
+    open's error type and text for the same damage (its checksum fixed up), naming
     metadata.arrow (not the shard of the record being read)."""
     case = CASES[name]
     cache = fixture_copy(case.fixture)
     case.corrupt(cache)
+    _fix_metadata_checksum(cache)
+    with pytest.raises((ValueError, RuntimeError)) as opened:
+        runtime.cached_dataset([cache], reader_config=reader(True))
+    assert str(cache / "metadata.arrow") in str(opened.value)
     dataset = runtime.cached_dataset([cache], reader_config=reader(False))
-    assert case.plain.get_metadata is not None
-    error, check = case.plain.get_metadata
     cache_id = _cache_id(cache)
     for read in (
         lambda: next(iter(dataset.iter_batches(8))),
         lambda: dataset.get_items([cache_id], [0]),
     ):
-        with pytest.raises(error) as info:
+        with pytest.raises(type(opened.value)) as info:
             read()
-        check(str(info.value), cache)
+        assert str(info.value) == str(opened.value)
+
+
+@pytest.mark.parametrize(
+    ("footer_length", "message"),
+    [
+        (0, "Arrow error: Parser error: Unable to get root as footer: "),
+        (1, "Arrow error: Parser error: Unable to get root as footer: "),
+        (2**31 - 1, "Arrow error: Parser error: Unable to get root as footer: "),
+        (-1, "Arrow error: Parser error: Invalid footer length: -1"),
+    ],
+)
+def test_damaged_footer_fails_a_validated_open_as_0_4_8(
+    runtime, reader: Reader, fixture_copy, footer_length: int, message: str
+) -> None:
+    """0.4.8's validated open reads metadata.arrow with arrow-rs: a footer it cannot use
+    is a RuntimeError "Arrow error: Parser error: ..." (its get_metadata, by hand, says
+    ValueError "invalid metadata Arrow footer" for some of them: tested above)."""
+    cache = fixture_copy("plain_one_shard")
+    _metadata_footer_length(footer_length)(cache)
+    _fix_metadata_checksum(cache)
+    with pytest.raises(RuntimeError) as info:
+        runtime.cached_dataset([cache], reader_config=reader(True))
+    assert str(info.value).startswith(message), info.value
+    assert str(info.value).endswith(f": {cache / 'metadata.arrow'}"), info.value
 
 
 @pytest.mark.parametrize("shuffle", [False, True], ids=["ordered", "shuffled"])
