@@ -380,6 +380,7 @@ FORK = """
         "get_item": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
         "get_item_locked": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
         "get_items_locked": lambda: attempt(lambda: dataset.get_items([CACHE_ID], [3])),
+        "get_item_busy": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
         "set_epoch_len": lambda: attempt(lambda: dataset.set_epoch_len(3)),
         "io_backend": lambda: attempt(lambda: dataset.io_backend),
         "get_metadata_cached": lambda: attempt(lambda: dataset.get_metadata().shape),
@@ -403,6 +404,16 @@ FORK = """
                 unhold.wait()
         threading.Thread(target=hold, daemon=True).start()
         held.wait()
+    # "_busy": another thread of the parent is (almost always) inside the native lookup at
+    # the fork, whose in-use flag the child inherits.
+    if op.endswith("_busy"):
+        import numpy as np
+        many = np.full(60000, CACHE_ID, np.uint64), np.arange(60000, dtype=np.uint64) % 120
+        def hammer():
+            while not unhold.is_set():
+                dataset.get_items(*many, copy=False)
+        threading.Thread(target=hammer, daemon=True).start()
+        time.sleep(0.2)
 
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -438,6 +449,7 @@ FORK_OPS_RAISING = [
     "get_item",
     "get_item_locked",
     "get_items_locked",
+    "get_item_busy",
     "cached_dataset",
 ]
 FORK_OPS_WORKING = {"len": "120", "set_epoch_len": "None", "get_metadata_cached": "(120, 7)"}

@@ -468,7 +468,12 @@ fn BatchHandle(comptime Reader: type, comptime kind: []const u8) type {
         /// call is inside it gets DRT_E_INVALID_ARGUMENT instead of corrupting the reader
         /// (one atomic swap per call). Pair with `leave`.
         fn enter(h: *Self) status.Error!void {
-            if (h.busy.swap(true, .acquire)) return status.fail(error.InvalidArgument, "the " ++ kind ++ " is in use by another thread (a handle is used by one thread at a time)", .{});
+            if (h.busy.swap(true, .acquire)) {
+                // A forked child inherits the flag of a call a parent thread was in:
+                // the fork rule's error, not a thread's.
+                try h.reader.ds.runtime.checkPid();
+                return status.fail(error.InvalidArgument, "the " ++ kind ++ " is in use by another thread (a handle is used by one thread at a time)", .{});
+            }
         }
 
         fn leave(h: *Self) void {
@@ -1001,6 +1006,13 @@ test "misuse through the C ABI gets a status, never a panic or a hang" {
     it.?.busy.store(true, .monotonic);
     try t.expectEqual(invalid, drt_iter_next_batch(it, 1, 0, &b));
     try t.expectEqualStrings("the iterator is in use by another thread (a handle is used by one thread at a time)", status.lastMessage());
+    // A child forked while a parent thread was inside the handle: DRT_E_FORKED.
+    {
+        const pid = try std.posix.fork();
+        if (pid == 0) std.posix.exit(if (drt_iter_next_batch(it, 1, 0, &b) == forked_rc) 0 else 1);
+        const result = std.posix.waitpid(pid, 0);
+        try t.expect(std.posix.W.IFEXITED(result.status) and std.posix.W.EXITSTATUS(result.status) == 0);
+    }
     it.?.busy.store(false, .monotonic);
     try t.expectEqual(@as(Rc, 0), drt_iter_next_batch(it, 1, 0, &b));
     // Two threads sharing one lookup: every call either reads its row or is refused.
