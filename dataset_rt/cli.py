@@ -19,6 +19,7 @@ Paths are shown as given, bytes that are not UTF-8 included.
 from __future__ import annotations
 
 import argparse
+import codecs
 import io
 import json
 import os
@@ -119,7 +120,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
             print(f"{path}: {exc}", file=sys.stderr)
             status = 1
     if args.json:
-        text = json.dumps(reports, indent=2, ensure_ascii=False)
+        text = json.dumps(reports, indent=2, ensure_ascii=not _unicode_output(out))
         # A path's undecodable bytes (surrogates) become JSON escapes: the output stays
         # UTF-8, and json.loads + os.fsencode give the bytes back.
         if any("\udc80" <= ch <= "\udcff" for ch in text):
@@ -232,8 +233,9 @@ def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
         if count == 0:
             return 0
         dataset.set_epoch_len(count)
+        ascii_only = not _unicode_output(out)
         for sample in dataset:
-            metadata = json.dumps(sample.metadata, ensure_ascii=False)
+            metadata = json.dumps(sample.metadata, ensure_ascii=ascii_only)
             out.write(f"{sample.cache_id} {sample.sample_id} {len(sample.data)} {metadata}\n")
     except (ValueError, RuntimeError) as exc:
         print(f"{args.path}: {exc}", file=sys.stderr)
@@ -302,6 +304,16 @@ def _count(text: str) -> int:
     return value
 
 
+def _unicode_output(out: TextIO) -> bool:
+    """Whether ``out``'s encoding holds any character (else JSON is written with ASCII
+    escapes, which stay valid JSON; other text gets backslash escapes)."""
+    try:
+        "\u00e9\u4e2d".encode(getattr(out, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
+
+
 class OutputError(Exception):
     """Standard output could not be written (other than a closed pipe)."""
 
@@ -313,6 +325,7 @@ class _Output:
 
     def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
+        self.encoding = getattr(stream, "encoding", None)
 
     def _fail(self, exc: OSError) -> OutputError:
         return OutputError(exc.strerror or str(exc))
@@ -355,9 +368,12 @@ def main_exit() -> None:
     command quietly with status 141 (128 + SIGPIPE), as other commands end; Ctrl-C with
     130 (128 + SIGINT); output that cannot be written (a full disk) with a one-line
     error and status 1. Paths that are not UTF-8 are printed as their own bytes."""
+    if sys.stderr is None:  # started with standard error closed: errors go nowhere
+        sys.stderr = open(os.devnull, "w")
+    codecs.register_error(_PATH_BYTES, _path_bytes)
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
-            stream.reconfigure(errors="surrogateescape")
+            stream.reconfigure(errors=_PATH_BYTES)
     try:
         status = main()
     except BrokenPipeError:
@@ -373,6 +389,21 @@ def main_exit() -> None:
         _quiet_stdout()
         raise SystemExit(1) from None
     raise SystemExit(status)
+
+
+_PATH_BYTES = "dataset_rt.cli.path_bytes"
+
+
+def _path_bytes(error: UnicodeError) -> tuple[str | bytes, int]:
+    """Codec error handler of the command's output: a path's undecodable bytes (lone
+    surrogates) are written back as those bytes, any other character the output encoding
+    cannot hold (an ASCII locale) as a backslash escape."""
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    text = error.object[error.start : error.end]
+    if all("\udc80" <= ch <= "\udcff" for ch in text):
+        return codecs.lookup_error("surrogateescape")(error)
+    return codecs.backslashreplace_errors(error)
 
 
 def _quiet_stdout() -> None:

@@ -258,3 +258,41 @@ def test_usage_errors_name_the_subcommand() -> None:
     empty = run("inspect", "")
     assert empty.returncode == 2
     assert "a cache path must not be empty" in empty.stderr
+
+
+def test_a_closed_standard_error_changes_nothing() -> None:
+    cache = str(FIXTURES / "plain_one_shard")
+    result = subprocess.run(
+        [sys.executable, "-m", "dataset_rt", "verify", "--quiet", cache],
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.close(2),
+    )
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"OK   {cache}: 120 samples")
+
+
+def test_an_ascii_output_gets_escapes_and_valid_json() -> None:
+    cache = str(FIXTURES / "unicode_é_name")
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dataset_rt", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    head = command("head", "-n", "2", cache)
+    assert head.returncode == 0, head.stderr
+    first = head.stdout.splitlines()[0].split(" ", 3)[3]
+    assert json.loads(first) == expected("unicode_é_name")["samples"][0]["metadata"]
+    listing = command("inspect", "--json", cache)
+    assert listing.returncode == 0, listing.stderr
+    assert json.loads(listing.stdout)[0]["source_name"] == "unicode_é_name"
+    table = command("inspect", cache)
+    assert table.returncode == 0, table.stderr
+    assert "source_name     unicode_\\xe9_name" in table.stdout
