@@ -170,10 +170,16 @@ pub const Remote = struct {
 
     const Object = struct { handle: ?*anyopaque, size: u64 };
 
-    /// Opens `url`, retrying transient failures.
+    /// Opens `url`, retrying transient failures. A missing object is an I/O error ("no
+    /// object at <url>: ..."), as a file missing from a local cache is.
     fn openObject(r: *Remote, url: [:0]const u8) status.Error!Object {
+        return try r.openObjectIfAny(url) orelse error.Io;
+    }
+
+    /// `openObject`, or null when the store has no object at `url`.
+    fn openObjectIfAny(r: *Remote, url: [:0]const u8) status.Error!?Object {
         var obj: Object = .{ .handle = null, .size = 0 };
-        try r.retried(url, r.ops.open.?, .{ r.ops.context, url.ptr, &obj.size, &obj.handle });
+        if (!try r.retriedUnlessMissing(url, r.ops.open.?, .{ r.ops.context, url.ptr, &obj.size, &obj.handle })) return null;
         return obj;
     }
 
@@ -192,11 +198,26 @@ pub const Remote = struct {
     /// and its capacity (every transport function ends so), until it succeeds; transient
     /// failures are retried with backoff, others fail (see `retryOrFail`).
     fn retried(r: *Remote, url: [:0]const u8, call: anytype, args: anytype) status.Error!void {
+        if (!try r.retriedUnlessMissing(url, call, args)) return error.Io;
+    }
+
+    /// `retried`, but false when the store says there is no object at `url` (with this
+    /// thread's message set to "no object at <url>: ...", the I/O error a file missing
+    /// from a local cache is).
+    fn retriedUnlessMissing(r: *Remote, url: [:0]const u8, call: anytype, args: anytype) status.Error!bool {
         var attempt: u32 = 0;
         while (true) : (attempt += 1) {
             var message: [512]u8 = @splat(0);
             const rc = @call(.auto, call, args ++ .{ @as([*]u8, &message), @as(u64, message.len) });
-            if (try r.retryOrFail(rc, url, &message, attempt)) return;
+            switch (try r.retryOrFail(rc, url, &message, attempt)) {
+                .done => return true,
+                .missing => {
+                    const missing = status.fail(error.Io, "no object at {s}: {s}", .{ url, std.mem.sliceTo(&message, 0) });
+                    std.debug.assert(missing == error.Io); // the message is what counts here
+                    return false;
+                },
+                .again => {},
+            }
         }
     }
 
@@ -204,22 +225,19 @@ pub const Remote = struct {
         r.ops.close.?(r.ops.context, obj.handle);
     }
 
-    const not_found_prefix = "no object at ";
-
-    /// true on success, false after sleeping before another attempt, else the error.
-    fn retryOrFail(r: *Remote, rc: i32, url: []const u8, message: *[512]u8, attempt: u32) status.Error!bool {
+    /// `.done` on success, `.again` after sleeping before another attempt, `.missing`
+    /// when there is no object at `url`, else the error.
+    fn retryOrFail(r: *Remote, rc: i32, url: []const u8, message: *[512]u8, attempt: u32) status.Error!enum { done, again, missing } {
         const text = std.mem.sliceTo(message, 0);
         const code = std.meta.intToEnum(Code, rc) catch .failed;
         switch (code) {
-            .ok => return true,
+            .ok => return .done,
             .retry => if (attempt < r.options.retries) {
                 const shift: u6 = @intCast(@min(attempt, 20));
                 posix.nanosleep(0, @min(r.options.backoff_ns << shift, 2 * std.time.ns_per_s));
-                return false;
+                return .again;
             } else return status.fail(error.Io, "cannot read {s}: still failing after {d} attempts with backoff: {s}", .{ url, attempt + 1, text }),
-            // An I/O error, as a cache file missing from a local directory is ("no object
-            // at" also tells `fetchCache` that the manifest is not there).
-            .not_found => return status.fail(error.Io, not_found_prefix ++ "{s}: {s}", .{ url, text }),
+            .not_found => return .missing,
             .denied => return status.fail(error.Io, "access denied to {s}: the object store refused the credentials (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE, or GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_* for other stores): {s}", .{ url, text }),
             .failed => return status.fail(error.Io, "object store error for {s}: {s}", .{ url, text }),
             .changed => return status.fail(error.InvalidCache, "{s} changed on the server while it was read: the object is no longer the version opened (its ETag changed): {s}", .{ url, text }),
@@ -319,12 +337,8 @@ pub const Remote = struct {
         const url = std.mem.trimRight(u8, url_in, "/");
         const manifest_url = try std.fmt.allocPrintSentinel(gpa, "{s}/manifest.json", .{url}, 0);
         defer gpa.free(manifest_url);
-        const obj = r.openObject(manifest_url) catch |err| {
-            if (err == error.Io and std.mem.startsWith(u8, status.lastMessage(), not_found_prefix)) {
-                return status.fail(error.InvalidCache, "no cache at {s}: {s} does not exist", .{ url, manifest_url });
-            }
-            return err;
-        };
+        const obj = try r.openObjectIfAny(manifest_url) orelse
+            return status.fail(error.InvalidCache, "no cache at {s}: {s} does not exist", .{ url, manifest_url });
         const text = blk: {
             defer r.closeObject(obj);
             if (obj.size > manifest_bytes_max) return status.fail(error.InvalidCache, "manifest is too large: {s}", .{manifest_url});
