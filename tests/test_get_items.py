@@ -35,6 +35,12 @@ def identities(dataset) -> list[tuple[int, int]]:
     return list(zip(frame["cache_id"].to_list(), frame["sample_id"].to_list()))
 
 
+def first_identities(dataset, count: int) -> tuple[list[int], list[int]]:
+    """The first ``count`` identities of the dataset as (cache_ids, sample_ids)."""
+    first = identities(dataset)[:count]
+    return [c for c, _ in first], [s for _, s in first]
+
+
 def expect_same_as_get_item(dataset, batch, cache_ids, sample_ids) -> None:
     """``batch`` holds exactly what get_item returns for each identity, in order."""
     assert isinstance(batch, SampleBatch)
@@ -207,9 +213,7 @@ def test_unreadable_record_fails_like_get_item(runtime, io_backend: str, fixture
 
 def test_copy_false_views_are_valid_until_the_next_call(runtime, io_backend: str) -> None:
     dataset = open_dataset(runtime, io_backend)
-    every = identities(dataset)
-    cache_ids = [c for c, _ in every[:20]]
-    sample_ids = [s for _, s in every[:20]]
+    cache_ids, sample_ids = first_identities(dataset, 20)
     owned = dataset.get_items(cache_ids, sample_ids)
     view = dataset.get_items(cache_ids, sample_ids, copy=False)
     assert view.data.tobytes() == owned.data.tobytes()
@@ -223,9 +227,7 @@ def test_copy_false_views_outlive_the_dataset(io_backend: str) -> None:
 
     runtime = drt.DatasetRuntime(num_workers=2)
     dataset = open_dataset(runtime, io_backend)
-    every = identities(dataset)
-    cache_ids = [c for c, _ in every[:30]]
-    sample_ids = [s for _, s in every[:30]]
+    cache_ids, sample_ids = first_identities(dataset, 30)
     owned = dataset.get_items(cache_ids, sample_ids)
     view = dataset.get_items(cache_ids, sample_ids, copy=False)
     del dataset, runtime
