@@ -182,6 +182,8 @@ class WriterFlag(enum.IntFlag):
 
     PROFILE = lib.DRT_WRITER_PROFILE
     REPLACE = lib.DRT_WRITER_REPLACE
+    #: (ABI 1.15) the library writes ``metadata.arrow`` from the appended columns.
+    METADATA = lib.DRT_WRITER_METADATA
 
 
 class CommitFlag(enum.IntFlag):

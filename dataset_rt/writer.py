@@ -4,8 +4,7 @@ Python's part is to pull samples from the source on the calling thread, check th
 Python types, and hand them to the native writer in columnar batches (payloads
 concatenated with offsets, one typed array per metadata field). The native writer owns
 the bytes: record encoding, compression, hashing, shard rotation, the index, the manifest,
-fsync and the atomic publication. Python writes ``metadata.arrow`` into the staging
-directory with pyarrow before the native writer publishes.
+the metadata columns as ``metadata.arrow``, fsync and the atomic publication.
 
 Contract (see the compatibility page of the docs for the deliberate fixes):
 * one result per source, in source order; a per-source failure is a
@@ -507,7 +506,8 @@ def _write_one(
     """Write one planned source. ``feed`` replaces iterating ``plan.source``: it appends
     to the ingest (``set_schema`` + ``append_columns``) and calls ``complete()``."""
     prefetch_size, max_shard_bytes, compression, ratio = options
-    flags = _native.WriterFlag(0)
+    # The library keeps the metadata columns and writes metadata.arrow itself.
+    flags = _native.WriterFlag.METADATA
     if timings is not None:
         flags |= _native.WriterFlag.PROFILE
     if plan.replace:
@@ -583,7 +583,6 @@ class _Ingest:
         self.kinds: list[Kind] = []
         self.getters: list[Callable[[dict[str, Any]], Any]] = []
         self.plain_types: list[type] = []
-        self.chunks: list[list[Any]] = []  # per field: arrays per batch for metadata.arrow
         self.count = 0
         self.payload_bytes = 0
         # The values of the batch being pulled (for _take_each's error ordering).
@@ -915,13 +914,10 @@ class _Ingest:
         self.complete()
 
     def complete(self) -> None:
-        """After the last append: refuse an empty source, write ``metadata.arrow``."""
+        """After the last append: refuse an empty source (the library writes
+        ``metadata.arrow`` when the writer finishes)."""
         if self.count == 0:
             raise SourceFailure("cache source yielded no samples")
-        started = time.perf_counter_ns() if self.timings else 0
-        self._write_arrow()
-        if self.timings:
-            self.timings.add("finish_metadata", started)
 
     def _infer_schema(self, metadata: dict[Any, Any]) -> None:
         for key in metadata:
@@ -944,7 +940,6 @@ class _Ingest:
         self.keys = keys
         self.getters = [itemgetter(key) for key in keys]
         self.plain_types = [_PLAIN_TYPES[kind] for kind in kinds]
-        self.chunks = [[] for _ in keys]
         self.writer.set_schema(keys, kinds)
 
     def _column(self, kind: Kind, values: list[Any]) -> tuple[Any, Any]:
@@ -1033,8 +1028,8 @@ class _Ingest:
         *,
         views: bool = False,
     ) -> None:
-        """Hand ``count`` samples to the native writer in one call and keep their metadata
-        for ``metadata.arrow``.
+        """Hand ``count`` samples to the native writer in one call (which keeps their
+        metadata for ``metadata.arrow``).
 
         ``blob`` is a buffer of payload bytes, ``offsets`` a C-contiguous uint64 array of
         ``count + 1`` byte offsets into it; with ``views``, ``blob`` is a sequence of
@@ -1047,8 +1042,6 @@ class _Ingest:
 
         assert self.keys is not None
         started = time.perf_counter_ns() if self.timings else 0
-        for chunks, column in zip(self.chunks, values):
-            chunks.append(column)
         columns = [(kind, v, o) for kind, (v, o) in zip(self.kinds, values)]
         if views:
             # One call per payload, its own buffer by pointer: the library writes large
@@ -1074,55 +1067,6 @@ class _Ingest:
         self.payload_bytes += nbytes
         if self.progress is not None:
             self.progress.update(self.name, self.count, self.payload_bytes)
-
-    def _write_arrow(self) -> None:
-        """Write metadata.arrow (IPC file, one batch, non-null columns) into staging."""
-        import numpy as np
-        import pyarrow as pa
-
-        assert self.keys is not None
-        arrays = []
-        fields = []
-        for key, kind, chunks in zip(self.keys, self.kinds, self.chunks):
-            if kind == Kind.STRING:
-                data = b"".join(values for values, _ in chunks)
-                lengths = np.concatenate([np.diff(offsets) for _, offsets in chunks])
-                if len(data) > 2**31 - 1:
-                    raise SourceFailure(f"metadata field '{key}' holds more than 2 GiB of strings")
-                arrow_offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
-                np.cumsum(lengths, out=arrow_offsets[1:])
-                array = pa.StringArray.from_buffers(
-                    len(lengths), pa.py_buffer(arrow_offsets), pa.py_buffer(data)
-                )
-                arrow_type = pa.utf8()
-            else:
-                values = np.concatenate([values for values, _ in chunks])
-                if kind == Kind.BOOL:
-                    array = pa.array(values.astype(bool), type=pa.bool_())
-                    arrow_type = pa.bool_()
-                elif kind == Kind.INT:
-                    array = pa.array(values, type=pa.int64())
-                    arrow_type = pa.int64()
-                else:
-                    array = pa.array(values, type=pa.float64())
-                    arrow_type = pa.float64()
-            arrays.append(array)
-            fields.append(pa.field(key, arrow_type, nullable=False))
-        if arrays:
-            table = pa.Table.from_batches(
-                [pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))]
-            )
-        else:  # no metadata keys: one batch of `count` rows and no columns
-            table = pa.table({"rows": pa.nulls(self.count)}).drop_columns(["rows"])
-        target = os.path.join(self.writer.staging_path(), "metadata.arrow")
-        try:
-            with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, table.schema) as ipc:
-                ipc.write_table(table)
-        except OSError as exc:  # e.g. ENOSPC: a failed write, reported like the native ones
-            code = exc.errno or 0
-            raise SourceFailure(
-                f"I/O error: {os.strerror(code)} (os error {code}): {target}"
-            ) from exc
 
 
 class _Progress:

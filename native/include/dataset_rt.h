@@ -44,7 +44,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 14
+    DRT_ABI_VERSION_MINOR = 15
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -154,11 +154,15 @@ typedef struct drt_writer_options {
 /* Writer flags. */
 enum {
     DRT_WRITER_PROFILE = 1, /* time every stage (drt_writer_stats); costs a clock read per stage */
-    DRT_WRITER_REPLACE = 2  /* publish by atomically exchanging with an existing cache at the
+    DRT_WRITER_REPLACE = 2, /* publish by atomically exchanging with an existing cache at the
                                destination, then removing the old one (rebuilding a stale
                                cache); datasets that have the old cache open keep reading
                                the files they opened and get DRT_E_INVALID_CACHE ("... was
                                replaced ...") for files they open later, never new bytes */
+    DRT_WRITER_METADATA = 4 /* (ABI 1.15) the writer keeps the appended metadata columns and
+                               writes metadata.arrow itself at drt_writer_finish; without
+                               it the caller writes metadata.arrow into the staging
+                               directory and finish checks it */
 };
 
 /* Writer stages timed with DRT_WRITER_PROFILE, indexes into drt_writer_stats' array. */
@@ -221,17 +225,22 @@ int32_t drt_writer_stats(drt_writer *writer, drt_stage_stats *out);
 /* Number of samples appended so far. */
 int32_t drt_writer_sample_count(drt_writer *writer, uint64_t *out);
 
-/* The staging directory (absolute or as given, no trailing slash). The caller writes
- * `metadata.arrow` there before drt_writer_finish(). The string is owned by the writer
- * and valid until drt_writer_close(). */
+/* The staging directory (absolute or as given, no trailing slash). Without
+ * DRT_WRITER_METADATA the caller writes `metadata.arrow` there before
+ * drt_writer_finish(). The string is owned by the writer and valid until
+ * drt_writer_close(). */
 int32_t drt_writer_staging_path(drt_writer *writer, drt_str *out);
 
-/* Completes the cache: flushes the last shard, hashes metadata.arrow (which the caller
- * wrote into the staging directory), writes index.bin and manifest.json, fsyncs every
- * file and directory, and renames the staging directory to `<base>/<name>` without
- * replacing anything. Fails with "cache source yielded no samples" when nothing was
- * appended. On success the writer holds nothing on disk; close it next.
- * Returns DRT_E_INVALID_ARGUMENT, DRT_E_EXISTS, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
+/* Completes the cache: flushes the last shard, writes metadata.arrow from the appended
+ * columns (DRT_WRITER_METADATA) or checks the caller's (a readable Arrow IPC file of one
+ * row per sample whose columns are the schema's fields, names and types in order,
+ * without nulls; since ABI 1.15: "metadata.arrow has 4 rows, the cache 5 samples:
+ * <path>", or the reader's Arrow error naming the file), writes index.bin and
+ * manifest.json, fsyncs every file and directory, and renames the staging directory to
+ * `<base>/<name>` without replacing anything. Fails with "cache source yielded no
+ * samples" when nothing was appended. On success the writer holds nothing on disk;
+ * close it next. Returns DRT_E_INVALID_ARGUMENT, DRT_E_INVALID_CACHE, DRT_E_ARROW,
+ * DRT_E_EXISTS, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
 int32_t drt_writer_finish(drt_writer *writer);
 
 /* Releases the writer. If drt_writer_finish() did not succeed, removes the staging

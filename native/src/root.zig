@@ -27,6 +27,7 @@ test {
     _ = @import("codec/chacha.zig");
     _ = @import("format/schema.zig");
     _ = @import("format/manifest.zig");
+    _ = @import("format/arrow_write.zig");
     _ = @import("format/index.zig");
     _ = @import("format/shard.zig");
     _ = @import("format/metadata_json.zig");

@@ -91,7 +91,7 @@ export fn drt_writer_open(
     const base = abi.Str{ .ptr = base_dir, .len = base_dir_len };
     const n = abi.Str{ .ptr = name, .len = name_len };
     status.clear();
-    if (opts.flags & ~(abi.writer_profile | abi.writer_replace) != 0) return fromError(status.fail(error.InvalidArgument, "unknown writer flags 0x{x}", .{opts.flags}));
+    if (opts.flags & ~(abi.writer_profile | abi.writer_replace | abi.writer_metadata) != 0) return fromError(status.fail(error.InvalidArgument, "unknown writer flags 0x{x}", .{opts.flags}));
     const compression: manifest.Compression = switch (opts.compression) {
         0 => .none,
         1 => .lz4,
@@ -104,6 +104,7 @@ export fn drt_writer_open(
         .ratio = opts.compression_ratio,
         .profile = opts.flags & abi.writer_profile != 0,
         .replace = opts.flags & abi.writer_replace != 0,
+        .write_metadata = opts.flags & abi.writer_metadata != 0,
         .fingerprint = if (opts.fingerprint) |fp| fp[0..@intCast(opts.fingerprint_len)] else null,
     }) catch |err| return fromError(err);
     return ok();

@@ -43,6 +43,7 @@ pub const WriterOptions = extern struct {
 
 pub const writer_profile: u32 = 1;
 pub const writer_replace: u32 = 2;
+pub const writer_metadata: u32 = 4;
 
 pub const StageStats = extern struct {
     calls: u64 = 0,
@@ -121,7 +122,7 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 14;
+pub const abi_version_minor = 15;
 
 /// drt_iter_give_payload_buffers: drop the buffers not yet assigned first.
 pub const payload_buffers_reset: u32 = 1;
@@ -208,6 +209,7 @@ test "structs and constants match dataset_rt.h" {
     try std.testing.expectEqual(@as(i64, type_f32), c.DRT_TYPE_F32);
     try std.testing.expectEqual(@as(i64, type_other), c.DRT_TYPE_OTHER);
     try std.testing.expectEqual(@as(i64, writer_profile), c.DRT_WRITER_PROFILE);
+    try std.testing.expectEqual(@as(i64, writer_metadata), c.DRT_WRITER_METADATA);
     try std.testing.expectEqual(@as(i64, sampling_permutation), c.DRT_SAMPLING_PERMUTATION);
     inline for (std.meta.fields(remote.Code)) |f| {
         const c_name = comptime blk: {

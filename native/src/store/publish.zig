@@ -24,6 +24,8 @@ const posix = std.posix;
 const status = @import("../base/status.zig");
 const manifest = @import("../format/manifest.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
+const arrow = @import("../format/arrow.zig");
+const schema = @import("../format/schema.zig");
 
 const rename_noreplace: u32 = 1;
 const rename_exchange: u32 = 2;
@@ -223,6 +225,42 @@ pub const Staging = struct {
         defer file.close();
         file.writeAll(manifest_text) catch |err| return status.failIo(err, s.staging_path);
         file.sync() catch |err| return status.failIo(err, s.staging_path);
+    }
+
+    /// Checks the `metadata.arrow` a caller wrote into the staging directory against the
+    /// cache it completes: a readable Arrow IPC file of `sample_count` rows whose columns
+    /// are `fields` (names and kinds, in order) without nulls. Fsyncs it and returns its
+    /// SHA-256. Errors name the file: what the reader would say (`arrow.File.parse`), or
+    /// "metadata.arrow has 4 rows, the cache 5 samples: <path>" and the like.
+    pub fn checkMetadata(s: *Staging, gpa: std.mem.Allocator, fields: []const schema.Field, sample_count: u64) status.Error![32]u8 {
+        const path = try std.fmt.allocPrint(gpa, "{s}/metadata.arrow", .{s.staging_path});
+        defer gpa.free(path);
+        const file = s.dir.openFile("metadata.arrow", .{}) catch |err| return status.failIo(err, path);
+        defer file.close();
+        file.sync() catch |err| return status.failIo(err, path);
+        const size = (file.stat() catch |err| return status.failIo(err, path)).size;
+        const map: []align(std.heap.page_size_min) const u8 = if (size == 0)
+            &.{}
+        else
+            posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
+        defer if (map.len > 0) posix.munmap(map);
+        var parsed = arrow.File.parse(gpa, map) catch |err| return status.nameFile(err, path);
+        defer parsed.deinit(gpa);
+        if (parsed.row_count != sample_count) {
+            return status.fail(error.InvalidArgument, "metadata.arrow has {d} rows, the cache {d} samples: {s}", .{ parsed.row_count, sample_count, path });
+        }
+        if (parsed.fields.len != fields.len) return status.fail(error.InvalidArgument, "metadata.arrow has {d} columns, the schema {d}: {s}", .{ parsed.fields.len, fields.len, path });
+        for (fields, parsed.fields, 0..) |want, got, i| {
+            if (!std.mem.eql(u8, want.name, got.name) or got.type.kind() != want.kind) {
+                return status.fail(error.InvalidArgument, "metadata.arrow column {d} is not '{s}' ({s}): {s}", .{ i, want.name, want.kind.name(), path });
+            }
+            for (parsed.batches) |b| {
+                if (b.columns[i].null_count != 0) return status.fail(error.InvalidArgument, "metadata.arrow column '{s}' has nulls: {s}", .{ want.name, path });
+            }
+        }
+        var hasher: Sha256 = .init();
+        hasher.update(map);
+        return hasher.finalResult();
     }
 
     /// The second half of `publish`.

@@ -219,7 +219,7 @@ pub const Commit = struct {
         const staging_path = c.staging.staging_path;
         const index_sha = try c.index_file.finish(staging_path);
         c.index_open = false;
-        const metadata_sha = try c.checkMetadata();
+        const metadata_sha = try c.staging.checkMetadata(c.gpa, c.fields, c.sample_count);
 
         var text: std.ArrayList(u8) = .empty;
         defer text.deinit(c.gpa);
@@ -249,40 +249,6 @@ pub const Commit = struct {
         var parsed = try arrow.File.parse(gpa, map);
         defer parsed.deinit(gpa);
         return parsed.row_count;
-    }
-
-    /// Maps the staging metadata.arrow, checks it against the fragments (row count, then
-    /// each field's name and exact type, no nulls), fsyncs it and returns its SHA-256.
-    fn checkMetadata(c: *Commit) status.Error![32]u8 {
-        const gpa = c.gpa;
-        const path = try std.fmt.allocPrint(gpa, "{s}/metadata.arrow", .{c.staging.staging_path});
-        defer gpa.free(path);
-        const file = c.staging.dir.openFile("metadata.arrow", .{}) catch |err| return status.failIo(err, path);
-        defer file.close();
-        file.sync() catch |err| return status.failIo(err, path);
-        const size = (file.stat() catch |err| return status.failIo(err, path)).size;
-        const map: []align(std.heap.page_size_min) const u8 = if (size == 0)
-            &.{}
-        else
-            posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
-        defer if (map.len > 0) posix.munmap(map);
-        var parsed = try arrow.File.parse(gpa, map);
-        defer parsed.deinit(gpa);
-        if (parsed.row_count != c.sample_count) {
-            return status.fail(error.InvalidArgument, "metadata.arrow has {d} rows, the fragments {d} samples: {s}", .{ parsed.row_count, c.sample_count, path });
-        }
-        if (parsed.fields.len != c.fields.len) return status.fail(error.InvalidArgument, "metadata.arrow has {d} columns, the schema {d}: {s}", .{ parsed.fields.len, c.fields.len, path });
-        for (c.fields, parsed.fields, 0..) |want, got, i| {
-            if (!std.mem.eql(u8, want.name, got.name) or got.type.kind() != want.kind) {
-                return status.fail(error.InvalidArgument, "metadata.arrow column {d} is not '{s}' ({s}): {s}", .{ i, want.name, want.kind.name(), path });
-            }
-            for (parsed.batches) |b| {
-                if (b.columns[i].null_count != 0) return status.fail(error.InvalidArgument, "metadata.arrow column '{s}' has nulls: {s}", .{ want.name, path });
-            }
-        }
-        var hasher: Sha256 = .init();
-        hasher.update(map);
-        return hasher.finalResult();
     }
 
     /// Releases everything; removes the staging directory unless the cache was published.
@@ -597,7 +563,7 @@ test "metadata.arrow must match the fragments; an existing cache is refused unle
     const paths = f.paths();
     // Four rows for five samples.
     try testing.expectError(error.InvalidArgument, commitAll(&f, &paths, "i4", .{}));
-    try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "metadata.arrow has 4 rows, the fragments 5 samples"));
+    try testing.expect(std.mem.startsWith(u8, status.lastMessage(), "metadata.arrow has 4 rows, the cache 5 samples"));
     try testing.expect(!f.exists("base/out"));
     try testing.expectEqual(@as(usize, 0), try f.stagingLeft());
     // No metadata.arrow at all.
