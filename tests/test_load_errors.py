@@ -1376,3 +1376,25 @@ def test_record_errors_name_the_records_shard(
         dataset.get_items([cache_id] * 3, [0, victim, 1])
     assert str(info.value) == want
     assert dataset.get_item(cache_id, 0).sample_id == 0
+
+
+@pytest.mark.parametrize("name", ["data", "metadata", "a", "cache"])
+def test_record_errors_name_the_shard_whatever_the_cache_is_called(
+    runtime, reader: Reader, fixture_copy, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A relative cache path that occurs in the message's text ("data" in "metadata",
+    "a" anywhere) still gets the shard named: only a path of its own counts as naming a
+    file of the cache."""
+    source = fixture_copy("plain_one_shard")
+    monkeypatch.chdir(source.parent)
+    source.rename(name)
+    _rename_json_key(Path(name))
+    dataset = runtime.cached_dataset([name], reader_config=reader(False))
+    want = f"embedded metadata field 'name' is missing: {name}/shards/000000.bin"
+    with pytest.raises(ValueError) as info:
+        for _ in dataset:
+            pass
+    assert str(info.value) == want
+    with pytest.raises(ValueError) as info:
+        dataset.get_item(PLAIN_ONE_SHARD_ID, 2)
+    assert str(info.value) == want

@@ -75,13 +75,32 @@ pub fn failText(err: Error, text: []const u8) Error {
 }
 
 /// Appends ": <path>" to this thread's message (cut at the bound as `fail` cuts), unless
-/// it names `path` already, and returns `err`: a record's error then names its shard.
+/// it names `path` already (`mentions`), and returns `err`: a record's error then names
+/// its shard.
 pub fn nameFile(err: Error, path: []const u8) Error {
     const msg = lastMessage();
-    if (std.mem.indexOf(u8, msg, path) != null) return err;
+    if (mentions(msg, path, .file)) return err;
     var copy: [message_bytes_max]u8 = undefined;
     @memcpy(copy[0..msg.len], msg);
     return fail(err, "{s}: {s}", .{ copy[0..msg.len], path });
+}
+
+/// Whether `msg` names the file `path` (`.file`) or a file under the directory `path`
+/// (`.under`: `path` then a slash) as a path of its own: preceded by the start, a space, a
+/// quote or '(', and for `.file` followed by the end or one of ` :,)'"`. A path that only
+/// occurs inside other text (`data` in "metadata", `c` in "cache") does not count.
+pub fn mentions(msg: []const u8, path: []const u8, how: enum { file, under }) bool {
+    if (path.len == 0) return false;
+    var from: usize = 0;
+    while (std.mem.indexOfPos(u8, msg, from, path)) |at| : (from = at + 1) {
+        if (at > 0 and std.mem.indexOfScalar(u8, " '\"(", msg[at - 1]) == null) continue;
+        const end = at + path.len;
+        switch (how) {
+            .under => if (end < msg.len and msg[end] == '/') return true,
+            .file => if (end == msg.len or std.mem.indexOfScalar(u8, " :,)'\"", msg[end]) != null) return true,
+        }
+    }
+    return false;
 }
 
 /// Replaces this thread's message without failing (for errors raised without one).
@@ -233,6 +252,19 @@ test "nameFile appends the path once" {
     try std.testing.expectEqualStrings("invalid binary record: c/shards/000000.bin", lastMessage());
     try std.testing.expectEqual(error.InvalidCache, nameFile(error.InvalidCache, "c/shards/000000.bin"));
     try std.testing.expectEqualStrings("invalid binary record: c/shards/000000.bin", lastMessage());
+}
+
+test "mentions: a path of its own, not text that contains it" {
+    const msg = "embedded metadata field 'name' is missing";
+    try std.testing.expect(!mentions(msg, "data", .under));
+    try std.testing.expect(!mentions(msg, "data", .file));
+    try std.testing.expect(!mentions(msg, "a", .file));
+    try std.testing.expect(!mentions("cache replaced: cache2/shards/000000.bin", "cache", .under));
+    try std.testing.expect(mentions("checksum mismatch for data/metadata.arrow", "data", .under));
+    try std.testing.expect(mentions("invalid record: c/shards/000000.bin", "c/shards/000000.bin", .file));
+    try std.testing.expect(mentions("I/O error (os error 2): /x/c/index.bin: more", "/x/c/index.bin", .file));
+    try std.testing.expect(!mentions("see c/shards/000000.bin.tmp", "c/shards/000000.bin", .file));
+    try std.testing.expect(!mentions("anything", "", .file));
 }
 
 test "long messages are truncated on a UTF-8 boundary" {

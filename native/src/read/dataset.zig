@@ -376,7 +376,7 @@ pub const Dataset = struct {
         if (err != error.InvalidCache and err != error.Json) return err;
         const c = &ds.caches[loc.cache];
         // Already about a file of the cache (metadata.arrow; a replaced cache).
-        if (std.mem.indexOf(u8, status.lastMessage(), c.path) != null) return err;
+        if (status.mentions(status.lastMessage(), std.mem.trimRight(u8, c.path, "/"), .under)) return err;
         if (loc.sample_id >= c.sampleCount()) return err;
         const shard_id = c.row(loc.sample_id).shard_id;
         if (shard_id >= c.shard_paths.len) return err;
