@@ -41,6 +41,10 @@ pub fn build(b: *std.Build) void {
         .optimize = optimize,
         .link_libc = true,
         .strip = strip,
+        // Position-independent in the static library too: Zig builds musl targets'
+        // archives without it, and PIE executables (the default of Alpine's and Debian's
+        // compilers) cannot link absolute relocations.
+        .pic = true,
     });
     root.addOptions("build_options", options);
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -252,6 +253,27 @@ def test_system_cc_static(prefix: Path, tmp_path: Path) -> None:
          str(prefix / "lib" / "libdataset_rt.a"), "-o", str(binary)]
     )  # fmt: skip
     checked([str(binary), str(FIXTURES / "text_records_v1")])
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="runs an x86_64 binary")
+def test_musl_archive_links_into_a_position_independent_executable(tmp_path: Path) -> None:
+    """The static archive of a musl build (as in the musllinux wheels) links into a PIE,
+    the default of Alpine's and Debian's musl compilers: it must hold position-independent
+    code, which Zig leaves out of musl archives unless asked. The static PIE runs here
+    (musl is linked in) and reads what Python reads. Debug keeps the build short; the
+    archive's code model does not depend on the optimize mode."""
+    prefix = tmp_path / "musl"
+    options = ["-Dtarget=x86_64-linux-musl", "-Doptimize=Debug", "-Dstrip=true"]
+    checked([*ZIG, "build", "install", "--prefix", str(prefix), *options], cwd=ROOT)
+    binary = tmp_path / "read_cache_musl_pie"
+    checked(
+        [*ZIG, "cc", "-target", "x86_64-linux-musl", "-fPIE", "-pie", *ZIG_CFLAGS,
+         str(EXAMPLE), f"-I{prefix / 'include'}", str(prefix / "lib" / "libdataset_rt.a"),
+         "-o", str(binary)]
+    )  # fmt: skip
+    names = ["text_records_v1"]
+    result = checked([str(binary), "--backend", "threads", str(FIXTURES / names[0])])
+    assert result.stdout.splitlines() == python_lines(names, [], "threads")
 
 
 def test_valgrind_clean(binaries: dict[str, Path]) -> None:
