@@ -16,10 +16,12 @@ cross-compiled for it and the wheel is tagged ``py3-none-<that tag>``. Without i
 library is built for this machine and the wheel tagged for this machine's platform
 (``py3-none-linux_x86_64``). ABI mode does not depend on the Python version, hence ``py3``.
 
-A wheel's libraries are stripped of debug info. A wheel build writes nothing into the
-source tree: its files go from a staging directory into the wheel (so cross-compiling
-never replaces a checkout's own library). An editable install (a checkout's ``uv sync``)
-keeps debug info and gets the same files copied into ``dataset_rt/`` (git-ignored).
+A wheel's libraries are stripped of debug info. A wheel build's files go from a staging
+directory into the wheel (so cross-compiling never replaces a checkout's own library);
+in the source tree it leaves only Zig's build cache, ``.zig-cache/`` (git-ignored, never
+packaged). The staging directory is removed after the build, also when it fails. An
+editable install (a checkout's ``uv sync``) keeps debug info and gets the same files
+copied into ``dataset_rt/`` (git-ignored).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def build_native(
     strip: bool = False,
 ) -> Path:
     """Build the libraries with the pinned Zig into a new temporary prefix (``lib/``,
-    ``include/``) and return the prefix; the caller removes it."""
+    ``include/``) and return the prefix; the caller removes it (this function does when
+    the build fails)."""
     prefix = Path(tempfile.mkdtemp(prefix="dataset_rt-zig-"))
     command = [
         sys.executable,
@@ -82,7 +85,11 @@ def build_native(
         "--prefix",
         str(prefix),
     ]
-    subprocess.run(command, cwd=root, check=True)
+    try:
+        subprocess.run(command, cwd=root, check=True)
+    except BaseException:
+        shutil.rmtree(prefix, ignore_errors=True)
+        raise
     return prefix
 
 
@@ -159,6 +166,21 @@ class NativeBuildHook(BuildHookInterface):
         target = PLATFORMS[platform] if platform else None
         prefix = build_native(root, optimize, cpu, target, strip=not editable)
         self._prefix = prefix
+        try:
+            self._stage(root, prefix, platform, editable, build_data)
+        except BaseException:  # hatch calls finalize only after a successful build
+            shutil.rmtree(prefix, ignore_errors=True)
+            raise
+
+    def _stage(
+        self,
+        root: Path,
+        prefix: Path,
+        platform: str | None,
+        editable: bool,
+        build_data: dict[str, Any],
+    ) -> None:
+        """Put the built files into the package (editable) or the wheel's file list."""
         lib = prefix / "lib"
         if platform is not None and platform.startswith("musllinux_"):
             name_musl_libc(lib / LIBRARY, platform.split("_", 3)[3])

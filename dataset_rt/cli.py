@@ -29,8 +29,15 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from dataset_rt import _native, remote, sdk
-from dataset_rt.api import CachedDataset, DatasetRuntime, ReaderConfig
+from dataset_rt import _distribution
+
+# The reference release installed over this package replaces dataset_rt/__init__.py (so
+# its check never runs) and leaves a mix of both packages' modules: refuse it here too,
+# before importing modules that the mix may have broken.
+_distribution.check_single_owner()
+
+from dataset_rt import _native, remote, sdk  # noqa: E402
+from dataset_rt.api import CachedDataset, DatasetRuntime, ReaderConfig  # noqa: E402
 
 # verify: samples a native batch may hold; the read-ahead byte budget bounds its bytes.
 VERIFY_BATCH = 4096

@@ -30,6 +30,8 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
+import types
 import venv
 import zipfile
 from pathlib import Path
@@ -156,6 +158,8 @@ def test_wheel_contents(release: dict[str, Path]) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         wheel_meta = archive.read("dataset_rt_zig-0.1.0.dist-info/WHEEL").decode()
+        metadata = archive.read("dataset_rt_zig-0.1.0.dist-info/METADATA").decode()
+        license_file = archive.read("dataset_rt_zig-0.1.0.dist-info/licenses/LICENSE")
     assert f"Tag: py3-none-{PLATFORM}" in wheel_meta
     assert "Root-Is-Purelib: false" in wheel_meta
     assert {n for n in names if n.endswith((".so", ".a"))} == {
@@ -163,9 +167,18 @@ def test_wheel_contents(release: dict[str, Path]) -> None:
         "dataset_rt/libdataset_rt.a",
     }
     assert not any(n.endswith(".pyc") or "/tests/" in n for n in names), sorted(names)
+    # The license text travels with both (hatchling's default license files).
+    assert license_file == (ROOT / "LICENSE").read_bytes()
+    assert "License-File: LICENSE" in metadata
     with tarfile.open(release["sdist"]) as sdist:
         members = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
-    for needed in ("build.zig", "hatch_build.py", "native/include/dataset_rt.h", "pyproject.toml"):
+    for needed in (
+        "build.zig",
+        "hatch_build.py",
+        "native/include/dataset_rt.h",
+        "pyproject.toml",
+        "LICENSE",
+    ):
         assert needed in members, needed
     assert "native/src/root.zig" in members
     assert not any(m.endswith((".so", ".a")) or m.endswith("_ffi.py") for m in members)
@@ -399,8 +412,9 @@ def test_reference_installed_over_the_wheel(
     venv_python: Path, workdir: Path, release: dict[str, Path]
 ) -> None:
     """The real reference release and the wheel in one virtualenv: `import dataset_rt`
-    names the one to uninstall, and the commands it gives repair the environment. Runs
-    last on the shared virtualenv and leaves it as it found it."""
+    (ours installed last) and the `dataset-rt` command (either installed last) name the
+    one to uninstall, and the commands they give repair the environment. Runs last on
+    the shared virtualenv and leaves it as it found it."""
     pip = [str(venv_python), "-m", "pip", "--no-input", "--disable-pip-version-check"]
     ours = [*pip, "install", "--no-deps", "--force-reinstall", str(release["wheel"])]
     reference = [*pip, "install", "--no-deps", "dataset-rt==0.4.8"]
@@ -412,8 +426,35 @@ def test_reference_installed_over_the_wheel(
         assert result.returncode == 1
         assert "DistributionConflictError" in result.stderr
         assert "Uninstall dataset-rt, then reinstall dataset-rt-zig" in result.stderr
+        # The reference installed last: its __init__ runs (without our check), but the
+        # dataset-rt command, ours, still finds the mix and says so.
+        checked([*reference, "--force-reinstall"], env=user_env())
+        command = venv_python.parent / "dataset-rt"
+        result = run([str(command), "--help"], cwd=workdir, env=user_env())
+        assert result.returncode == 1
+        assert "DistributionConflictError" in result.stderr
+        assert "Uninstall dataset-rt, then reinstall dataset-rt-zig" in result.stderr
     finally:
         checked([*pip, "uninstall", "-y", "dataset-rt"], env=user_env())
         checked(ours, env=user_env())
     script = "import dataset_rt; dataset_rt.DatasetRuntime(num_workers=1)"
     venv_run(venv_python, "-c", script, cwd=workdir)
+
+
+def test_a_failed_native_build_leaves_no_staging_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """hatch_build.build_native removes its temporary prefix when zig build fails (hatch
+    calls the hook's finalize only after a successful build). hatchling is a build
+    requirement, not installed here: the hook's base class is stood in for."""
+    interface = types.ModuleType("hatchling.builders.hooks.plugin.interface")
+    interface.BuildHookInterface = object  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, interface.__name__, interface)
+    monkeypatch.syspath_prepend(str(ROOT))
+    monkeypatch.delitem(sys.modules, "hatch_build", raising=False)
+    import hatch_build
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(subprocess.CalledProcessError):
+        hatch_build.build_native(ROOT, target="not-a-target")
+    assert list(tmp_path.iterdir()) == []
