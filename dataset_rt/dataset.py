@@ -200,6 +200,9 @@ class CachedDataset:
         self = object.__new__(cls)
         self.cache_paths = list(paths)
         self.reader_config = reader_config
+        # What the dataset reads with (callers may rebind the public attribute, which
+        # then changes nothing, as in 0.4.8): exports and stream states use this one.
+        self._reader_config = reader_config
         #: (st_dev, st_ino) of each local cache directory as opened (None: a URL).
         self._dir_identities = identities
         self._runtime = runtime
@@ -510,9 +513,9 @@ class CachedDataset:
             "position": position,
             "window_end": window_end,
             "epoch_len": len(self),
-            "shuffle": bool(self.reader_config.shuffle),
-            "seed": int(self.reader_config.seed),
-            "sampling": getattr(self.reader_config, "sampling", "with_replacement"),
+            "shuffle": bool(self._reader_config.shuffle),
+            "seed": int(self._reader_config.seed),
+            "sampling": getattr(self._reader_config, "sampling", "with_replacement"),
             "table_digest": self.table_digest(),
         }
 

@@ -38,9 +38,11 @@ from typing import Any
 from dataset_rt import _native
 from dataset_rt.config import WriterConfig
 from dataset_rt.records import CacheWriteError, CacheWriteResult, CacheWriteSuccess
-from dataset_rt.writer import write_sources
+from dataset_rt.writer import python_error, write_sources
 
 TIMEOUT_MESSAGE = "writer process timeout exceeded"
+# 0.4.8's bound on an exception's text in (de)serialization failures.
+DIAGNOSTIC_CHARS = 2048
 # How long an idle worker gets to exit after being told to stop, before it is killed.
 STOP_GRACE_SECONDS = 2.0
 
@@ -77,6 +79,15 @@ def _worker(conn: Connection, base: str, config_json: str, num_workers: int) -> 
         conn.close()
 
 
+def _diagnostic(exc: BaseException) -> str:
+    """0.4.8's ``<name>: <str(exc)>`` for a source that fails to pickle or unpickle, at
+    most DIAGNOSTIC_CHARS characters; only the class name when ``str(exc)`` raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"[:DIAGNOSTIC_CHARS]
+    except Exception:
+        return type(exc).__name__
+
+
 def _write_job(
     runtime: _native.Runtime, payload: bytes, base: str, config: WriterConfig
 ) -> tuple[Any, ...]:
@@ -86,13 +97,13 @@ def _write_job(
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
-        return ("error", f"source deserialization failed: {type(exc).__name__}: {exc}")
+        return ("error", f"source deserialization failed: {_diagnostic(exc)}")
     try:
         [result] = write_sources(runtime, source, base, config)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:
-        return ("error", f"Python error: {type(exc).__name__}: {exc}")
+        return ("error", python_error(exc))
     return ("result", tuple(result), type(result).__name__)
 
 
@@ -185,9 +196,18 @@ def write_in_processes(
     plans: list[Any], base: Path, config: Any, num_workers: int
 ) -> dict[int, CacheWriteResult]:
     """Write planned sources with a pool of ``config.num_processes`` spawned workers;
-    returns their results by source position (see the module docstring)."""
+    returns their results by source position (see the module docstring).
+
+    The workers write under ``base`` resolved (absolute, symbolic links resolved), so
+    their messages name that path (``cache path already exists: /abs/base/name``), as
+    0.4.8's parallel writer does; a success's path is ``base / name`` as given."""
     if not plans:
         return {}
+    public_base = base
+    try:
+        base = Path(base).resolve()
+    except (OSError, RuntimeError):  # e.g. a symbolic link loop: name it as given
+        base = Path(base).absolute()
     context = multiprocessing.get_context("spawn")
     timeout = float(config.process_timeout_seconds)
     config_json = config.model_dump_json()
@@ -226,7 +246,7 @@ def write_in_processes(
                             plan.position,
                             CacheWriteError(
                                 plan.name,
-                                f"source serialization failed: {type(exc).__name__}: {exc}",
+                                f"source serialization failed: {_diagnostic(exc)}",
                             ),
                         )
                         continue
@@ -270,7 +290,7 @@ def write_in_processes(
                     break
                 else:
                     plan, worker.job = worker.job, None
-                    report(plan.position, _result(message, plan, base))
+                    report(plan.position, _result(message, plan, public_base))
             if dead is not None and interrupt is None:
                 dead.process.join()
                 fail_all(f"writer child exited with code {dead.process.exitcode}")

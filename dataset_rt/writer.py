@@ -16,10 +16,9 @@ Contract (see the compatibility page of the docs for the deliberate fixes):
 
 from __future__ import annotations
 
-import decimal
+import ctypes
 import gc
 import math
-import numbers
 import operator
 import os
 import sys
@@ -83,8 +82,29 @@ class SourceFailure(Exception):
 
 
 def python_error(exc: BaseException) -> str:
-    """The reference's text for an exception raised by user code."""
-    return f"Python error: {type(exc).__name__}: {exc}"
+    """The reference's text for an exception raised by user code:
+    ``Python error: <qualified name>: <str(exc)>``, the class's ``__qualname__``
+    (``Outer.Inner``, ``f.<locals>.E``; no module). An exception whose ``__str__`` raises
+    (or returns a non-string) reads ``<exception str() failed>`` there, as in 0.4.8;
+    this never raises ``Exception`` itself."""
+    return f"Python error: {type(exc).__qualname__}: {_exception_str(exc)}"
+
+
+def _exception_str(exc: BaseException) -> str:
+    """``str(exc)``, or pyo3's ``<exception str() failed>`` when that raises."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<exception str() failed>"
+
+
+def not_an_instance(value: object, expected: str) -> str:
+    """pyo3's text for a value of the wrong type (the reference's, for a source name that
+    is not a ``str``): ``'int' object is not an instance of 'str'``, but
+    ``'None' is not an instance of 'str'`` for None; type names are ``__qualname__``."""
+    if value is None:
+        return f"'None' is not an instance of '{expected}'"
+    return f"'{type(value).__qualname__}' object is not an instance of '{expected}'"
 
 
 def validate_source_name(name: str) -> Result[str, str]:
@@ -215,47 +235,137 @@ def _is_numpy_bool(value: object) -> bool:
 VALUE_TYPES_MESSAGE = "metadata values must be bool, int, float, or str"
 
 
-def value_kind(value: object) -> Kind:
-    """Kind of one metadata value (bool before int: bool is an int subclass).
+# CPython's ``PyFloat_AsDouble`` (what 0.4.8 converts a float value with): unlike
+# ``float()`` it never parses text, also for str and bytes subclasses whose ``float()``
+# would (np.str_, np.bytes_), and it sees the type's C slots, which Python-level lookups
+# do not (np.str_ has ``__float__`` by its MRO but no ``nb_float``). A PyDLL function
+# raises the Python error it leaves set. Only str and bytes subclasses take this path.
+_PY_FLOAT_AS_DOUBLE = ctypes.pythonapi.PyFloat_AsDouble
+_PY_FLOAT_AS_DOUBLE.argtypes = [ctypes.py_object]
+_PY_FLOAT_AS_DOUBLE.restype = ctypes.c_double
 
-    As in the reference: numpy integers and IntEnum are ints; numpy floats, Decimal and
-    Fraction are floats; numpy bools are bools; str subclasses (np.str_) are strings."""
+
+# str and bytes subclasses that have neither C slot (PyFloat_AsDouble refuses them without
+# running any code: np.str_, np.bytes_), so that their values skip the call.
+_NO_FLOAT_SLOTS: set[type] = set()
+
+
+def _as_double(value: object) -> float | None:
+    """``value`` as 0.4.8 converts a float (``PyFloat_AsDouble``: ``__float__``, else
+    ``__index__``), or None when that fails (any ``Exception``; ``KeyboardInterrupt`` and
+    ``SystemExit`` propagate). ``value`` is not a ``float``."""
+    cls = type(value)
+    if cls in _NO_FLOAT_SLOTS or not (hasattr(cls, "__float__") or hasattr(cls, "__index__")):
+        return None
+    try:
+        if isinstance(value, (str, bytes, bytearray)):
+            return float(_PY_FLOAT_AS_DOUBLE(value))
+        return float(value)  # the same as PyFloat_AsDouble for a type with these slots
+    except TypeError as exc:
+        # CPython's text for a type without either slot (then nothing else ran)
+        if isinstance(value, (str, bytes, bytearray)) and str(exc).startswith(
+            "must be real number, not "
+        ):
+            _NO_FLOAT_SLOTS.add(cls)
+        return None
+    except Exception:
+        return None
+
+
+def metadata_value(value: object) -> tuple[Kind, Any]:
+    """One metadata value's kind and the plain value stored (``bool``, ``int``, ``float``
+    or ``str``), as dataset-rt 0.4.8 classifies it; raises
+    ``SourceFailure(VALUE_TYPES_MESSAGE)`` for a value of no kind.
+
+    0.4.8 tries, in order: bool (``bool`` and numpy bools); an int64 through
+    ``__index__`` (ints and their subclasses by the value they hold, numpy integers,
+    IntEnum, 0-d integer arrays, any object with ``__index__``, also a ``str`` or
+    ``float`` subclass that has one); a float through ``__float__`` or else
+    ``__index__`` (floats, numpy floats, Decimal, Fraction, 0-d arrays, np.complex64
+    with numpy's ComplexWarning, any object with ``__float__``); a ``str`` (subclasses
+    by the text they hold). An exception raised by ``__index__`` or ``__float__`` only
+    means "not this kind".
+
+    An integer value (``__index__``) outside int64 is returned as ``(Kind.INT, value)``
+    for the caller to reject (SPEC compatibility policy 3; 0.4.8 stores its float) when
+    0.4.8 could store it as a float, and is of no kind when it could not (``10**400``).
+    Non-finite floats are returned as they are (the caller rejects them, policy 2)."""
     cls = type(value)
     if cls is int:
-        return Kind.INT
-    if cls is str:
-        return Kind.STRING
-    if cls is float:
-        return Kind.FLOAT
-    if isinstance(value, bool) or _is_numpy_bool(value):
-        return Kind.BOOL
+        if INT64_MIN <= value <= INT64_MAX:  # type: ignore[operator]
+            return Kind.INT, value
+    elif cls is str:
+        return Kind.STRING, value
+    elif cls is float:
+        return Kind.FLOAT, value
+    elif cls is bool or _is_numpy_bool(value):
+        return Kind.BOOL, bool(value)
+    number: int | None = None
+    if hasattr(cls, "__index__"):
+        try:
+            number = operator.index(value)  # type: ignore[arg-type]
+        except Exception:
+            number = None
+        if number is not None and INT64_MIN <= number <= INT64_MAX:
+            return Kind.INT, number
+    real = float.__float__(value) if isinstance(value, float) else _as_double(value)  # type: ignore[arg-type]
+    if real is not None:
+        return (Kind.FLOAT, real) if number is None else (Kind.INT, number)
     if isinstance(value, str):
-        return Kind.STRING
-    if isinstance(value, numbers.Integral):
-        return Kind.INT
-    if isinstance(value, (numbers.Real, decimal.Decimal)):
-        return Kind.FLOAT
+        return Kind.STRING, str.__str__(value)
     raise SourceFailure(VALUE_TYPES_MESSAGE)
 
 
-def _key_failure(row: dict[Any, Any]) -> SourceFailure | None:
-    """The error for a row's first key that is not UTF-8 encodable (a lone surrogate),
-    if any: 0.4.8 encodes a row's keys before it compares them with the schema."""
-    for key in row:
-        if isinstance(key, str) and not key.isascii():
+def value_kind(value: object) -> Kind:
+    """The kind of one metadata value (see :func:`metadata_value`)."""
+    return metadata_value(value)[0]
+
+
+def _fits_double(number: int) -> bool:
+    """Whether 0.4.8 could store an int outside int64 as a float (``10**400`` it cannot:
+    it rejects the value with VALUE_TYPES_MESSAGE)."""
+    try:
+        float(number)
+    except OverflowError:
+        return False
+    return True
+
+
+def _int_range_message(key: str, number: int) -> str:
+    """The error for an int outside int64 in field ``key`` (SPEC compatibility policy 3),
+    or 0.4.8's own value error when it would not store the int as a float either."""
+    if _fits_double(number):
+        return f"metadata field '{key}' is outside the int64 range"
+    return VALUE_TYPES_MESSAGE
+
+
+def _entry_failure(row: dict[Any, Any]) -> SourceFailure | None:
+    """The first error 0.4.8 finds in a row before comparing it with the schema, if any:
+    entry by entry in dict order, the key must be a ``str`` (``metadata keys must be
+    strings``) encodable as UTF-8 (``Python error: UnicodeEncodeError: ...``) and the value
+    of a kind, a string value encodable too (VALUE_TYPES_MESSAGE).
+
+    Only called for a row that failed (the error path): its message wins over the
+    schema's and this project's checks (missing key, kind drift, reserved key, int64
+    range, finite float), as in 0.4.8."""
+    for key, value in row.items():
+        if not isinstance(key, str):
+            return SourceFailure("metadata keys must be strings")
+        if not key.isascii():
             try:
                 key.encode("utf-8")
             except UnicodeEncodeError as exc:
                 return SourceFailure(python_error(exc))
+        try:
+            kind, plain = metadata_value(value)
+        except SourceFailure as failure:
+            return failure
+        if kind == Kind.STRING and not plain.isascii():
+            try:
+                plain.encode("utf-8")
+            except UnicodeEncodeError:
+                return SourceFailure(VALUE_TYPES_MESSAGE)
     return None
-
-
-def kind_name(value: object) -> str:
-    """Kind name of a value for drift messages ("got float")."""
-    try:
-        return KIND_NAMES[value_kind(value)]
-    except SourceFailure:
-        return type(value).__name__
 
 
 @dataclass(frozen=True)
@@ -325,7 +435,7 @@ def _plan_sources(
         try:
             name = source.name
             if not isinstance(name, str):
-                raise TypeError(f"'{type(name).__name__}' object is not an instance of 'str'")
+                raise TypeError(not_an_instance(name, "str"))
             name.encode("utf-8")
             # Optional (this project's extension): read once, like the name.
             fingerprint = getattr(source, "fingerprint", None)
@@ -788,29 +898,36 @@ class _Ingest:
             except SourceFailure:
                 if self._pending:
                     self._check_values(self._pending)
-                raise
+                # Error path only: the row's first fault in 0.4.8's order wins.
+                fault = _entry_failure(row)
+                if fault is None:
+                    raise
+                raise fault from None
             for column, value in zip(picked, values):
                 column.append(value)
         return payloads, list(map(len, payloads)), picked
 
     def _check_values(self, picked: list[list[Any]]) -> None:
         """Raise the first int64-range, non-finite float or UTF-8 error among a batch's
-        values (in sample order, then field order), if any: the checks the bulk path of
-        ``_take`` leaves for later."""
+        values (in sample order; within a sample, a value 0.4.8 rejects as being of no
+        kind first, then field order), if any: the checks the bulk path of ``_take``
+        leaves for later."""
         assert self.keys is not None
-        first: tuple[int, int, str] | None = None
+        # (sample index, 0 for 0.4.8's value error else 1, field position, message)
+        first: tuple[int, int, int, str] | None = None
         for position, (key, kind, values) in enumerate(zip(self.keys, self.kinds, picked)):
-            bad: tuple[int, int, str] | None = None
+            bad: tuple[int, int, int, str] | None = None
             if kind == Kind.INT and values:
                 if min(values) < INT64_MIN or max(values) > INT64_MAX:
                     index = next(i for i, v in enumerate(values) if not INT64_MIN <= v <= INT64_MAX)
-                    bad = (index, position, f"metadata field '{key}' is outside the int64 range")
+                    message = _int_range_message(key, values[index])
+                    bad = (index, int(message != VALUE_TYPES_MESSAGE), position, message)
             elif kind == Kind.FLOAT and values:
                 # (the library checks this too, but only once the batch is handed over)
                 finite = list(map(math.isfinite, values))
                 if not all(finite):
                     message = f"metadata field '{key}' must be a finite float"
-                    bad = (finite.index(False), position, message)
+                    bad = (finite.index(False), 1, position, message)
             elif kind == Kind.STRING:
                 joined = "\0".join(values)
                 if not joined.isascii():
@@ -821,50 +938,42 @@ class _Ingest:
                             try:
                                 str.__str__(value).encode("utf-8")
                             except UnicodeEncodeError:
-                                bad = (index, position, VALUE_TYPES_MESSAGE)
+                                bad = (index, 0, position, VALUE_TYPES_MESSAGE)
                                 break
             if bad is not None and (first is None or bad < first):
                 first = bad
         if first is not None:
-            raise SourceFailure(first[2])
+            raise SourceFailure(first[3])
 
     def _row_values(self, row: dict[str, Any]) -> list[Any]:
-        """One sample's metadata as plain values in schema order, or the reference's
-        error for its first problem (key set, then per key: missing, kind, int64 range,
-        finite float, UTF-8)."""
+        """One sample's metadata as plain values in schema order, or an error for its
+        first problem (key set, then per key: missing, int64 range, kind, finite float,
+        UTF-8). ``_take_each`` replaces the error with the row's first fault in 0.4.8's
+        order (``_entry_failure``), if it has one."""
         assert self.keys is not None
         if len(row) != len(self.keys):
-            raise _key_failure(row) or SourceFailure(
-                "metadata keys must be identical for every sample"
-            )
+            raise SourceFailure("metadata keys must be identical for every sample")
         values: list[Any] = []
         for key, kind in zip(self.keys, self.kinds):
             if key not in row:
-                raise _key_failure(row) or SourceFailure(f"metadata field '{key}' is missing")
-            value = row[key]
-            got = value_kind(value)
+                raise SourceFailure(f"metadata field '{key}' is missing")
+            # A subclass of int, float or str stores the value it holds, as in 0.4.8,
+            # not what its __int__, __float__ or __str__ (an Enum's name) returns.
+            got, value = metadata_value(row[key])
+            if got == Kind.INT and not INT64_MIN <= value <= INT64_MAX:
+                # an int 0.4.8 would store as a float, whatever the field's kind
+                raise SourceFailure(_int_range_message(key, value))
             if got != kind:
                 raise SourceFailure(
                     f"metadata field '{key}' expected {KIND_NAMES[kind]}, got {KIND_NAMES[got]}"
                 )
-            # A subclass of int, float or str stores the value it holds, as in 0.4.8,
-            # not what its __int__, __float__ or __str__ (an Enum's name) returns.
-            if kind == Kind.INT:
-                value = int.__int__(value) if isinstance(value, int) else int(value)
-                if not INT64_MIN <= value <= INT64_MAX:
-                    raise SourceFailure(f"metadata field '{key}' is outside the int64 range")
-            elif kind == Kind.STRING:
-                value = str.__str__(value)
+            if kind == Kind.STRING:
                 try:
                     value.encode("utf-8")
                 except UnicodeEncodeError as exc:
                     raise SourceFailure(VALUE_TYPES_MESSAGE) from exc
-            elif kind == Kind.FLOAT:
-                value = float.__float__(value) if isinstance(value, float) else float(value)
-                if not math.isfinite(value):
-                    raise SourceFailure(f"metadata field '{key}' must be a finite float")
-            else:
-                value = bool(value)
+            elif kind == Kind.FLOAT and not math.isfinite(value):
+                raise SourceFailure(f"metadata field '{key}' must be a finite float")
             values.append(value)
         return values
 
@@ -920,10 +1029,9 @@ class _Ingest:
             raise SourceFailure("cache source yielded no samples")
 
     def _infer_schema(self, metadata: dict[Any, Any]) -> None:
-        for key in metadata:
-            if not isinstance(key, str):
-                raise SourceFailure("metadata keys must be strings")
-        failure = _key_failure(metadata)
+        """Set the schema from the first sample's metadata (its errors are replaced by
+        the row's first fault in 0.4.8's order, see ``_take_each``)."""
+        failure = _entry_failure(metadata)  # also each key's UTF-8, before the native call
         if failure is not None:
             raise failure
         # No keys at all is a schema too: such caches have a metadata.arrow with one row

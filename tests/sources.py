@@ -85,3 +85,18 @@ class InterruptingOpaque(Numbers):
 
         yield from list(super().__iter__())[:2]
         raise KeyboardInterrupt(threading.Lock())
+
+
+class BadStrError(Exception):
+    """An exception whose ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str failed")
+
+
+class FailingBadStr(Numbers):
+    """Yields a few samples, then raises a BadStrError."""
+
+    def __iter__(self):
+        yield from list(super().__iter__())[:3]
+        raise BadStrError("x")

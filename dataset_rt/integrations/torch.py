@@ -219,8 +219,8 @@ class DatasetRTIterableDataset(IterableDataset):  # type: ignore[type-arg]
         self._recipe = _Recipe(
             config_path=str(config_path),
             native_threads=dataset._runtime.num_workers,
-            shuffle=bool(dataset.reader_config.shuffle),
-            seed=int(dataset.reader_config.seed),
+            shuffle=bool(dataset._reader_config.shuffle),
+            seed=int(dataset._reader_config.seed),
             use_table=dataset._custom_table,
             cache_dirs=dataset._dir_identities,
         )
@@ -1688,7 +1688,7 @@ def to_torch_dataloader(dataset: Any, **kwargs: Any) -> DatasetRTDataLoader:
             layout.batches_per_rank = plan.global_batches_per_rank(
                 samples, world_size, options.batch_size, options.drop_last, rank=rank
             )
-            recipe_seed = seed if seed is not None else int(dataset.reader_config.seed)
+            recipe_seed = seed if seed is not None else int(dataset._reader_config.seed)
             use_table = dataset._custom_table
         else:
             layout = _relayout(layout, seed, row_count)
