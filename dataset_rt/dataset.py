@@ -19,7 +19,7 @@ from itertools import chain, repeat
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from dataset_rt import _native, manifests, remote, snapshot
+from dataset_rt import _native, manifests, remote, snapshot, writer
 from dataset_rt import metadata as _metadata
 from dataset_rt.config import ReaderConfig
 from dataset_rt.records import CachedSample
@@ -61,9 +61,11 @@ _new_sample = tuple.__new__
 
 
 def _native_options(reader_config: Any) -> _native.DatasetOptions:
-    """The dataset options of a (possibly duck-typed) ReaderConfig."""
-    seed = int(reader_config.seed)
-    prefetch_size = int(reader_config.prefetch_size)
+    """The dataset options of a (possibly duck-typed) ReaderConfig, its fields extracted
+    as 0.4.8 extracts them: integers by ``__index__`` (``TypeError`` for ``"1"``), flags
+    as ``bool`` (``TypeError`` for ``"no"``, which would be truthy)."""
+    seed = operator.index(reader_config.seed)
+    prefetch_size = operator.index(reader_config.prefetch_size)
     if seed < 0 or prefetch_size < 0:
         raise OverflowError("can't convert negative int to unsigned")
     if seed >= 2**64 or prefetch_size >= 2**64:
@@ -77,8 +79,8 @@ def _native_options(reader_config: Any) -> _native.DatasetOptions:
         raise ValueError(
             f"unknown io_backend {backend!r}; expected 'auto', 'io_uring' or 'threads'"
         )
-    shuffle = bool(reader_config.shuffle)
-    validate_cache = bool(reader_config.validate_cache)
+    shuffle = writer.extract_bool(reader_config.shuffle)
+    validate_cache = writer.extract_bool(reader_config.validate_cache)
     permutation = getattr(reader_config, "sampling", "with_replacement") == "permutation"
     return _native.DatasetOptions(
         seed=seed,

@@ -391,7 +391,11 @@ def validate_writer_config(config: WriterConfig) -> tuple[int, int, _native.Comp
         max_shard_bytes = _u64(config.max_shard_bytes)
         prefetch_size = _u64(config.prefetch_size)
         compression = config.shard_compression
-        algo, ratio = compression.algo, float(compression.ratio)
+        algo = compression.algo
+        if not isinstance(algo, str):
+            raise TypeError(not_an_instance(algo, "str"))
+        ratio = _extract_f64(compression.ratio)
+        extract_bool(config.show_progress)
     except Exception as exc:
         raise RuntimeError(python_error(exc)) from exc
     if prefetch_size <= 0:
@@ -406,6 +410,22 @@ def validate_writer_config(config: WriterConfig) -> tuple[int, int, _native.Comp
         raise ValueError("shard_compression.ratio must be 1.0 when algo is 'none'")
     compression_code = _native.Compression.LZ4 if algo == "lz4" else _native.Compression.NONE
     return prefetch_size, max_shard_bytes, compression_code, ratio
+
+
+def _extract_f64(value: Any) -> float:
+    """A float as pyo3 extracts one (``PyFloat_AsDouble``): ``__float__`` or ``__index__``,
+    never text (``"2"`` raises ``TypeError: must be real number, not str``)."""
+    if type(value) is float:
+        return value
+    return float(_PY_FLOAT_AS_DOUBLE(value))
+
+
+def extract_bool(value: Any) -> bool:
+    """A bool as pyo3 extracts one: ``bool`` or a numpy bool, else ``TypeError`` with
+    pyo3's text (``'str' object is not an instance of 'bool'``), never truthiness."""
+    if isinstance(value, bool) or _is_numpy_bool(value):
+        return bool(value)
+    raise TypeError(not_an_instance(value, "bool"))
 
 
 def _u64(value: Any) -> int:

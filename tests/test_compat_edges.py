@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -453,3 +454,80 @@ def test_from_config_without_metadata_file(runtime, tmp_path: Path, two_caches, 
         "Path does not point to a file",
         metadata,
     )
+
+
+def _duck_writer_config(**changes: Any) -> types.SimpleNamespace:
+    """A duck-typed writer config (not a pydantic model, so nothing validated it)."""
+    fields: dict[str, Any] = dict(
+        num_processes=0,
+        process_timeout_seconds=3600.0,
+        prefetch_size=4,
+        max_shard_bytes=1000,
+        shard_compression=types.SimpleNamespace(algo="lz4", ratio=1.0),
+        show_progress=False,
+        validate_cache=False,
+        profiler=types.SimpleNamespace(enabled=False, path=Path("p.json")),
+    )
+    fields.update(changes)
+    return types.SimpleNamespace(**{k: v for k, v in fields.items() if v is not _ABSENT})
+
+
+_ABSENT = object()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"shard_compression": types.SimpleNamespace(algo="lz4", ratio="2")},
+            "Python error: TypeError: must be real number, not str",
+        ),
+        (
+            {"shard_compression": types.SimpleNamespace(algo=None, ratio=1.0)},
+            "Python error: TypeError: 'None' is not an instance of 'str'",
+        ),
+        (
+            {"show_progress": "no"},
+            "Python error: TypeError: 'str' object is not an instance of 'bool'",
+        ),
+        (
+            {"show_progress": _ABSENT},
+            "Python error: AttributeError: 'types.SimpleNamespace' object has no attribute "
+            "'show_progress'",
+        ),
+    ],
+    ids=["ratio_str", "algo_none", "show_progress_str", "show_progress_missing"],
+)
+def test_duck_typed_writer_config_is_extracted_as_0_4_8_does(
+    runtime, tmp_path: Path, changes: dict[str, Any], message: str
+) -> None:
+    # Text is never parsed as a number, nor a string taken for a true flag.
+    with pytest.raises(RuntimeError) as caught:
+        runtime.write_cache(
+            Numbers("s", count=1), tmp_path / "b", writer_config=_duck_writer_config(**changes)
+        )
+    assert str(caught.value) == message
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"seed": "1"}, "'str' object cannot be interpreted as an integer"),
+        ({"prefetch_size": 2.0}, "'float' object cannot be interpreted as an integer"),
+        ({"shuffle": "no"}, "'str' object is not an instance of 'bool'"),
+        ({"validate_cache": None}, "'None' is not an instance of 'bool'"),
+    ],
+    ids=["seed_str", "prefetch_float", "shuffle_str", "validate_none"],
+)
+def test_duck_typed_reader_config_is_extracted_as_0_4_8_does(
+    runtime, two_caches, changes: dict[str, Any], message: str
+) -> None:
+    fields = dict(seed=1, prefetch_size=2, shuffle=False, validate_cache=False) | changes
+    with pytest.raises(TypeError) as caught:
+        runtime.cached_dataset([two_caches[0]], reader_config=types.SimpleNamespace(**fields))
+    assert str(caught.value) == message
+    # np.bool_ flags are bools (pyo3 takes them too).
+    fields = dict(seed=1, prefetch_size=2, shuffle=np.bool_(False), validate_cache=False)
+    dataset = runtime.cached_dataset([two_caches[0]], reader_config=types.SimpleNamespace(**fields))
+    assert [s.sample_id for s in dataset] == [0, 1, 2, 3, 4]
