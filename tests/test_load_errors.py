@@ -1398,3 +1398,40 @@ def test_record_errors_name_the_shard_whatever_the_cache_is_called(
     with pytest.raises(ValueError) as info:
         dataset.get_item(PLAIN_ONE_SHARD_ID, 2)
     assert str(info.value) == want
+
+
+@pytest.mark.parametrize("relative", [True, False], ids=["relative", "absolute"])
+def test_a_removed_cache_is_named_once_on_every_read_path(
+    runtime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, relative: bool
+) -> None:
+    """A cache removed while open: iteration, get_item and get_items all say so in the
+    same words, without a shard's name appended (the message names the cache)."""
+    from tests.sources import Numbers
+
+    [result] = runtime.write_cache(
+        [Numbers("c", count=50)],
+        tmp_path,
+        writer_config=drt.WriterConfig(max_shard_bytes=200, show_progress=False),
+    )
+    assert isinstance(result, drt.CacheWriteSuccess), result
+    monkeypatch.chdir(tmp_path)
+    path = "c" if relative else str(tmp_path / "c")
+    config = drt.ReaderConfig(seed=0, shuffle=False, prefetch_size=1)
+    dataset = runtime.cached_dataset([path], reader_config=config)
+    dataset.set_epoch_len(1)
+    [first] = list(dataset)
+    shutil.rmtree(tmp_path / "c")
+    dataset.set_epoch_len(50)
+    want = (
+        f"cache {path} was replaced (rebuilt) or removed while this dataset was open; open it again"
+    )
+    with pytest.raises(ValueError) as info:
+        for _ in dataset:
+            pass
+    assert str(info.value) == want
+    with pytest.raises(ValueError) as info:
+        dataset.get_item(first.cache_id, 40)
+    assert str(info.value) == want
+    with pytest.raises(ValueError) as info:
+        dataset.get_items([first.cache_id] * 2, [30, 41])
+    assert str(info.value) == want

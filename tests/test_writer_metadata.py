@@ -4,6 +4,7 @@ caller's file at ``drt_writer_finish`` (without the flag)."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -180,3 +181,102 @@ def test_finish_publishes_a_callers_metadata_that_fits(tmp_path: Path) -> None:
         _write_ipc(Path(writer.staging_path()) / "metadata.arrow", GOOD)
         writer.finish()
     assert _ipc(tmp_path / "c" / "metadata.arrow").equals(GOOD)
+
+
+def _metadata_writer(runtime: _native.Runtime, base: Path) -> _native.Writer:
+    """A writer with DRT_WRITER_METADATA holding the three samples of _caller_writer."""
+    writer = _native.Writer.open(
+        runtime,
+        base,
+        "c",
+        _native.WriterOptions(
+            max_shard_bytes=1 << 20,
+            prefetch_size=4,
+            compression=_native.Compression.NONE,
+            compression_ratio=1.0,
+            flags=_native.WriterFlag.METADATA,
+        ),
+    )
+    writer.set_schema(["label"], [KIND.INT])
+    writer.append(
+        3,
+        b"abc",
+        np.array([0, 1, 2, 3], dtype=np.uint64),
+        [(KIND.INT, np.array([1, 2, 3], dtype=np.int64), None)],
+    )
+    return writer
+
+
+# Run in a child with a deadline: a FIFO used to block finish for good (even SIGINT).
+_SPECIAL_FILE_SCRIPT = """
+import os, sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[3], sys.argv[3] + "/tests"]
+import tests.test_writer_metadata as t
+from dataset_rt import _native
+base, kind = Path(sys.argv[1]), sys.argv[2]
+flagged = kind.startswith("flag-")
+make = t._metadata_writer if flagged else t._caller_writer
+with make(_native.Runtime.open(1), base) as writer:
+    target = Path(writer.staging_path()) / "metadata.arrow"
+    what = kind.removeprefix("flag-")
+    if what == "fifo":
+        os.mkfifo(target)
+    elif what == "directory":
+        target.mkdir()
+    else:
+        (base / "outside").write_bytes(b"keep me")
+        target.symlink_to(base / "outside")
+    try:
+        writer.finish()
+        print("published")
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {exc}")
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("fifo", "ValueError: not a regular file: {target}"),
+        ("directory", "ValueError: not a regular file: {target}"),
+        ("flag-fifo", "published"),
+        ("flag-symlink", "published"),
+        ("flag-directory", "RuntimeError: I/O error: Is a directory (os error 21): {target}"),
+    ],
+)
+def test_finish_never_blocks_on_or_writes_through_what_is_at_metadata_arrow(
+    tmp_path: Path, kind: str, expected: str
+) -> None:
+    """Without the flag a FIFO or a directory at metadata.arrow is refused as not a
+    regular file (a FIFO's open used to block finish); with it whatever is there is
+    replaced, never written through (a symbolic link's target is left alone)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", _SPECIAL_FILE_SCRIPT, str(tmp_path), kind, str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    [line] = result.stdout.splitlines()
+    staging = [p for p in (tmp_path / "tmp").iterdir()] if (tmp_path / "tmp").exists() else []
+    assert staging == []  # removed on close, published or not
+    if expected == "published":
+        assert line == expected
+        published = tmp_path / "c" / "metadata.arrow"
+        assert published.is_file() and not published.is_symlink()
+        assert _ipc(published).column("label").to_pylist() == [1, 2, 3]
+        if kind == "flag-symlink":
+            assert (tmp_path / "outside").read_bytes() == b"keep me"
+    else:
+        assert re.fullmatch(
+            re.escape(expected).replace(
+                re.escape("{target}"), r"\S+/tmp/c\.[0-9a-f]+\.drt/metadata\.arrow"
+            ),
+            line,
+        ), line
+        assert not (tmp_path / "c").exists()

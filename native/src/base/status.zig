@@ -74,13 +74,21 @@ pub fn failText(err: Error, text: []const u8) Error {
     return err;
 }
 
-/// Appends ": <path>" to this thread's message (cut at the bound as `fail` cuts), unless
-/// it names `path` already (`mentions`), and returns `err`: a record's error then names
-/// its shard.
+/// Appends ": <path>" to this thread's message, unless it names `path` already
+/// (`mentions`), and returns `err`: a record's error then names its shard. When both do
+/// not fit the bound, the message is cut (on a UTF-8 boundary, marked "...") so that the
+/// path stays whole.
 pub fn nameFile(err: Error, path: []const u8) Error {
     const msg = lastMessage();
     if (mentions(msg, path, .file)) return err;
     var copy: [message_bytes_max]u8 = undefined;
+    const suffix = ": ".len + path.len;
+    if (msg.len + suffix > message_bytes_max and suffix + "...".len < message_bytes_max) {
+        var keep = message_bytes_max - suffix - "...".len;
+        while (keep > 0 and (msg[keep] & 0xC0) == 0x80) keep -= 1;
+        @memcpy(copy[0..keep], msg[0..keep]);
+        return fail(err, "{s}...: {s}", .{ copy[0..keep], path });
+    }
     @memcpy(copy[0..msg.len], msg);
     return fail(err, "{s}: {s}", .{ copy[0..msg.len], path });
 }
@@ -252,6 +260,21 @@ test "nameFile appends the path once" {
     try std.testing.expectEqualStrings("invalid binary record: c/shards/000000.bin", lastMessage());
     try std.testing.expectEqual(error.InvalidCache, nameFile(error.InvalidCache, "c/shards/000000.bin"));
     try std.testing.expectEqualStrings("invalid binary record: c/shards/000000.bin", lastMessage());
+}
+
+test "nameFile keeps the path whole when the message is long" {
+    var long: [message_bytes_max]u8 = undefined;
+    @memset(&long, 'x');
+    // "é" right across where the message is cut for this path (2048 - 28 - 3 = 2017).
+    long[2016] = 0xC3;
+    long[2017] = 0xA9;
+    try std.testing.expectEqual(error.InvalidCache, fail(error.InvalidCache, "{s}", .{long[0 .. message_bytes_max - 10]}));
+    const path = "/some/cache/metadata.arrow";
+    try std.testing.expectEqual(error.InvalidCache, nameFile(error.InvalidCache, path));
+    const msg = lastMessage();
+    try std.testing.expect(std.mem.endsWith(u8, msg, "...: " ++ path));
+    try std.testing.expect(msg.len <= message_bytes_max);
+    try std.testing.expect(std.unicode.utf8ValidateSlice(msg));
 }
 
 test "mentions: a path of its own, not text that contains it" {

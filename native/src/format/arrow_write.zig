@@ -118,13 +118,12 @@ const Block = struct { offset: u64, meta_len: u64, body_len: u64 };
 
 // ------------------------------------------------------------------------- flatbuffers
 
-/// One field of a table: a scalar, or a reference patched later (`Builder.patch`).
+/// One field of a table: a scalar of `size` bytes, or a reference (4 bytes, left 0 and
+/// patched once its target is placed: `Builder.patch`).
 const Slot = struct {
     id: u16,
     size: u8,
     value: u64 = 0,
-    /// A reference (4 bytes, an unsigned offset to a later object).
-    ref: bool = false,
 };
 
 const Builder = struct {
@@ -216,7 +215,7 @@ const Builder = struct {
     /// A `Schema` table at the current position: little-endian, non-null `columns`.
     fn schemaTable(b: *Builder, columns: []const Column) !u32 {
         // Schema: 0 endianness (Little, the default), 1 fields.
-        const s = try b.table(1, .{.{ .id = 1, .size = 4, .ref = true }});
+        const s = try b.table(1, .{.{ .id = 1, .size = 4 }});
         const vec = try b.vector(columns.len, 4);
         b.patch(s.at[0], vec);
         try b.buf.appendNTimes(b.gpa, 0, 4 * columns.len);
@@ -231,10 +230,10 @@ const Builder = struct {
             // Field: 0 name, 1 nullable (false, the default), 2 type_type, 3 type,
             // 5 children (empty, but present: Arrow C++ requires the vector).
             const f = try b.table(4, .{
-                .{ .id = 0, .size = 4, .ref = true },
+                .{ .id = 0, .size = 4 },
                 .{ .id = 2, .size = 1, .value = type_id },
-                .{ .id = 3, .size = 4, .ref = true },
-                .{ .id = 5, .size = 4, .ref = true },
+                .{ .id = 3, .size = 4 },
+                .{ .id = 5, .size = 4 },
             });
             b.patch(elem, f.start);
             b.patch(f.at[0], try b.string(c.name));
@@ -266,7 +265,7 @@ const Builder = struct {
         const m = try b.table(4, .{
             .{ .id = 0, .size = 2, .value = @intCast(version_v5) },
             .{ .id = 1, .size = 1, .value = header },
-            .{ .id = 2, .size = 4, .ref = true },
+            .{ .id = 2, .size = 4 },
             .{ .id = 3, .size = 8, .value = body_len },
         });
         b.patch(root, m.start);
@@ -276,8 +275,8 @@ const Builder = struct {
             // RecordBatch: 0 length, 1 nodes, 2 buffers.
             const r = try b.table(3, .{
                 .{ .id = 0, .size = 8, .value = rows },
-                .{ .id = 1, .size = 4, .ref = true },
-                .{ .id = 2, .size = 4, .ref = true },
+                .{ .id = 1, .size = 4 },
+                .{ .id = 2, .size = 4 },
             });
             b.patch(m.at[2], r.start);
             b.patch(r.at[1], try b.vector(columns.len, 8));
@@ -313,9 +312,9 @@ const Builder = struct {
         // Footer: 0 version, 1 schema, 2 dictionaries, 3 recordBatches.
         const f = try b.table(4, .{
             .{ .id = 0, .size = 2, .value = @intCast(version_v5) },
-            .{ .id = 1, .size = 4, .ref = true },
-            .{ .id = 2, .size = 4, .ref = true },
-            .{ .id = 3, .size = 4, .ref = true },
+            .{ .id = 1, .size = 4 },
+            .{ .id = 2, .size = 4 },
+            .{ .id = 3, .size = 4 },
         });
         b.patch(root, f.start);
         b.patch(f.at[1], try b.schemaTable(columns));

@@ -375,8 +375,9 @@ pub const Dataset = struct {
     pub fn recordError(ds: *const Dataset, loc: Loc, err: status.Error) status.Error {
         if (err != error.InvalidCache and err != error.Json) return err;
         const c = &ds.caches[loc.cache];
-        // Already about a file of the cache (metadata.arrow; a replaced cache).
-        if (status.mentions(status.lastMessage(), std.mem.trimRight(u8, c.path, "/"), .under)) return err;
+        // Already about the cache (replaced while open) or one of its files (metadata.arrow).
+        const msg = status.lastMessage();
+        if (c.isReplacedMessage(msg) or status.mentions(msg, std.mem.trimRight(u8, c.path, "/"), .under)) return err;
         if (loc.sample_id >= c.sampleCount()) return err;
         const shard_id = c.row(loc.sample_id).shard_id;
         if (shard_id >= c.shard_paths.len) return err;

@@ -277,8 +277,19 @@ pub const Cache = struct {
         return fd;
     }
 
+    const replaced_format = "cache {s} was replaced (rebuilt) or removed while this dataset was open; open it again";
+
     fn replacedError(c: *const Cache) status.Error {
-        return status.fail(error.InvalidCache, "cache {s} was replaced (rebuilt) or removed while this dataset was open; open it again", .{c.path});
+        return status.fail(error.InvalidCache, replaced_format, .{c.path});
+    }
+
+    /// Whether `msg` is this cache's `replacedError` (a read's error that is not about
+    /// one record: no shard is named after it).
+    pub fn isReplacedMessage(c: *const Cache, msg: []const u8) bool {
+        const head = comptime replaced_format[0..std.mem.indexOf(u8, replaced_format, "{s}").?];
+        const tail = comptime replaced_format[std.mem.indexOf(u8, replaced_format, "{s}").? + 3 ..];
+        return msg.len == head.len + c.path.len + tail.len and std.mem.startsWith(u8, msg, head) and
+            std.mem.eql(u8, msg[head.len..][0..c.path.len], c.path) and std.mem.endsWith(u8, msg, tail);
     }
 
     /// Opens shard `shard_id` of this very cache (see `openSameDir`).

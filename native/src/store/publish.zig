@@ -235,7 +235,8 @@ pub const Staging = struct {
     pub fn checkMetadata(s: *Staging, gpa: std.mem.Allocator, fields: []const schema.Field, sample_count: u64) status.Error![32]u8 {
         const path = try std.fmt.allocPrint(gpa, "{s}/metadata.arrow", .{s.staging_path});
         defer gpa.free(path);
-        const file = s.dir.openFile("metadata.arrow", .{}) catch |err| return status.failIo(err, path);
+        // A regular file only: a FIFO would block the open, a directory fail the mapping.
+        const file = try openRegular(s.dir.fd, "metadata.arrow", path);
         defer file.close();
         file.sync() catch |err| return status.failIo(err, path);
         const size = (file.stat() catch |err| return status.failIo(err, path)).size;
@@ -246,16 +247,19 @@ pub const Staging = struct {
         defer if (map.len > 0) posix.munmap(map);
         var parsed = arrow.File.parse(gpa, map) catch |err| return status.nameFile(err, path);
         defer parsed.deinit(gpa);
+        // The path goes last through nameFile, which keeps it whole after long names.
         if (parsed.row_count != sample_count) {
-            return status.fail(error.InvalidArgument, "metadata.arrow has {d} rows, the cache {d} samples: {s}", .{ parsed.row_count, sample_count, path });
+            return status.nameFile(status.fail(error.InvalidArgument, "metadata.arrow has {d} rows, the cache {d} samples", .{ parsed.row_count, sample_count }), path);
         }
-        if (parsed.fields.len != fields.len) return status.fail(error.InvalidArgument, "metadata.arrow has {d} columns, the schema {d}: {s}", .{ parsed.fields.len, fields.len, path });
+        if (parsed.fields.len != fields.len) {
+            return status.nameFile(status.fail(error.InvalidArgument, "metadata.arrow has {d} columns, the schema {d}", .{ parsed.fields.len, fields.len }), path);
+        }
         for (fields, parsed.fields, 0..) |want, got, i| {
             if (!std.mem.eql(u8, want.name, got.name) or got.type.kind() != want.kind) {
-                return status.fail(error.InvalidArgument, "metadata.arrow column {d} is not '{s}' ({s}): {s}", .{ i, want.name, want.kind.name(), path });
+                return status.nameFile(status.fail(error.InvalidArgument, "metadata.arrow column {d} is not '{s}' ({s})", .{ i, want.name, want.kind.name() }), path);
             }
             for (parsed.batches) |b| {
-                if (b.columns[i].null_count != 0) return status.fail(error.InvalidArgument, "metadata.arrow column '{s}' has nulls: {s}", .{ want.name, path });
+                if (b.columns[i].null_count != 0) return status.nameFile(status.fail(error.InvalidArgument, "metadata.arrow column '{s}' has nulls", .{want.name}), path);
             }
         }
         var hasher: Sha256 = .init();

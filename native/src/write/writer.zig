@@ -48,6 +48,14 @@ const KeptColumn = struct {
     offsets: std.ArrayList(u8) = .empty,
 };
 
+fn freeKept(gpa: std.mem.Allocator, kept: []KeptColumn) void {
+    for (kept) |*k| {
+        k.values.deinit(gpa);
+        k.offsets.deinit(gpa);
+    }
+    gpa.free(kept);
+}
+
 /// Timed stages (DRT_STAGE_* order).
 pub const Stage = enum(u8) {
     record_encode,
@@ -292,22 +300,29 @@ pub const Writer = struct {
             }
             total += f.name.len;
         }
-        try w.field_names.ensureTotalCapacity(w.gpa, total);
-        const copy = try w.gpa.alloc(schema.Field, fields.len);
+        // Built aside and installed at the end: a failure (out of memory) leaves the
+        // writer without a schema, as before the call.
+        const gpa = w.gpa;
+        var names: std.ArrayList(u8) = .empty;
+        errdefer names.deinit(gpa);
+        try names.ensureTotalCapacity(gpa, total);
+        const copy = try gpa.alloc(schema.Field, fields.len);
+        errdefer gpa.free(copy);
+        const kept = try gpa.alloc(KeptColumn, if (w.options.write_metadata) fields.len else 0);
+        @memset(kept, .{});
+        errdefer freeKept(gpa, kept);
+        for (kept, 0..) |*k, i| {
+            if (fields[i].kind == .string) try k.offsets.appendNTimes(gpa, 0, 4);
+        }
         for (fields, copy) |f, *c| {
-            const start = w.field_names.items.len;
-            w.field_names.appendSliceAssumeCapacity(f.name);
-            c.* = .{ .name = w.field_names.items[start..], .kind = f.kind };
+            const start = names.items.len;
+            names.appendSliceAssumeCapacity(f.name);
+            c.* = .{ .name = names.items[start..], .kind = f.kind };
         }
+        w.field_names = names;
         w.fields = copy;
+        w.kept = kept;
         w.schema_set = true;
-        if (w.options.write_metadata) {
-            w.kept = try w.gpa.alloc(KeptColumn, fields.len);
-            for (w.kept, fields) |*k, f| {
-                k.* = .{};
-                if (f.kind == .string) try k.offsets.appendNTimes(w.gpa, 0, 4);
-            }
-        }
     }
 
     /// Appends `count` samples (see drt_writer_append): validates them and copies them
@@ -790,8 +805,8 @@ pub const Writer = struct {
         try w.staging.rename(w.options.replace);
     }
 
-    /// Writes the kept columns as the staging `metadata.arrow` (replacing any file there),
-    /// fsynced; returns its SHA-256.
+    /// Writes the kept columns as the staging `metadata.arrow` (replacing whatever is at
+    /// that name, never through it), fsynced; returns its SHA-256.
     fn writeMetadata(w: *Writer) status.Error![32]u8 {
         const gpa = w.gpa;
         const path = try std.fmt.allocPrint(gpa, "{s}/metadata.arrow", .{w.staging.staging_path});
@@ -801,7 +816,13 @@ pub const Writer = struct {
         for (columns, w.fields, w.kept) |*c, f, k| {
             c.* = .{ .name = f.name, .kind = f.kind, .values = k.values.items, .offsets = k.offsets.items };
         }
-        const file = w.staging.dir.createFile("metadata.arrow", .{}) catch |err| return status.failIo(err, path);
+        // Whatever the caller left at the name goes first (a symbolic link is not followed,
+        // a FIFO not opened); the new file is created exclusively.
+        w.staging.dir.deleteFile("metadata.arrow") catch |err| switch (err) {
+            error.FileNotFound => {},
+            else => return status.failIo(err, path),
+        };
+        const file = w.staging.dir.createFile("metadata.arrow", .{ .exclusive = true }) catch |err| return status.failIo(err, path);
         var out: MetadataOut = .{ .gpa = gpa, .path = path, .file = .{ .file = file, .hasher = .init() } };
         var file_open = true;
         defer out.file.deinit(gpa, file_open);
@@ -837,11 +858,7 @@ pub const Writer = struct {
         w.direct_values.deinit(gpa);
         w.direct_header.deinit(gpa);
         w.field_names.deinit(gpa);
-        for (w.kept) |*k| {
-            k.values.deinit(gpa);
-            k.offsets.deinit(gpa);
-        }
-        gpa.free(w.kept);
+        freeKept(gpa, w.kept);
         gpa.free(w.fields);
         gpa.free(w.name);
         if (w.options.fingerprint) |fp| gpa.free(fp);
@@ -1575,5 +1592,23 @@ test "writer: a second writer of a published name gets error.Exists" {
     // Once published, opening a writer of that name fails at once, leaving nothing.
     try testing.expectError(error.Exists, Writer.open(gpa, rt, base, "c", options));
     try testing.expectEqualStrings(message, status.lastMessage());
+    try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
+}
+
+test "writer: out of memory while opening or setting the schema leaks nothing and leaves no staging" {
+    var tmp = testing.tmpDir(.{ .iterate = true });
+    defer tmp.cleanup();
+    const base = try tmp.dir.realpathAlloc(testing.allocator, ".");
+    defer testing.allocator.free(base);
+    const rt = try Runtime.open(testing.allocator, 1);
+    defer rt.release();
+    try testing.checkAllAllocationFailures(testing.allocator, struct {
+        fn run(gpa: std.mem.Allocator, r: *Runtime, b: []const u8) !void {
+            const options: Options = .{ .max_shard_bytes = 1 << 20, .prefetch_size = 4, .compression = .none, .ratio = 1.0, .write_metadata = true };
+            const w = try Writer.open(gpa, r, b, "c", options);
+            defer w.close();
+            try w.setSchema(&small_fields);
+        }
+    }.run, .{ rt, base });
     try testing.expectEqual(@as(usize, 0), try stagingLeft(tmp.dir));
 }
