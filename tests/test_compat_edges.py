@@ -22,6 +22,7 @@ import pytest
 
 import dataset_rt as drt
 from tests.sources import FailingBadStr, Numbers
+from tests.test_writer_errors import MidwayFailure
 
 QUIET = drt.WriterConfig(show_progress=False)
 ORDERED = drt.ReaderConfig(seed=0, shuffle=False)
@@ -85,18 +86,6 @@ def _local_error() -> type[Exception]:
     return Local
 
 
-class Midway:
-    """Yields one sample, then raises ``exc``."""
-
-    def __init__(self, name: str, exc: BaseException) -> None:
-        self.name = name
-        self.exc = exc
-
-    def __iter__(self) -> Any:
-        yield (b"a", {"k": 1})
-        raise self.exc
-
-
 class NameRaises:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
@@ -137,7 +126,7 @@ def test_exception_whose_str_fails_is_a_result(runtime, tmp_path: Path, num_proc
 )
 def test_python_error_text(runtime, tmp_path: Path, exc: BaseException, text: str) -> None:
     # The class's __qualname__ (no module), as pyo3 prints it for 0.4.8.
-    midway = write(runtime, tmp_path / "a", Midway("s", exc))
+    midway = write(runtime, tmp_path / "a", MidwayFailure("s", exc))
     assert midway == drt.CacheWriteError("s", f"Python error: {text}")
     name = write(runtime, tmp_path / "b", NameRaises(exc))
     assert name == drt.CacheWriteError("source[0]", f"Python error: {text}")

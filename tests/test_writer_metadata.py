@@ -101,9 +101,14 @@ def test_dataset_rt_048_reads_the_written_metadata(tmp_path: Path) -> None:
 # ------------------------------------------------- the caller's metadata.arrow, checked
 
 
-def _caller_writer(runtime: _native.Runtime, base: Path) -> _native.Writer:
-    """A writer without DRT_WRITER_METADATA holding three samples of schema
-    (label: int, name: string)."""
+NO_FLAGS = _native.WriterFlag(0)
+
+
+def _caller_writer(
+    runtime: _native.Runtime, base: Path, flags: _native.WriterFlag = NO_FLAGS
+) -> _native.Writer:
+    """A writer (without DRT_WRITER_METADATA unless ``flags`` say so) holding three
+    samples of schema (label: int, name: string)."""
     writer = _native.Writer.open(
         runtime,
         base,
@@ -113,6 +118,7 @@ def _caller_writer(runtime: _native.Runtime, base: Path) -> _native.Writer:
             prefetch_size=4,
             compression=_native.Compression.NONE,
             compression_ratio=1.0,
+            flags=flags,
         ),
     )
     writer.set_schema(["label", "name"], [KIND.INT, KIND.STRING])
@@ -183,30 +189,6 @@ def test_finish_publishes_a_callers_metadata_that_fits(tmp_path: Path) -> None:
     assert _ipc(tmp_path / "c" / "metadata.arrow").equals(GOOD)
 
 
-def _metadata_writer(runtime: _native.Runtime, base: Path) -> _native.Writer:
-    """A writer with DRT_WRITER_METADATA holding the three samples of _caller_writer."""
-    writer = _native.Writer.open(
-        runtime,
-        base,
-        "c",
-        _native.WriterOptions(
-            max_shard_bytes=1 << 20,
-            prefetch_size=4,
-            compression=_native.Compression.NONE,
-            compression_ratio=1.0,
-            flags=_native.WriterFlag.METADATA,
-        ),
-    )
-    writer.set_schema(["label"], [KIND.INT])
-    writer.append(
-        3,
-        b"abc",
-        np.array([0, 1, 2, 3], dtype=np.uint64),
-        [(KIND.INT, np.array([1, 2, 3], dtype=np.int64), None)],
-    )
-    return writer
-
-
 # Run in a child with a deadline: a FIFO used to block finish for good (even SIGINT).
 _SPECIAL_FILE_SCRIPT = """
 import os, sys
@@ -215,9 +197,8 @@ sys.path[:0] = [sys.argv[3], sys.argv[3] + "/tests"]
 import tests.test_writer_metadata as t
 from dataset_rt import _native
 base, kind = Path(sys.argv[1]), sys.argv[2]
-flagged = kind.startswith("flag-")
-make = t._metadata_writer if flagged else t._caller_writer
-with make(_native.Runtime.open(1), base) as writer:
+flags = _native.WriterFlag.METADATA if kind.startswith("flag-") else _native.WriterFlag(0)
+with t._caller_writer(_native.Runtime.open(1), base, flags) as writer:
     target = Path(writer.staging_path()) / "metadata.arrow"
     what = kind.removeprefix("flag-")
     if what == "fifo":
