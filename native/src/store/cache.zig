@@ -31,12 +31,8 @@ pub const Metadata = struct {
         defer gpa.free(path);
         const file = try publish.openRegular(dir, "metadata.arrow", path);
         defer file.close();
-        const size = (file.stat() catch |err| return status.failIo(err, path)).size;
-        const map: []align(std.heap.page_size_min) const u8 = if (size == 0)
-            &.{}
-        else
-            posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
-        errdefer if (map.len > 0) posix.munmap(map);
+        const map = try publish.mapFile(file, path);
+        errdefer publish.unmapFile(map);
         var parsed = arrow.File.parse(gpa, map) catch |err| return switch (err) {
             error.InvalidCache, error.Arrow => status.nameFile(err, path),
             else => err,
@@ -58,7 +54,7 @@ pub const Metadata = struct {
 
     fn deinit(md: *Metadata, gpa: std.mem.Allocator) void {
         md.file.deinit(gpa);
-        if (md.map.len > 0) posix.munmap(md.map);
+        publish.unmapFile(md.map);
     }
 };
 

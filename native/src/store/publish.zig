@@ -66,6 +66,18 @@ pub fn openRegular(dir: posix.fd_t, name: [:0]const u8, path: []const u8) status
     return .{ .handle = fd };
 }
 
+/// Maps the whole of an open file read-only (private); an empty file is an empty slice
+/// (mmap refuses length 0). `path` names it in errors. Release with `unmapFile`.
+pub fn mapFile(file: std.fs.File, path: []const u8) status.Error![]align(std.heap.page_size_min) const u8 {
+    const size = (file.stat() catch |err| return status.failIo(err, path)).size;
+    if (size == 0) return &.{};
+    return posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| status.failIo(err, path);
+}
+
+pub fn unmapFile(map: []align(std.heap.page_size_min) const u8) void {
+    if (map.len > 0) posix.munmap(map);
+}
+
 /// Fails with "checksum mismatch for <path>" unless `digest` spells `expected_hex`
 /// exactly (manifests hold lowercase hex; any other spelling is a changed file).
 pub fn verifyDigest(digest: [32]u8, expected_hex: []const u8, path: []const u8) status.Error!void {
@@ -239,12 +251,8 @@ pub const Staging = struct {
         const file = try openRegular(s.dir.fd, "metadata.arrow", path);
         defer file.close();
         file.sync() catch |err| return status.failIo(err, path);
-        const size = (file.stat() catch |err| return status.failIo(err, path)).size;
-        const map: []align(std.heap.page_size_min) const u8 = if (size == 0)
-            &.{}
-        else
-            posix.mmap(null, @intCast(size), posix.PROT.READ, .{ .TYPE = .PRIVATE }, file.handle, 0) catch |err| return status.failIo(err, path);
-        defer if (map.len > 0) posix.munmap(map);
+        const map = try mapFile(file, path);
+        defer unmapFile(map);
         var parsed = arrow.File.parse(gpa, map) catch |err| return status.nameFile(err, path);
         defer parsed.deinit(gpa);
         // The path goes last through nameFile, which keeps it whole after long names.
