@@ -17,7 +17,8 @@
 //!   though the baseline target has the features off. Zig's self-hosted x86-64 backend
 //!   (the default for Debug builds) refuses SHA mnemonics unless the comptime CPU has the
 //!   `sha` feature, so with that backend SHA-NI is only compiled for such CPUs; every other
-//!   Debug build uses the portable path (run tests with `-fllvm` to cover SHA-NI in Debug).
+//!   Debug build uses the portable path (`zig build test` compiles with LLVM, so its
+//!   Debug tests cover SHA-NI).
 //! - `portableBlocks`: fully unrolled rounds (`inline for`), state and a 16-word rolling
 //!   message schedule in locals, big-endian loads, no memcpy inside the compression loop.
 //!
