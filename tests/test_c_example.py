@@ -62,9 +62,12 @@ def checked(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="session")
 def prefix(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`zig build install` into a fresh prefix, once per session."""
+    """`zig build install` into a fresh prefix, once per session. Debug: it builds in a
+    fraction of ReleaseSafe's time, and the example then runs with every safety check of
+    the Zig code on (the ReleaseSafe library is what the Python tests and the wheel's SDK
+    tests in test_wheels.py run)."""
     out = tmp_path_factory.mktemp("prefix")
-    options = ["-Doptimize=ReleaseSafe", "-Dcpu=baseline"]
+    options = ["-Doptimize=Debug", "-Dcpu=baseline"]
     checked([*ZIG, "build", "install", "--prefix", str(out), *options], cwd=ROOT)
     return out
 
