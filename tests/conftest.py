@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zig_tests
 
 # The S3 server fixtures of the remote-cache tests (tests/remote_server.py).
 from remote_server import s3_bucket, s3_server  # noqa: F401
@@ -84,3 +85,17 @@ def io_backend(request: pytest.FixtureRequest) -> str:
     if request.param == "io_uring" and not io_uring_available():
         pytest.skip("io_uring is not available here (kernel or seccomp refuses io_uring_setup)")
     return request.param
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the Zig unit tests in the background when they were selected, so that they
+    run beside the Python tests (tests/zig_tests.py)."""
+    if any(
+        item.name == "test_zig_unit_tests" and item.path.name == "test_native.py"
+        for item in session.items
+    ):
+        zig_tests.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    zig_tests.stop()

@@ -5,27 +5,22 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import zig_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "native" / "include" / "dataset_rt.h"
 
 
 def test_zig_unit_tests() -> None:
-    """`zig build test` (Debug: every safety check on) passes."""
-    result = subprocess.run(
-        [sys.executable, "-m", "ziglang", "build", "test", "-Doptimize=Debug", "--summary", "all"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    summary = re.search(r"(\d+) passed", result.stdout + result.stderr)
-    assert summary and int(summary.group(1)) > 0, result.stdout + result.stderr
+    """`zig build test` (Debug: every safety check on) passes. The session started it
+    beside the Python tests (tests/zig_tests.py)."""
+    returncode, output = zig_tests.result()
+    assert returncode == 0, output
+    summary = re.search(r"(\d+) passed", output)
+    assert summary and int(summary.group(1)) > 0, output
 
 
 def header_functions() -> set[str]:
