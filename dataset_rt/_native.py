@@ -490,6 +490,9 @@ class DatasetOptions(NamedTuple):
     validate_cache: bool
     io_backend: IoBackend = IoBackend.AUTO
     sampling: Sampling = Sampling.WITH_REPLACEMENT
+    #: With ``validate_cache`` (ABI 1.16): a damaged local cache's error names every
+    #: damaged file, one per line.
+    name_every_damaged_file: bool = False
 
 
 class CacheInfo(NamedTuple):
@@ -572,7 +575,9 @@ def _dataset_options(options: DatasetOptions) -> Any:
             "seed": options.seed,
             "prefetch_size": options.prefetch_size,
             "shuffle": 1 if options.shuffle else 0,
-            "validate_cache": 1 if options.validate_cache else 0,
+            "validate_cache": (2 if options.name_every_damaged_file else 1)
+            if options.validate_cache
+            else 0,
             "io_backend": int(options.io_backend),
             "sampling": int(options.sampling),
         },

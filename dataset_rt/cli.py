@@ -5,7 +5,7 @@ Subcommands:
   (a table, or ``--json``);
 * ``verify PATH...``: every SHA-256 and every record's embedded metadata checked against
   ``metadata.arrow``, with progress and MB/s; exit status 0 only when every cache is
-  intact, and the first damaged file of each cache is named;
+  intact; every damaged file of a local cache is named (of a remote one, the first);
 * ``head PATH [-n N]``: the first samples' identities, payload sizes and metadata;
 * ``stats PATH``: per-column summaries of the metadata table (Polars);
 * ``config --cflags --libs [--static]``: flags to build C programs against the C SDK
@@ -175,14 +175,20 @@ def _verify_opened(
     it opens is closed when it returns."""
     started = time.monotonic()
     try:
-        facts = cache_facts(path, transport)
-        # Every SHA-256, the metadata kinds.
+        # Every shard size and SHA-256 (each damaged file named), the metadata kinds.
         config = ReaderConfig(seed=0, shuffle=False, validate_cache=True)
-        dataset = CachedDataset._open(_runtime()._runtime, [path], config, transport)
+        dataset = CachedDataset._open(_runtime()._runtime, [path], config, transport, True)
     except (ValueError, RuntimeError, OSError) as exc:
-        out.write(f"FAIL {path}: {exc}\n")
+        # One line per damaged file.
+        for line in str(exc).splitlines() or [""]:
+            out.write(f"FAIL {path}: {line}\n")
         return False
     with dataset._handle:
+        try:
+            facts = _facts(path, dataset._handle)
+        except (ValueError, RuntimeError, OSError) as exc:
+            out.write(f"FAIL {path}: {exc}\n")
+            return False
         return _verify_records(path, dataset, facts, started, out, progress)
 
 

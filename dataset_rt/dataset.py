@@ -175,10 +175,15 @@ class CachedDataset:
         paths: list[Path | str],
         reader_config: ReaderConfig,
         transport: _native.Remote | None = None,
+        name_every_damaged_file: bool = False,
     ) -> CachedDataset:
         """Open ``paths``; URLs fetch through ``transport`` (default: ``remote.remote()``,
-        the environment's local directory)."""
-        options = _native_options(reader_config)
+        the environment's local directory). ``name_every_damaged_file`` (with
+        ``validate_cache``, for ``dataset-rt verify``): a damaged local cache's error
+        names each damaged file on a line of its own, not only the first."""
+        options = _native_options(reader_config)._replace(
+            name_every_damaged_file=name_every_damaged_file
+        )
         if not paths:
             raise ValueError("CachedDataset requires at least one cache path")
         if any(remote.is_url(p) for p in paths):

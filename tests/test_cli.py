@@ -54,6 +54,59 @@ def test_verify_ok_and_corrupt(fixture_copy) -> None:
     assert f"OK   {FIXTURES / 'plain_one_shard'}" in bad.stdout
 
 
+def test_verify_names_every_damaged_file(fixture_copy) -> None:
+    """Every damaged file of a local cache gets a FAIL line (shards flipped, truncated,
+    missing, and index.bin), in the order they are checked; the library's own validated
+    open (the API's validate_cache=True) still names only the first, as 0.4.8 does."""
+    import dataset_rt as drt
+
+    broken = fixture_copy("plain_many_shards")
+    shards = broken / "shards"
+    for name in ("000003.bin", "000011.bin", "index"):
+        path = broken / "index.bin" if name == "index" else shards / name
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    (shards / "000007.bin").write_bytes((shards / "000007.bin").read_bytes()[:-1])
+    (shards / "000020.bin").unlink()
+    result = run("verify", str(broken))
+    assert result.returncode == 1
+    assert result.stdout.splitlines() == [
+        f"FAIL {broken}: shard length mismatch for {shards}/000007.bin",
+        f"FAIL {broken}: I/O error: No such file or directory (os error 2): {shards}/000020.bin",
+        f"FAIL {broken}: checksum mismatch for {broken}/index.bin",
+        f"FAIL {broken}: checksum mismatch for {shards}/000003.bin",
+        f"FAIL {broken}: checksum mismatch for {shards}/000011.bin",
+    ]
+    runtime = drt.DatasetRuntime(num_workers=1)
+    config = drt.ReaderConfig(seed=0, validate_cache=True)
+    try:
+        runtime.cached_dataset([str(broken)], reader_config=config)
+    except ValueError as exc:
+        assert str(exc) == f"shard length mismatch for {shards}/000007.bin"
+    else:
+        raise AssertionError("a damaged cache opened")
+
+
+def test_verify_counts_damaged_files_past_the_message_bound(fixture_copy) -> None:
+    """Past the 2 KiB of an error message, the last line counts the damaged files not
+    named; every line named is whole."""
+    broken = fixture_copy("plain_many_shards")
+    names = sorted(p.name for p in (broken / "shards").iterdir())
+    for name in names:
+        path = broken / "shards" / name
+        data = bytearray(path.read_bytes())
+        data[0] ^= 0x01
+        path.write_bytes(bytes(data))
+    result = run("verify", str(broken))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    named = [f"FAIL {broken}: checksum mismatch for {broken}/shards/{n}" for n in names]
+    more = len(names) - (len(lines) - 1)
+    assert 0 < more < len(names)
+    assert lines == [*named[: len(lines) - 1], f"FAIL {broken}: ... and {more} more damaged files"]
+
+
 def test_verify_detects_edited_record_with_fixed_checksum(fixture_copy) -> None:
     import hashlib
 

@@ -44,7 +44,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 15
+    DRT_ABI_VERSION_MINOR = 16
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -259,7 +259,9 @@ typedef struct drt_dataset_options {
     uint64_t seed;
     uint64_t prefetch_size;  /* > 0; records in flight or buffered per iterator */
     int32_t shuffle;         /* 0: ordered windows; 1: weighted draws with replacement */
-    int32_t validate_cache;  /* 1: verify every SHA-256 at open, compare records with metadata */
+    int32_t validate_cache;  /* 1: verify every SHA-256 at open, compare records with metadata;
+                              * 2 (ABI 1.16): as 1, and the error of a damaged local cache
+                              * names every damaged file, one per line (see drt_dataset_open) */
     int32_t io_backend;      /* DRT_IO_* */
     int32_t sampling;        /* DRT_SAMPLING_* (with shuffle only) */
 } drt_dataset_options;
@@ -292,6 +294,12 @@ typedef struct drt_cache_info {
  * the value is taken from metadata.arrow). The active table starts as every physical
  * sample in path order.
  * paths are borrowed for the call.
+ * With validate_cache = 2 the checks of a local cache's files go on past a damaged one:
+ * the sizes of all shards, metadata.arrow's presence and every SHA-256 are checked and
+ * the DRT_E_INVALID_CACHE message names each damaged file on a line of its own (as the
+ * first one alone would be named: "checksum mismatch for <file>", "shard length mismatch
+ * for <file>", an I/O error), the last line "... and N more damaged files" past the
+ * message's bound (2 KiB). A remote cache's shards are verified as they are fetched.
  * Returns DRT_E_INVALID_ARGUMENT, DRT_E_INVALID_CACHE ("missing manifest: <p>",
  * "checksum mismatch for <file>", ...), DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
 int32_t drt_dataset_open(drt_runtime *runtime, const drt_str *paths, uint64_t path_count,

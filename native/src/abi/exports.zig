@@ -272,6 +272,7 @@ fn openDataset(rt: ?*Runtime, paths: ?[*]const abi.Str, path_count: u64, options
         .prefetch_size = opts.prefetch_size,
         .shuffle = opts.shuffle != 0,
         .validate_cache = opts.validate_cache != 0,
+        .name_every_damaged_file = opts.validate_cache == 2,
         .io_backend = io_backend,
         .permutation = opts.sampling == abi.sampling_permutation,
         .remote = rm,

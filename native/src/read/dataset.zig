@@ -41,6 +41,9 @@ pub const Options = struct {
     /// Read-ahead byte budget per iterator (`prefetch_bytes`); 0 picks
     /// `autoPrefetchBytes()`. Read-ahead is bounded by this and by `prefetch_size`.
     prefetch_bytes: u64 = 0,
+    /// With `validate_cache`: a damaged local cache's error names every damaged file
+    /// (`Cache.openNamingDamaged`), not only the first. Remote caches are unaffected.
+    name_every_damaged_file: bool = false,
 };
 
 /// The automatic read-ahead budget: a quarter of the last-level cache (read from sysfs),
@@ -186,6 +189,8 @@ pub const Dataset = struct {
         for (paths, 0..) |p, i| {
             caches[i] = if (options.remote != null and remote.isUrl(p))
                 try remote.openCache(options.remote.?, p, i, options.validate_cache, &rt.pool, if (options.shuffle) 0 else 2)
+            else if (options.validate_cache and options.name_every_damaged_file)
+                try Cache.openNamingDamaged(gpa, p, i)
             else
                 try Cache.open(gpa, p, i, options.validate_cache);
             opened += 1;
@@ -755,4 +760,39 @@ test "dataset: open rejects a duplicate cache id, a schema mismatch and bad argu
     try testing.expectEqualStrings("prefetch_size must be greater than zero", status.lastMessage());
     // The runtime is still referenced once (ours): failed opens released theirs.
     try testing.expectEqual(@as(u32, 1), rt.refs.load(.monotonic));
+}
+
+test "dataset: a validated open naming every damaged file lists each, the plain one the first" {
+    const gpa = testing.allocator;
+    const rt = try Runtime.open(gpa, 1);
+    defer rt.release();
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try helpers.copyFixture(gpa, tmp.dir, "plain_many_shards");
+    var shards = try tmp.dir.openDir("plain_many_shards/shards", .{});
+    defer shards.close();
+    for ([_][]const u8{ "000002.bin", "000009.bin" }) |name| {
+        const file = try shards.openFile(name, .{ .mode = .read_write });
+        defer file.close();
+        var byte: [1]u8 = undefined;
+        _ = try file.preadAll(&byte, 10);
+        byte[0] ^= 1;
+        try file.pwriteAll(&byte, 10);
+    }
+    const root = try tmp.dir.realpathAlloc(gpa, "plain_many_shards");
+    defer gpa.free(root);
+    var options: Options = .{ .seed = 0, .prefetch_size = 4, .shuffle = false, .validate_cache = true, .io_backend = .threads };
+    const want = try std.fmt.allocPrint(gpa, "checksum mismatch for {s}/shards/000002.bin\nchecksum mismatch for {s}/shards/000009.bin", .{ root, root });
+    defer gpa.free(want);
+    options.name_every_damaged_file = true;
+    try testing.expectError(error.InvalidCache, Dataset.open(gpa, rt, &.{root}, options));
+    try testing.expectEqualStrings(want, status.lastMessage());
+    options.name_every_damaged_file = false;
+    try testing.expectError(error.InvalidCache, Dataset.open(gpa, rt, &.{root}, options));
+    try testing.expectEqualStrings(want[0..std.mem.indexOfScalar(u8, want, '\n').?], status.lastMessage());
+    // Without validate_cache the flag checks no checksum: the cache opens.
+    options.validate_cache = false;
+    options.name_every_damaged_file = true;
+    const ds = try Dataset.open(gpa, rt, &.{root}, options);
+    ds.release();
 }

@@ -142,17 +142,27 @@ pub const Cache = struct {
     /// Opens the cache at `path`. `position` is its index in the dataset's path list (the
     /// cache id of a format-2 manifest).
     pub fn open(gpa: std.mem.Allocator, path: []const u8, position: u64, validate: bool) status.Error!Cache {
-        return openWith(gpa, path, position, validate, null);
+        return openWith(gpa, path, position, if (validate) .first_damaged else .structure, null);
+    }
+
+    /// A validated open (as `open` with `validate`) that does not stop at the first
+    /// damaged file: every shard's size, `metadata.arrow`'s presence and every SHA-256
+    /// are checked, and the error names each damaged file on a line of its own
+    /// ("checksum mismatch for <path>", ...; past the message's bound, "... and N more
+    /// damaged files"). For `dataset-rt verify`.
+    pub fn openNamingDamaged(gpa: std.mem.Allocator, path: []const u8, position: u64) status.Error!Cache {
+        return openWith(gpa, path, position, .every_damaged, null);
     }
 
     /// Opens a remote cache whose manifest, index and metadata were fetched (and verified)
     /// into `local_dir`. Its shards are not there: `remote.source` supplies verified
     /// copies, so shard sizes and checksums are checked when each is fetched, not here.
     pub fn openRemote(gpa: std.mem.Allocator, local_dir: []const u8, position: u64, validate: bool, remote: RemoteOrigin) status.Error!Cache {
-        return openWith(gpa, local_dir, position, validate, remote);
+        return openWith(gpa, local_dir, position, if (validate) .first_damaged else .structure, remote);
     }
 
-    fn openWith(gpa: std.mem.Allocator, path: []const u8, position: u64, validate: bool, remote: ?RemoteOrigin) status.Error!Cache {
+    fn openWith(gpa: std.mem.Allocator, path: []const u8, position: u64, checks: Checks, remote: ?RemoteOrigin) status.Error!Cache {
+        const validate = checks != .structure;
         const own_path = try gpa.dupe(u8, path);
         errdefer gpa.free(own_path);
 
@@ -195,20 +205,37 @@ pub const Cache = struct {
             p.* = try std.fmt.allocPrintSentinel(gpa, "{s}/shards/{s}", .{ shard_base, shard.name }, 0);
             made += 1;
         }
-        if (remote == null) for (m.shards, shard_paths) |shard, p| {
+        // With `.every_damaged`, a damaged file's error is noted and the checks go on.
+        var damaged: Damaged = .{ .checks = checks };
+        // Shards (local ones) whose size is wrong: not hashed too.
+        const sized_wrong = try gpa.alloc(bool, if (remote == null) m.shards.len else 0);
+        defer gpa.free(sized_wrong);
+        @memset(sized_wrong, true);
+        if (remote == null) for (m.shards, shard_paths, sized_wrong) |shard, p, *wrong| {
             // (fstatat: std's statFile treats a name longer than NAME_MAX as unreachable)
-            const st = posix.fstatatZ(posix.AT.FDCWD, p, 0) catch |err| return status.failIo(err, p);
-            if (st.size != shard.byte_len) return status.fail(error.InvalidCache, "shard length mismatch for {s}", .{p});
+            const st = posix.fstatatZ(posix.AT.FDCWD, p, 0) catch |err| {
+                try damaged.note(status.failIo(err, p));
+                continue;
+            };
+            if (st.size != shard.byte_len) {
+                try damaged.note(status.fail(error.InvalidCache, "shard length mismatch for {s}", .{p}));
+                continue;
+            }
+            wrong.* = false;
         };
-        _ = dir.statFile("metadata.arrow") catch |err| {
-            return status.fail(error.Io, "I/O error: {s}: {s}/metadata.arrow", .{ status.describeOsError(err), path });
+        const metadata_present = if (dir.statFile("metadata.arrow")) |_| true else |err| blk: {
+            try damaged.note(status.fail(error.Io, "I/O error: {s}: {s}/metadata.arrow", .{ status.describeOsError(err), path }));
+            break :blk false;
         };
 
         if (validate) {
-            try verifyFile(gpa, dir, "metadata.arrow", path, m.metadata_sha256);
-            try verifyFile(gpa, dir, "index.bin", path, m.index_sha256);
-            if (remote == null) for (m.shards, shard_paths) |shard, p| try verifySha(p, shard.sha256);
+            if (metadata_present) verifyFile(gpa, dir, "metadata.arrow", path, m.metadata_sha256) catch |err| try damaged.note(err);
+            verifyFile(gpa, dir, "index.bin", path, m.index_sha256) catch |err| try damaged.note(err);
+            if (remote == null) for (m.shards, shard_paths, sized_wrong) |shard, p, wrong| {
+                if (!wrong) verifySha(p, shard.sha256) catch |err| try damaged.note(err);
+            };
         }
+        try damaged.check();
 
         const dir_stat = posix.fstat(dir.fd) catch |err| return status.failIo(err, path);
         var metadata: ?Metadata = null;
@@ -375,6 +402,53 @@ fn mapIndex(gpa: std.mem.Allocator, dir: std.fs.Dir, path: []const u8, sample_co
     }
     return map;
 }
+
+/// What an open checks: the structure only, also every SHA-256 (stopping at the first
+/// damaged file), or every SHA-256 naming each damaged file.
+const Checks = enum { structure, first_damaged, every_damaged };
+
+/// The damaged files an `.every_damaged` open found: their errors' messages, one per
+/// line, within the bound of an error message (`status.message_bytes_max`); past it
+/// they are counted.
+const Damaged = struct {
+    checks: Checks,
+    text: [status.message_bytes_max - tail_bytes]u8 = undefined,
+    len: usize = 0,
+    count: usize = 0,
+    /// Files noted past the bound.
+    more: usize = 0,
+
+    /// Room kept for the last line ("... and N more damaged files").
+    const tail_bytes = 64;
+
+    /// Notes the file whose check failed with `err` (its message is this thread's last
+    /// error) when the open names every damaged file; otherwise, or for running out of
+    /// memory, returns `err`.
+    fn note(d: *Damaged, err: status.Error) status.Error!void {
+        if (d.checks != .every_damaged or err == error.OutOfMemory) return err;
+        const line = status.lastMessage();
+        d.count += 1;
+        const sep: usize = @intFromBool(d.len > 0);
+        if (d.more == 0 and d.len + sep + line.len <= d.text.len) {
+            if (sep == 1) d.text[d.len] = '\n';
+            @memcpy(d.text[d.len + sep ..][0..line.len], line);
+            d.len += sep + line.len;
+        } else if (d.len == 0) {
+            // One line longer than the bound: its start, cut on a UTF-8 boundary.
+            var keep = d.text.len;
+            while (keep > 0 and (line[keep] & 0xC0) == 0x80) keep -= 1;
+            @memcpy(d.text[0..keep], line[0..keep]);
+            d.len = keep;
+        } else d.more += 1;
+    }
+
+    /// Fails with every noted file (`error.InvalidCache`) when there is any.
+    fn check(d: *const Damaged) status.Error!void {
+        if (d.count == 0) return;
+        if (d.more == 0) return status.fail(error.InvalidCache, "{s}", .{d.text[0..d.len]});
+        return status.fail(error.InvalidCache, "{s}\n... and {d} more damaged files", .{ d.text[0..d.len], d.more });
+    }
+};
 
 fn verifyFile(gpa: std.mem.Allocator, dir: std.fs.Dir, name: []const u8, cache_path: []const u8, expected_hex: []const u8) status.Error!void {
     const full = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ cache_path, name }, 0);
