@@ -180,7 +180,7 @@ def _verify_opened(
         dataset = CachedDataset._open(_runtime()._runtime, [path], config, transport, True)
     except (ValueError, RuntimeError, OSError) as exc:
         # One line per damaged file.
-        for line in str(exc).splitlines() or [""]:
+        for line in str(exc).split("\n"):  # (not splitlines: paths may hold \r, U+2028)
             out.write(f"FAIL {path}: {line}\n")
         return False
     with dataset._handle:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import FIXTURES, expected
 
@@ -56,8 +59,9 @@ def test_verify_ok_and_corrupt(fixture_copy) -> None:
 
 def test_verify_names_every_damaged_file(fixture_copy) -> None:
     """Every damaged file of a local cache gets a FAIL line (shards flipped, truncated,
-    missing, and index.bin), in the order they are checked; the library's own validated
-    open (the API's validate_cache=True) still names only the first, as 0.4.8 does."""
+    missing, and index.bin), in the order they are checked (index.bin, then shard by
+    shard: size, SHA-256); the library's own validated open (the API's
+    validate_cache=True) still names only the first, the one 0.4.8 names."""
     import dataset_rt as drt
 
     broken = fixture_copy("plain_many_shards")
@@ -72,20 +76,62 @@ def test_verify_names_every_damaged_file(fixture_copy) -> None:
     result = run("verify", str(broken))
     assert result.returncode == 1
     assert result.stdout.splitlines() == [
-        f"FAIL {broken}: shard length mismatch for {shards}/000007.bin",
-        f"FAIL {broken}: I/O error: No such file or directory (os error 2): {shards}/000020.bin",
         f"FAIL {broken}: checksum mismatch for {broken}/index.bin",
         f"FAIL {broken}: checksum mismatch for {shards}/000003.bin",
+        f"FAIL {broken}: shard length mismatch for {shards}/000007.bin",
         f"FAIL {broken}: checksum mismatch for {shards}/000011.bin",
+        f"FAIL {broken}: I/O error: No such file or directory (os error 2): {shards}/000020.bin",
     ]
     runtime = drt.DatasetRuntime(num_workers=1)
     config = drt.ReaderConfig(seed=0, validate_cache=True)
-    try:
+    with pytest.raises(ValueError) as first:
         runtime.cached_dataset([str(broken)], reader_config=config)
-    except ValueError as exc:
-        assert str(exc) == f"shard length mismatch for {shards}/000007.bin"
-    else:
-        raise AssertionError("a damaged cache opened")
+    assert str(first.value) == f"checksum mismatch for {broken}/index.bin"
+
+
+def test_validated_open_reports_the_first_damaged_file_0_4_8_reports(fixture_copy) -> None:
+    """validate_cache=True checks metadata.arrow, index.bin, then each shard's size and
+    SHA-256 in order, as dataset-rt 0.4.8 does (observed with it): an earlier shard's
+    wrong SHA-256 is reported before a later shard's wrong size, a missing metadata.arrow
+    before a shard's wrong size. Unvalidated opens check every shard's size first."""
+    import dataset_rt as drt
+
+    cache = fixture_copy("plain_many_shards")
+    shards = cache / "shards"
+    data = bytearray((shards / "000002.bin").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (shards / "000002.bin").write_bytes(bytes(data))
+    (shards / "000005.bin").write_bytes((shards / "000005.bin").read_bytes()[:-1])
+    runtime = drt.DatasetRuntime(num_workers=1)
+    validated = drt.ReaderConfig(seed=0, validate_cache=True)
+    with pytest.raises(ValueError, match=r"^checksum mismatch for .*/shards/000002\.bin$"):
+        runtime.cached_dataset([str(cache)], reader_config=validated)
+    with pytest.raises(ValueError, match=r"^shard length mismatch for .*/shards/000005\.bin$"):
+        runtime.cached_dataset([str(cache)], reader_config=drt.ReaderConfig(seed=0))
+    (cache / "metadata.arrow").unlink()
+    missing = r"^I/O error: No such file or directory .*/metadata\.arrow$"
+    with pytest.raises(RuntimeError, match=missing):
+        runtime.cached_dataset([str(cache)], reader_config=validated)
+
+
+def test_verify_keeps_a_path_with_line_separators_on_one_line(fixture_copy, tmp_path) -> None:
+    """A FAIL line per damaged file, whatever characters its path holds (U+2028 and a
+    carriage return are line breaks to Python's splitlines)."""
+    cache = tmp_path / "odd\u2028name\rhere"
+    shutil.copytree(fixture_copy("plain_one_shard"), cache)
+    shard = cache / "shards" / "000000.bin"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 0x01
+    shard.write_bytes(bytes(data))
+    # (Bytes: text mode would turn the carriage return into a newline.)
+    result = subprocess.run(
+        [sys.executable, "-m", "dataset_rt", "verify", str(cache)], capture_output=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert result.stdout.decode().split("\n") == [
+        f"FAIL {cache}: checksum mismatch for {cache}/shards/000000.bin",
+        "",
+    ]
 
 
 def test_verify_counts_damaged_files_past_the_message_bound(fixture_copy) -> None:

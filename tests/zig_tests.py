@@ -4,7 +4,8 @@ The Zig unit tests keep one core busy for a minute or two, while most Python tes
 the second core of a 2-core machine idle. So the session starts them in the background
 as soon as it knows they were selected (``conftest.py``, after collection), and
 ``tests/test_native.py::test_zig_unit_tests`` waits for their result. Run alone, that
-test starts them itself. The session kills them if it ends first (``-x``, Ctrl-C).
+test starts them itself. The session kills them if it ends first (``-x``, Ctrl-C); they
+stay in pytest's process group, so a signal to the group (a CI timeout) reaches them too.
 """
 
 from __future__ import annotations
@@ -37,13 +38,41 @@ class _Run:
             cwd=ROOT,
             stdout=self.output,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, to stop it whole
+            # In pytest's process group: what stops the session's group (Ctrl-C, a CI
+            # timeout, `timeout`) stops it too.
         )
 
     def kill(self) -> None:
+        """Kill `zig build` and the processes it started (the compiler, the tests)."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            for pid in [*_descendants(self.process.pid), self.process.pid]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             self.process.wait()
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (from /proc), children before their parents' parents."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        parent = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: list[int] = []
+    stack = list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        found.append(child)
+        stack.extend(children.get(child, []))
+    return found[::-1]
 
 
 _run: _Run | None = None  # this session's run, started at most once

@@ -294,12 +294,14 @@ typedef struct drt_cache_info {
  * the value is taken from metadata.arrow). The active table starts as every physical
  * sample in path order.
  * paths are borrowed for the call.
- * With validate_cache = 2 the checks of a local cache's files go on past a damaged one:
- * the sizes of all shards, metadata.arrow's presence and every SHA-256 are checked and
- * the DRT_E_INVALID_CACHE message names each damaged file on a line of its own (as the
- * first one alone would be named: "checksum mismatch for <file>", "shard length mismatch
- * for <file>", an I/O error), the last line "... and N more damaged files" past the
- * message's bound (2 KiB). A remote cache's shards are verified as they are fetched.
+ * The validated checks go: metadata.arrow (present, SHA-256), index.bin, then each shard's
+ * size and SHA-256 in order (dataset-rt 0.4.8's order: the first damaged file is named).
+ * With validate_cache = 2 they go on past a damaged file of a local cache: one damaged
+ * file fails as with 1; several fail with DRT_E_INVALID_CACHE and a message naming each
+ * on a line of its own, in that order, as each alone would be named ("checksum mismatch
+ * for <file>", "shard length mismatch for <file>", an I/O error), with a last line
+ * "... and N more damaged files" past the message's bound (2 KiB). A remote cache's
+ * shards are verified as they are fetched.
  * Returns DRT_E_INVALID_ARGUMENT, DRT_E_INVALID_CACHE ("missing manifest: <p>",
  * "checksum mismatch for <file>", ...), DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
 int32_t drt_dataset_open(drt_runtime *runtime, const drt_str *paths, uint64_t path_count,

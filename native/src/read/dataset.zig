@@ -796,3 +796,23 @@ test "dataset: a validated open naming every damaged file lists each, the plain 
     const ds = try Dataset.open(gpa, rt, &.{root}, options);
     ds.release();
 }
+
+test "dataset: one damaged file fails the same naming every damaged file or not" {
+    const gpa = testing.allocator;
+    const rt = try Runtime.open(gpa, 1);
+    defer rt.release();
+    var tmp = testing.tmpDir(.{});
+    defer tmp.cleanup();
+    try helpers.copyFixture(gpa, tmp.dir, "plain_many_shards");
+    try tmp.dir.deleteFile("plain_many_shards/shards/000004.bin");
+    const root = try tmp.dir.realpathAlloc(gpa, "plain_many_shards");
+    defer gpa.free(root);
+    const want = try std.fmt.allocPrint(gpa, "I/O error: No such file or directory (os error 2): {s}/shards/000004.bin", .{root});
+    defer gpa.free(want);
+    var options: Options = .{ .seed = 0, .prefetch_size = 4, .shuffle = false, .validate_cache = true, .io_backend = .threads };
+    for ([_]bool{ false, true }) |every| {
+        options.name_every_damaged_file = every;
+        try testing.expectError(error.Io, Dataset.open(gpa, rt, &.{root}, options));
+        try testing.expectEqualStrings(want, status.lastMessage());
+    }
+}

@@ -3,9 +3,10 @@
 //! ids), map `index.bin`, and with `validate_cache` verify every SHA-256 first.
 //!
 //! Check order (it decides which message a multiply-broken cache reports, as in the
-//! reference): manifest → shard sizes → metadata.arrow present → checksums and then
-//! metadata.arrow rows and kinds (validate only) → index length → index row count →
-//! shard ids.
+//! reference): manifest → without validate_cache, every shard's size then metadata.arrow
+//! present; with it, metadata.arrow present and its SHA-256 → index.bin's SHA-256 → each
+//! shard's size and SHA-256, shard by shard → metadata.arrow rows and kinds → (both)
+//! index length → index row count → shard ids.
 
 const std = @import("std");
 const posix = std.posix;
@@ -146,10 +147,11 @@ pub const Cache = struct {
     }
 
     /// A validated open (as `open` with `validate`) that does not stop at the first
-    /// damaged file: every shard's size, `metadata.arrow`'s presence and every SHA-256
-    /// are checked, and the error names each damaged file on a line of its own
-    /// ("checksum mismatch for <path>", ...; past the message's bound, "... and N more
-    /// damaged files"). For `dataset-rt verify`.
+    /// damaged file: `metadata.arrow`'s presence, every shard's size and every SHA-256
+    /// are checked, and the error names each damaged file on a line of its own, in that
+    /// order ("checksum mismatch for <path>", ...; past the message's bound, "... and N
+    /// more damaged files"). One damaged file fails as with `open`. For `dataset-rt
+    /// verify`.
     pub fn openNamingDamaged(gpa: std.mem.Allocator, path: []const u8, position: u64) status.Error!Cache {
         return openWith(gpa, path, position, .every_damaged, null);
     }
@@ -205,37 +207,29 @@ pub const Cache = struct {
             p.* = try std.fmt.allocPrintSentinel(gpa, "{s}/shards/{s}", .{ shard_base, shard.name }, 0);
             made += 1;
         }
-        // With `.every_damaged`, a damaged file's error is noted and the checks go on.
-        var damaged: Damaged = .{ .checks = checks };
-        // Shards (local ones) whose size is wrong: not hashed too.
-        const sized_wrong = try gpa.alloc(bool, if (remote == null) m.shards.len else 0);
-        defer gpa.free(sized_wrong);
-        @memset(sized_wrong, true);
-        if (remote == null) for (m.shards, shard_paths, sized_wrong) |shard, p, *wrong| {
-            // (fstatat: std's statFile treats a name longer than NAME_MAX as unreachable)
-            const st = posix.fstatatZ(posix.AT.FDCWD, p, 0) catch |err| {
-                try damaged.note(status.failIo(err, p));
-                continue;
-            };
-            if (st.size != shard.byte_len) {
-                try damaged.note(status.fail(error.InvalidCache, "shard length mismatch for {s}", .{p}));
-                continue;
-            }
-            wrong.* = false;
-        };
-        const metadata_present = if (dir.statFile("metadata.arrow")) |_| true else |err| blk: {
-            try damaged.note(status.fail(error.Io, "I/O error: {s}: {s}/metadata.arrow", .{ status.describeOsError(err), path }));
-            break :blk false;
-        };
-
-        if (validate) {
-            if (metadata_present) verifyFile(gpa, dir, "metadata.arrow", path, m.metadata_sha256) catch |err| try damaged.note(err);
+        if (checks == .structure) {
+            // Unvalidated, as the reference: every shard's size, then metadata.arrow's
+            // presence.
+            if (remote == null) for (m.shards, shard_paths) |shard, p| try checkShardSize(p, shard.byte_len);
+            try checkMetadataPresent(dir, path);
+        } else {
+            // Validated, in the reference's order: metadata.arrow (present, SHA-256),
+            // index.bin, then each local shard's size and SHA-256. With `.every_damaged`
+            // a damaged file's error is noted and the checks go on.
+            var damaged: Damaged = .{ .checks = checks };
+            if (checkMetadataPresent(dir, path)) |_| {
+                verifyFile(gpa, dir, "metadata.arrow", path, m.metadata_sha256) catch |err| try damaged.note(err);
+            } else |err| try damaged.note(err);
             verifyFile(gpa, dir, "index.bin", path, m.index_sha256) catch |err| try damaged.note(err);
-            if (remote == null) for (m.shards, shard_paths, sized_wrong) |shard, p, wrong| {
-                if (!wrong) verifySha(p, shard.sha256) catch |err| try damaged.note(err);
+            if (remote == null) for (m.shards, shard_paths) |shard, p| {
+                checkShardSize(p, shard.byte_len) catch |err| {
+                    try damaged.note(err);
+                    continue;
+                };
+                verifySha(p, shard.sha256) catch |err| try damaged.note(err);
             };
+            try damaged.check();
         }
-        try damaged.check();
 
         const dir_stat = posix.fstat(dir.fd) catch |err| return status.failIo(err, path);
         var metadata: ?Metadata = null;
@@ -408,47 +402,70 @@ fn mapIndex(gpa: std.mem.Allocator, dir: std.fs.Dir, path: []const u8, sample_co
 const Checks = enum { structure, first_damaged, every_damaged };
 
 /// The damaged files an `.every_damaged` open found: their errors' messages, one per
-/// line, within the bound of an error message (`status.message_bytes_max`); past it
-/// they are counted.
+/// line, for one error message (`status.message_bytes_max`). Lines past the bound are
+/// counted instead, on a last line that replaces the lines it needs room for.
 const Damaged = struct {
     checks: Checks,
-    text: [status.message_bytes_max - tail_bytes]u8 = undefined,
+    text: [status.message_bytes_max]u8 = undefined,
     len: usize = 0,
+    /// Files noted, and the error of the first (a single damaged file fails as it
+    /// would alone).
     count: usize = 0,
-    /// Files noted past the bound.
-    more: usize = 0,
+    first: status.Error = error.InvalidCache,
+    /// Lines in `text`; the length and lines that leave room for the last line.
+    lines: usize = 0,
+    fit_len: usize = 0,
+    fit_lines: usize = 0,
 
-    /// Room kept for the last line ("... and N more damaged files").
-    const tail_bytes = 64;
+    /// Room for the last line ("\n... and N more damaged files").
+    const tail_bytes = 48;
 
     /// Notes the file whose check failed with `err` (its message is this thread's last
     /// error) when the open names every damaged file; otherwise, or for running out of
     /// memory, returns `err`.
     fn note(d: *Damaged, err: status.Error) status.Error!void {
         if (d.checks != .every_damaged or err == error.OutOfMemory) return err;
-        const line = status.lastMessage();
+        if (d.count == 0) d.first = err;
         d.count += 1;
+        const line = status.lastMessage(); // at most message_bytes_max bytes
         const sep: usize = @intFromBool(d.len > 0);
-        if (d.more == 0 and d.len + sep + line.len <= d.text.len) {
-            if (sep == 1) d.text[d.len] = '\n';
-            @memcpy(d.text[d.len + sep ..][0..line.len], line);
-            d.len += sep + line.len;
-        } else if (d.len == 0) {
-            // One line longer than the bound: its start, cut on a UTF-8 boundary.
-            var keep = d.text.len;
-            while (keep > 0 and (line[keep] & 0xC0) == 0x80) keep -= 1;
-            @memcpy(d.text[0..keep], line[0..keep]);
-            d.len = keep;
-        } else d.more += 1;
+        if (d.lines < d.count - 1 or d.len + sep + line.len > d.text.len) return; // counted
+        if (sep == 1) d.text[d.len] = '\n';
+        @memcpy(d.text[d.len + sep ..][0..line.len], line);
+        d.len += sep + line.len;
+        d.lines += 1;
+        if (d.len + tail_bytes <= d.text.len) {
+            d.fit_len = d.len;
+            d.fit_lines = d.lines;
+        }
     }
 
-    /// Fails with every noted file (`error.InvalidCache`) when there is any.
+    /// Fails when any file was noted: one file with its own error and message, several
+    /// with `error.InvalidCache` and a line each.
     fn check(d: *const Damaged) status.Error!void {
         if (d.count == 0) return;
-        if (d.more == 0) return status.fail(error.InvalidCache, "{s}", .{d.text[0..d.len]});
-        return status.fail(error.InvalidCache, "{s}\n... and {d} more damaged files", .{ d.text[0..d.len], d.more });
+        if (d.lines == d.count) return status.fail(if (d.count == 1) d.first else error.InvalidCache, "{s}", .{d.text[0..d.len]});
+        if (d.fit_lines > 0) return status.fail(error.InvalidCache, "{s}\n... and {d} more damaged files", .{ d.text[0..d.fit_len], d.count - d.fit_lines });
+        // The first line alone leaves no room: its start, cut on a UTF-8 boundary.
+        var keep = d.text.len - tail_bytes - "...".len;
+        while (keep > 0 and (d.text[keep] & 0xC0) == 0x80) keep -= 1;
+        return status.fail(error.InvalidCache, "{s}...\n... and {d} more damaged files", .{ d.text[0..keep], d.count - 1 });
     }
 };
+
+/// Fails with "shard length mismatch for <path>" unless the file at `path` has `len` bytes.
+fn checkShardSize(path: [:0]const u8, len: u64) status.Error!void {
+    // (fstatat: std's statFile treats a name longer than NAME_MAX as unreachable)
+    const st = posix.fstatatZ(posix.AT.FDCWD, path, 0) catch |err| return status.failIo(err, path);
+    if (st.size != len) return status.fail(error.InvalidCache, "shard length mismatch for {s}", .{path});
+}
+
+/// Fails with an I/O error naming `<cache_path>/metadata.arrow` unless it exists.
+fn checkMetadataPresent(dir: std.fs.Dir, cache_path: []const u8) status.Error!void {
+    _ = dir.statFile("metadata.arrow") catch |err| {
+        return status.fail(error.Io, "I/O error: {s}: {s}/metadata.arrow", .{ status.describeOsError(err), cache_path });
+    };
+}
 
 fn verifyFile(gpa: std.mem.Allocator, dir: std.fs.Dir, name: []const u8, cache_path: []const u8, expected_hex: []const u8) status.Error!void {
     const full = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ cache_path, name }, 0);
@@ -460,4 +477,45 @@ fn verifyFile(gpa: std.mem.Allocator, dir: std.fs.Dir, name: []const u8, cache_p
 /// Fails with "checksum mismatch for <path>" unless the file's SHA-256 is `expected_hex`.
 fn verifySha(path: [:0]const u8, expected_hex: []const u8) status.Error!void {
     try publish.verifyDigest((try publish.hashPath(path)).sha256, expected_hex, path);
+}
+
+test "Damaged: lines whole within the message bound, one file as it fails alone, the rest counted" {
+    const testing = std.testing;
+    var long: [status.message_bytes_max - 10]u8 = undefined;
+    @memset(&long, 'x');
+    // One file: its own error and message, whole even when near the bound.
+    var one: Damaged = .{ .checks = .every_damaged };
+    try one.note(status.fail(error.Io, "{s}", .{&long}));
+    try testing.expectError(error.Io, one.check());
+    try testing.expectEqualStrings(&long, status.lastMessage());
+    // Several short ones: a line each, in order.
+    var few: Damaged = .{ .checks = .every_damaged };
+    try few.note(status.fail(error.InvalidCache, "a", .{}));
+    try few.note(status.fail(error.Io, "b", .{}));
+    try testing.expectError(error.InvalidCache, few.check());
+    try testing.expectEqualStrings("a\nb", status.lastMessage());
+    // Many: whole lines, then the count of the others.
+    var many: Damaged = .{ .checks = .every_damaged };
+    for (0..500) |i| try many.note(status.fail(error.InvalidCache, "checksum mismatch for file {d}", .{i}));
+    try testing.expectError(error.InvalidCache, many.check());
+    const msg = status.lastMessage();
+    try testing.expect(msg.len <= status.message_bytes_max);
+    const last = msg[std.mem.lastIndexOfScalar(u8, msg, '\n').? + 1 ..];
+    const named = std.mem.count(u8, msg, "\n");
+    var buf: [64]u8 = undefined;
+    try testing.expectEqualStrings(try std.fmt.bufPrint(&buf, "... and {d} more damaged files", .{500 - named}), last);
+    try testing.expect(std.mem.startsWith(u8, msg, "checksum mismatch for file 0\nchecksum mismatch for file 1\n"));
+    // A first line that leaves no room for the count: cut (marked) on a UTF-8 boundary.
+    var wide: [status.message_bytes_max / 2 - 1]u16 = undefined;
+    @memset(&wide, 0xA9C3); // "é" (C3 A9) repeated
+    var cut: Damaged = .{ .checks = .every_damaged };
+    try cut.note(status.fail(error.InvalidCache, "{s}", .{std.mem.sliceAsBytes(&wide)}));
+    try cut.note(status.fail(error.InvalidCache, "second", .{}));
+    try testing.expectError(error.InvalidCache, cut.check());
+    const cut_msg = status.lastMessage();
+    try testing.expect(std.unicode.utf8ValidateSlice(cut_msg));
+    try testing.expect(std.mem.endsWith(u8, cut_msg, "...\n... and 1 more damaged files"));
+    // Not naming every file: the first error is returned as it is.
+    var first: Damaged = .{ .checks = .first_damaged };
+    try testing.expectError(error.Io, first.note(status.fail(error.Io, "x", .{})));
 }
