@@ -331,11 +331,13 @@ def qemu_or_skip() -> str:
 
 @pytest.fixture(scope="session")
 def aarch64_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The library for aarch64 glibc 2.17 (as in the manylinux wheel) and read_cache
-    linked against its static archive, both built with the pinned Zig."""
+    """The library for aarch64 glibc 2.17 (the manylinux wheel's target) and read_cache
+    linked against its static archive, both built with the pinned Zig. Debug: it builds
+    in a fifth of ReleaseSafe's time and runs with every safety check on (the optimized
+    code generation is the x86-64 tests')."""
     qemu_or_skip()
     prefix = tmp_path_factory.mktemp("aarch64")
-    options = [f"-Dtarget={AARCH64_TARGET}", "-Doptimize=ReleaseSafe", "-Dstrip=true"]
+    options = [f"-Dtarget={AARCH64_TARGET}", "-Doptimize=Debug", "-Dstrip=true"]
     checked([*ZIG, "build", "install", "--prefix", str(prefix), *options], cwd=ROOT)
     binary = prefix / "read_cache"
     archive = prefix / "lib" / "libdataset_rt.a"
