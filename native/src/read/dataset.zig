@@ -762,15 +762,31 @@ test "dataset: open rejects a duplicate cache id, a schema mismatch and bad argu
     try testing.expectEqual(@as(u32, 1), rt.refs.load(.monotonic));
 }
 
-test "dataset: a validated open naming every damaged file lists each, the plain one the first" {
+test "dataset: a validated open naming every damaged file lists each, one alone as without naming them all" {
     const gpa = testing.allocator;
     const rt = try Runtime.open(gpa, 1);
     defer rt.release();
     var tmp = testing.tmpDir(.{});
     defer tmp.cleanup();
     try helpers.copyFixture(gpa, tmp.dir, "plain_many_shards");
+    const root = try tmp.dir.realpathAlloc(gpa, "plain_many_shards");
+    defer gpa.free(root);
     var shards = try tmp.dir.openDir("plain_many_shards/shards", .{});
     defer shards.close();
+    var options: Options = .{ .seed = 0, .prefetch_size = 4, .shuffle = false, .validate_cache = true, .io_backend = .threads };
+
+    // One damaged file fails the same naming every damaged file or not (here an I/O
+    // error, not an invalid cache).
+    try shards.deleteFile("000004.bin");
+    const missing = try std.fmt.allocPrint(gpa, "I/O error: No such file or directory (os error 2): {s}/shards/000004.bin", .{root});
+    defer gpa.free(missing);
+    for ([_]bool{ false, true }) |every| {
+        options.name_every_damaged_file = every;
+        try testing.expectError(error.Io, Dataset.open(gpa, rt, &.{root}, options));
+        try testing.expectEqualStrings(missing, status.lastMessage());
+    }
+
+    // Several: a line each, in shard order; without naming them all, the first.
     for ([_][]const u8{ "000002.bin", "000009.bin" }) |name| {
         const file = try shards.openFile(name, .{ .mode = .read_write });
         defer file.close();
@@ -779,10 +795,7 @@ test "dataset: a validated open naming every damaged file lists each, the plain 
         byte[0] ^= 1;
         try file.pwriteAll(&byte, 10);
     }
-    const root = try tmp.dir.realpathAlloc(gpa, "plain_many_shards");
-    defer gpa.free(root);
-    var options: Options = .{ .seed = 0, .prefetch_size = 4, .shuffle = false, .validate_cache = true, .io_backend = .threads };
-    const want = try std.fmt.allocPrint(gpa, "checksum mismatch for {s}/shards/000002.bin\nchecksum mismatch for {s}/shards/000009.bin", .{ root, root });
+    const want = try std.fmt.allocPrint(gpa, "checksum mismatch for {s}/shards/000002.bin\n{s}\nchecksum mismatch for {s}/shards/000009.bin", .{ root, missing, root });
     defer gpa.free(want);
     options.name_every_damaged_file = true;
     try testing.expectError(error.InvalidCache, Dataset.open(gpa, rt, &.{root}, options));
@@ -790,29 +803,9 @@ test "dataset: a validated open naming every damaged file lists each, the plain 
     options.name_every_damaged_file = false;
     try testing.expectError(error.InvalidCache, Dataset.open(gpa, rt, &.{root}, options));
     try testing.expectEqualStrings(want[0..std.mem.indexOfScalar(u8, want, '\n').?], status.lastMessage());
-    // Without validate_cache the flag checks no checksum: the cache opens.
+    // Without validate_cache the flag checks no checksum: only the structure fails.
     options.validate_cache = false;
     options.name_every_damaged_file = true;
-    const ds = try Dataset.open(gpa, rt, &.{root}, options);
-    ds.release();
-}
-
-test "dataset: one damaged file fails the same naming every damaged file or not" {
-    const gpa = testing.allocator;
-    const rt = try Runtime.open(gpa, 1);
-    defer rt.release();
-    var tmp = testing.tmpDir(.{});
-    defer tmp.cleanup();
-    try helpers.copyFixture(gpa, tmp.dir, "plain_many_shards");
-    try tmp.dir.deleteFile("plain_many_shards/shards/000004.bin");
-    const root = try tmp.dir.realpathAlloc(gpa, "plain_many_shards");
-    defer gpa.free(root);
-    const want = try std.fmt.allocPrint(gpa, "I/O error: No such file or directory (os error 2): {s}/shards/000004.bin", .{root});
-    defer gpa.free(want);
-    var options: Options = .{ .seed = 0, .prefetch_size = 4, .shuffle = false, .validate_cache = true, .io_backend = .threads };
-    for ([_]bool{ false, true }) |every| {
-        options.name_every_damaged_file = every;
-        try testing.expectError(error.Io, Dataset.open(gpa, rt, &.{root}, options));
-        try testing.expectEqualStrings(want, status.lastMessage());
-    }
+    try testing.expectError(error.Io, Dataset.open(gpa, rt, &.{root}, options));
+    try testing.expectEqualStrings(missing, status.lastMessage());
 }
