@@ -84,13 +84,20 @@ pub fn nameFile(err: Error, path: []const u8) Error {
     var copy: [message_bytes_max]u8 = undefined;
     const suffix = ": ".len + path.len;
     if (msg.len + suffix > message_bytes_max and suffix + "...".len < message_bytes_max) {
-        var keep = message_bytes_max - suffix - "...".len;
-        while (keep > 0 and (msg[keep] & 0xC0) == 0x80) keep -= 1;
+        const keep = utf8PrefixLen(msg, message_bytes_max - suffix - "...".len);
         @memcpy(copy[0..keep], msg[0..keep]);
         return fail(err, "{s}...: {s}", .{ copy[0..keep], path });
     }
     @memcpy(copy[0..msg.len], msg);
     return fail(err, "{s}: {s}", .{ copy[0..msg.len], path });
+}
+
+/// The length of the longest prefix of `bytes` (UTF-8) at most `max` bytes long that does
+/// not cut a character in two.
+pub fn utf8PrefixLen(bytes: []const u8, max: usize) usize {
+    var n = @min(bytes.len, max);
+    while (n > 0 and n < bytes.len and (bytes[n] & 0xC0) == 0x80) n -= 1;
+    return n;
 }
 
 /// Whether `msg` names the file `path` (`.file`) or a file under the directory `path`

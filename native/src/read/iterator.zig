@@ -230,9 +230,7 @@ const Slot = struct {
         s.message.clearRetainingCapacity();
         s.message.appendSlice(s.it.ds.gpa, msg) catch {
             // Out of memory: keep what fits, cut on a UTF-8 boundary.
-            var n = @min(msg.len, s.message.capacity);
-            while (n > 0 and n < msg.len and (msg[n] & 0xC0) == 0x80) n -= 1;
-            s.message.appendSliceAssumeCapacity(msg[0..n]);
+            s.message.appendSliceAssumeCapacity(msg[0..status.utf8PrefixLen(msg, s.message.capacity)]);
         };
         s.failure = err;
     }

@@ -447,8 +447,7 @@ const Damaged = struct {
         if (d.lines == d.count) return status.fail(if (d.count == 1) d.first else error.InvalidCache, "{s}", .{d.text[0..d.len]});
         if (d.fit_lines > 0) return status.fail(error.InvalidCache, "{s}\n... and {d} more damaged files", .{ d.text[0..d.fit_len], d.count - d.fit_lines });
         // The first line alone leaves no room: its start, cut on a UTF-8 boundary.
-        var keep = d.text.len - tail_bytes - "...".len;
-        while (keep > 0 and (d.text[keep] & 0xC0) == 0x80) keep -= 1;
+        const keep = status.utf8PrefixLen(d.text[0..d.len], d.text.len - tail_bytes - "...".len);
         return status.fail(error.InvalidCache, "{s}...\n... and {d} more damaged files", .{ d.text[0..keep], d.count - 1 });
     }
 };

@@ -208,8 +208,7 @@ pub const Staging = struct {
         std.crypto.random.bytes(&random_bytes);
         // At most 64 bytes of the name (cut on a UTF-8 boundary) keep staging names
         // readable and within NAME_MAX for every valid cache name.
-        var prefix_len = @min(name.len, 64);
-        while (prefix_len < name.len and prefix_len > 0 and (name[prefix_len] & 0xC0) == 0x80) prefix_len -= 1;
+        const prefix_len = status.utf8PrefixLen(name, 64);
         const staging_name = try std.fmt.allocPrint(gpa, "{s}.{s}.drt", .{ name[0..prefix_len], std.fmt.bytesToHex(random_bytes, .lower) });
         defer gpa.free(staging_name);
         const staging_path = try std.fmt.allocPrintSentinel(gpa, "{s}/tmp/{s}", .{ base, staging_name }, 0);
