@@ -179,17 +179,22 @@ def _verify_opened(
         config = ReaderConfig(seed=0, shuffle=False, validate_cache=True)
         dataset = CachedDataset._open(_runtime()._runtime, [path], config, transport, True)
     except (ValueError, RuntimeError, OSError) as exc:
-        # One line per damaged file.
-        for line in str(exc).split("\n"):  # (not splitlines: paths may hold \r, U+2028)
-            out.write(f"FAIL {path}: {line}\n")
+        _write_fail(out, path, exc)
         return False
     with dataset._handle:
         try:
             facts = _facts(path, dataset._handle)
         except (ValueError, RuntimeError, OSError) as exc:
-            out.write(f"FAIL {path}: {exc}\n")
+            _write_fail(out, path, exc)
             return False
         return _verify_records(path, dataset, facts, started, out, progress)
+
+
+def _write_fail(out: TextIO, path: Path | str, exc: BaseException) -> None:
+    """A ``FAIL`` line per line of the error: the library puts each damaged file of a
+    cache on a line of its own (split on newlines only: paths may hold \\r or U+2028)."""
+    for line in str(exc).split("\n"):
+        out.write(f"FAIL {path}: {line}\n")
 
 
 def _verify_records(
@@ -219,7 +224,7 @@ def _verify_records(
     except (ValueError, RuntimeError) as exc:
         if progress:
             sys.stderr.write("\r\x1b[2K")
-        out.write(f"FAIL {path}: {exc}\n")
+        _write_fail(out, path, exc)
         return False
     finally:
         iterator.close()
