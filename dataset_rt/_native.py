@@ -490,8 +490,8 @@ class DatasetOptions(NamedTuple):
     validate_cache: bool
     io_backend: IoBackend = IoBackend.AUTO
     sampling: Sampling = Sampling.WITH_REPLACEMENT
-    #: With ``validate_cache`` (ABI 1.16): a damaged local cache's error names every
-    #: damaged file, one per line.
+    #: With ``validate_cache`` (ABI 1.16, caches on object storage 1.17): a damaged
+    #: cache's error names every damaged file, one per line.
     name_every_damaged_file: bool = False
 
 

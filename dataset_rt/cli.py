@@ -5,7 +5,7 @@ Subcommands:
   (a table, or ``--json``);
 * ``verify PATH...``: every SHA-256 and every record's embedded metadata checked against
   ``metadata.arrow``, with progress and MB/s; exit status 0 only when every cache is
-  intact; every damaged file of a local cache is named (of a remote one, the first);
+  intact; every damaged file is named (a remote cache's shards are all downloaded first);
 * ``head PATH [-n N]``: the first samples' identities, payload sizes and metadata;
 * ``stats PATH``: per-column summaries of the metadata table (Polars);
 * ``config --cflags --libs [--static]``: flags to build C programs against the C SDK

@@ -179,8 +179,9 @@ class CachedDataset:
     ) -> CachedDataset:
         """Open ``paths``; URLs fetch through ``transport`` (default: ``remote.remote()``,
         the environment's local directory). ``name_every_damaged_file`` (with
-        ``validate_cache``, for ``dataset-rt verify``): a damaged local cache's error
-        names each damaged file on a line of its own, not only the first."""
+        ``validate_cache``, for ``dataset-rt verify``): a damaged cache's error names
+        each damaged file on a line of its own, not only the first (a cache on object
+        storage has every shard downloaded and verified at open)."""
         options = _native_options(reader_config)._replace(
             name_every_damaged_file=name_every_damaged_file
         )

@@ -554,6 +554,40 @@ def test_cli_verify_checks_the_server_not_local_copies(runtime, s3_bucket, shard
     assert f"checksum mismatch for {shard}" in out.getvalue()
 
 
+def test_cli_verify_names_every_damaged_file_on_the_server(runtime, s3_bucket, shard_cache) -> None:
+    """As for a local cache, a FAIL line per damaged or missing object, in the order a
+    validated open checks them (metadata.arrow, then shard by shard); the API's
+    validate_cache=True still stops at the first."""
+    import io
+
+    import obstore
+
+    from dataset_rt.cli import main
+
+    url = f"{s3_bucket}/ce/n"
+    assert isinstance(
+        runtime.write_cache([Numbers("n", 100, 97)], f"{s3_bucket}/ce", writer_config=WRITER)[0],
+        drt.CacheWriteSuccess,
+    )
+    for name in ("metadata.arrow", "shards/000004.bin"):
+        data = bytearray(get(f"{url}/{name}"))
+        data[len(data) // 2] ^= 0x01
+        put(f"{url}/{name}", bytes(data))
+    obstore.delete(*obstore_store(f"{url}/shards/000002.bin"))
+    out = io.StringIO()
+    assert main(["verify", "--quiet", url], out) == 1
+    changed = "the object changed on the server since its manifest was written"
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert lines[0] == f"FAIL {url}: checksum mismatch for {url}/metadata.arrow: {changed}"
+    assert lines[1].startswith(f"FAIL {url}: no object at {url}/shards/000002.bin: ")
+    assert lines[2] == f"FAIL {url}: checksum mismatch for {url}/shards/000004.bin: {changed}"
+    validated = drt.ReaderConfig(seed=0, validate_cache=True)
+    with pytest.raises(ValueError) as first:
+        runtime.cached_dataset([url], reader_config=validated)
+    assert str(first.value) == f"checksum mismatch for {url}/metadata.arrow: {changed}"
+
+
 # ------------------------------------------------------------------------ faults
 
 

@@ -44,7 +44,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 16
+    DRT_ABI_VERSION_MINOR = 17
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -260,8 +260,9 @@ typedef struct drt_dataset_options {
     uint64_t prefetch_size;  /* > 0; records in flight or buffered per iterator */
     int32_t shuffle;         /* 0: ordered windows; 1: weighted draws with replacement */
     int32_t validate_cache;  /* 1: verify every SHA-256 at open, compare records with metadata;
-                              * 2 (ABI 1.16): as 1, and the error of a damaged local cache
-                              * names every damaged file, one per line (see drt_dataset_open) */
+                              * 2 (ABI 1.16; 1.17 for caches on object storage): as 1, and
+                              * the error of a damaged cache names every damaged file, one
+                              * per line (see drt_dataset_open) */
     int32_t io_backend;      /* DRT_IO_* */
     int32_t sampling;        /* DRT_SAMPLING_* (with shuffle only) */
 } drt_dataset_options;
@@ -296,12 +297,14 @@ typedef struct drt_cache_info {
  * paths are borrowed for the call.
  * The validated checks go: metadata.arrow (present, SHA-256), index.bin, then each shard's
  * size and SHA-256 in order (dataset-rt 0.4.8's order: the first damaged file is named).
- * With validate_cache = 2 they go on past a damaged file of a local cache: one damaged
- * file fails as with 1; several fail with DRT_E_INVALID_CACHE and a message naming each
- * on a line of its own, in that order, as each alone would be named ("checksum mismatch
- * for <file>", "shard length mismatch for <file>", an I/O error), with a last line
- * "... and N more damaged files" past the message's bound (2 KiB). A remote cache's
- * shards are verified as they are fetched.
+ * With validate_cache = 2 they go on past a damaged file: one damaged file fails as
+ * with 1; several fail with DRT_E_INVALID_CACHE and a message naming each on a line of
+ * its own, in that order, as each alone would be named ("checksum mismatch for <file>",
+ * "shard length mismatch for <file>", an I/O error), with a last line "... and N more
+ * damaged files" past the message's bound (2 KiB). A remote cache's shards are verified
+ * as they are fetched; with validate_cache = 2 (ABI 1.17) every shard is fetched and
+ * verified at open, and an object missing on the server counts as a damaged file (a
+ * failure of the store or of this machine stops the checks).
  * Returns DRT_E_INVALID_ARGUMENT, DRT_E_INVALID_CACHE ("missing manifest: <p>",
  * "checksum mismatch for <file>", ...), DRT_E_JSON, DRT_E_IO, DRT_E_OUT_OF_MEMORY. */
 int32_t drt_dataset_open(drt_runtime *runtime, const drt_str *paths, uint64_t path_count,

@@ -331,8 +331,13 @@ pub const Remote = struct {
     // ------------------------------------------------------------ caches
 
     /// Fetches the cache at `url` (no trailing slash needed) into the local directory and
-    /// returns that directory's path (owned by the caller).
-    pub fn fetchCache(r: *Remote, url_in: []const u8, pool: ?*runtime.Pool) status.Error![]u8 {
+    /// returns that directory's path (owned by the caller). With `.every_damaged` checks
+    /// (`dataset-rt verify`) it also downloads every shard into the shard cache, and a
+    /// damaged or missing file (`metadata.arrow`, `index.bin`, then each shard) does not
+    /// stop it: the error names each one on a line of its own (see `cache.Damaged`).
+    /// Failures of the store or of this machine (connection, credentials, a full disk)
+    /// stop it whatever the checks.
+    pub fn fetchCache(r: *Remote, url_in: []const u8, pool: ?*runtime.Pool, checks: cache.Checks) status.Error![]u8 {
         const gpa = r.gpa;
         const url = std.mem.trimRight(u8, url_in, "/");
         const manifest_url = try std.fmt.allocPrintSentinel(gpa, "{s}/manifest.json", .{url}, 0);
@@ -365,7 +370,14 @@ pub const Remote = struct {
         const present = std.fmt.bufPrint(&present_buf, "{s}/manifest.json", .{&hex}) catch unreachable;
         if (caches.statFile(present)) |st| {
             const ctime_s: i64 = @intCast(@divFloor(st.ctime, std.time.ns_per_s));
-            if (shardcache.changedThisBoot(r.shards.booted, ctime_s) or fetchedIntact(caches, &hex, &m)) return final;
+            if (shardcache.changedThisBoot(r.shards.booted, ctime_s) or fetchedIntact(caches, &hex, &m)) {
+                if (checks == .every_damaged) {
+                    var damaged: cache.Damaged = .{ .checks = checks };
+                    try r.fetchShards(url, &m, pool, &damaged);
+                    try damaged.check();
+                }
+                return final;
+            }
             caches.deleteTree(&hex) catch {}; // lost in a crash: fetched again below
         } else |_| {}
 
@@ -382,11 +394,15 @@ pub const Remote = struct {
         posix.flock(tmp.fd, posix.LOCK.EX) catch |err| return failWrite(err, caches_path, tmp_name);
         const tmp_path = try std.fmt.allocPrint(gpa, "{s}/{s}", .{ caches_path, tmp_name });
         defer gpa.free(tmp_path);
-        inline for (.{ .{ "index.bin", m.index_sha256 }, .{ "metadata.arrow", m.metadata_sha256 } }) |file| {
+        // In the order a validated open of a local cache checks them.
+        var damaged: cache.Damaged = .{ .checks = checks };
+        inline for (.{ .{ "metadata.arrow", m.metadata_sha256 }, .{ "index.bin", m.index_sha256 } }) |file| {
             const file_url = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ url, file[0] }, 0);
             defer gpa.free(file_url);
-            try r.download(file_url, tmp, tmp_path, file[0], null, file[1], pool, null);
+            r.download(file_url, tmp, tmp_path, file[0], null, file[1], pool, null) catch |err| try noteDamaged(&damaged, err);
         }
+        if (checks == .every_damaged) try r.fetchShards(url, &m, pool, &damaged);
+        try damaged.check();
         tmp.writeFile(.{ .sub_path = "manifest.json", .data = text }) catch |err| return failWrite(err, tmp_path, "manifest.json");
         caches.rename(tmp_name, &hex) catch |err| switch (err) {
             // Another process fetched the same manifest first: same verified contents.
@@ -395,6 +411,18 @@ pub const Remote = struct {
         };
         renamed = true;
         return final;
+    }
+
+    /// Downloads (or finds in the shard cache) and verifies every shard of the cache at
+    /// `url` whose manifest is `m`, noting each damaged or missing one in `damaged`.
+    fn fetchShards(r: *Remote, url: []const u8, m: *const manifest.Manifest, pool: ?*runtime.Pool, damaged: *cache.Damaged) status.Error!void {
+        for (m.shards) |*shard| {
+            const fd = r.openShard(url, shard, pool) catch |err| {
+                try noteDamaged(damaged, err);
+                continue;
+            };
+            posix.close(fd);
+        }
     }
 
     /// Makes room in the shard cache for a download of `need` bytes besides this
@@ -452,6 +480,16 @@ pub const Remote = struct {
         return r.shards.commit(tmp_name, shard.sha256);
     }
 };
+
+/// Notes in `damaged` a download that failed with `err` because the file is damaged or
+/// missing (its checksum, its size, no object at its URL: the message of this thread's
+/// last error names it); returns any other error (the store, the credentials, this
+/// machine), and every error unless the checks name every damaged file.
+fn noteDamaged(damaged: *cache.Damaged, err: status.Error) status.Error!void {
+    const missing = err == error.Io and std.mem.startsWith(u8, status.lastMessage(), "no object at ");
+    if (err != error.InvalidCache and !missing) return err;
+    try damaged.note(err);
+}
 
 /// Whether the fetched cache `caches/<hex>` (written in an earlier boot, renamed into place
 /// without an fsync) still holds its manifest (whose SHA-256 is `hex`) and the index and
@@ -1060,8 +1098,9 @@ const Origin = struct {
 /// asks for the shards of the positions they will read next (see `Origin`). `readahead`
 /// 0 means shuffled reading (the dataset passes 0 exactly then): with the cache larger
 /// than the budget, iterators then read byte ranges (`Origin.iteratorRanges`).
-pub fn openCache(r: *Remote, url: []const u8, position: u64, validate: bool, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
-    const local = try r.fetchCache(url, pool);
+pub fn openCache(r: *Remote, url: []const u8, position: u64, checks: cache.Checks, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
+    const validate = checks != .structure;
+    const local = try r.fetchCache(url, pool, checks);
     defer r.gpa.free(local);
     const trimmed = std.mem.trimRight(u8, url, "/");
     const origin = try r.gpa.create(Origin);
@@ -1314,9 +1353,9 @@ fn checkDownloads(with_read_file: bool) !void {
     // 404 and 403.
     try testing.expectError(error.Io, r.openShard("fake://bucket/missing", &third, null));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "no object at fake://bucket/missing/shards/") != null);
-    try testing.expectError(error.Io, r.fetchCache("fake://denied/c", null));
+    try testing.expectError(error.Io, r.fetchCache("fake://denied/c", null, .structure));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "access denied to fake://denied/c/manifest.json") != null);
-    try testing.expectError(error.InvalidCache, r.fetchCache("fake://bucket/none", null));
+    try testing.expectError(error.InvalidCache, r.fetchCache("fake://bucket/none", null, .structure));
     try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "no cache at fake://bucket/none") != null);
     // Only the verified shard is in the shard cache: no temporary files.
     var it = r.shards.dir.iterate();
@@ -1390,9 +1429,9 @@ test "range reads: the policy, the bytes of every record, the pinned version and
     const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
     defer r.release();
     try testing.expect(3 * sizes.largest < sizes.total);
-    var ordered = try openCache(r, url, 0, false, &rt.pool, 2);
+    var ordered = try openCache(r, url, 0, .structure, &rt.pool, 2);
     defer ordered.close();
-    var shuffled = try openCache(r, url, 0, false, &rt.pool, 0);
+    var shuffled = try openCache(r, url, 0, .structure, &rt.pool, 0);
     defer shuffled.close();
     const shard_count = ordered.manifest.shards.len;
 
@@ -1433,13 +1472,13 @@ test "range reads: the policy, the bytes of every record, the pinned version and
     {
         const roomy = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 2 * sizes.total, .backoff_ns = 1000 });
         defer roomy.release();
-        var fits = try openCache(roomy, url, 0, false, &rt.pool, 0);
+        var fits = try openCache(roomy, url, 0, .structure, &rt.pool, 0);
         defer fits.close();
         try testing.expect(!fits.readsRanges(1, .iterator) and fits.readsRanges(1, .lookup));
     }
     // validate_cache: whole verified shards only, for lookups too.
     {
-        var checked = try openCache(r, url, 0, true, &rt.pool, 0);
+        var checked = try openCache(r, url, 0, .first_damaged, &rt.pool, 0);
         defer checked.close();
         try testing.expect(!checked.readsRanges(1, .iterator) and !checked.readsRanges(1, .lookup));
     }
@@ -1447,7 +1486,7 @@ test "range reads: the policy, the bytes of every record, the pinned version and
     // The object replaced on the server between two ranges of this reader: "changed",
     // never bytes of the other version; putting the old bytes back (a new object again)
     // does not help this reader, whose version is gone.
-    var fresh = try openCache(r, url, 0, false, &rt.pool, 0);
+    var fresh = try openCache(r, url, 0, .structure, &rt.pool, 0);
     defer fresh.close();
     // Two records of one shard (not shard 0, which is cached).
     var first: u64 = 0;
@@ -1484,6 +1523,75 @@ test "range reads: the policy, the bytes of every record, the pinned version and
     try testing.expectEqual(@as(usize, 1), try countBins(r)); // shard 0, fetched whole above
 }
 
+test "verify's fetch: every file downloaded and checked, each damaged or missing one on a line; failures of the store stop it" {
+    const gpa = testing.allocator;
+    var b = try Bucket.init();
+    defer b.deinit();
+    const name = "plain_many_shards";
+    const url = "fake://bucket/" ++ name;
+    const sizes = try copyFixture(b.tmp.dir, name);
+    const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 2 * sizes.total, .backoff_ns = 1000 });
+    defer r.release();
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    var bucket = try b.tmp.dir.openDir("bucket/" ++ name, .{});
+    defer bucket.close();
+    const flip = struct {
+        fn at(dir: std.fs.Dir, path: []const u8) !void {
+            const file = try dir.openFile(path, .{ .mode = .read_write });
+            defer file.close();
+            var byte: [1]u8 = undefined;
+            _ = try file.preadAll(&byte, 10);
+            byte[0] ^= 1;
+            try file.pwriteAll(&byte, 10);
+        }
+    }.at;
+
+    // Several, in a validated local open's order: metadata.arrow, index.bin, the shards.
+    try flip(bucket, "metadata.arrow");
+    try bucket.rename("shards/000004.bin", "000004.bin"); // missing on the server
+    try flip(bucket, "shards/000009.bin");
+    const changed = ": the object changed on the server since its manifest was written";
+    const nine = "checksum mismatch for " ++ url ++ "/shards/000009.bin" ++ changed;
+    try testing.expectError(error.InvalidCache, r.fetchCache(url, &rt.pool, .every_damaged));
+    var lines = std.mem.splitScalar(u8, status.lastMessage(), '\n');
+    try testing.expectEqualStrings("checksum mismatch for " ++ url ++ "/metadata.arrow" ++ changed, lines.next().?);
+    try testing.expect(std.mem.startsWith(u8, lines.next().?, "no object at " ++ url ++ "/shards/000004.bin: 404 Not Found"));
+    try testing.expectEqualStrings(nine, lines.next().?);
+    try testing.expectEqual(null, lines.next());
+    // Without naming every file: the first, and no shard is fetched.
+    const opens = b.store.opens;
+    try testing.expectError(error.InvalidCache, r.fetchCache(url, &rt.pool, .first_damaged));
+    try testing.expect(std.mem.endsWith(u8, status.lastMessage(), "/metadata.arrow" ++ changed));
+    try testing.expectEqual(opens + 2, b.store.opens); // the manifest and metadata.arrow
+    // Nothing published in caches/; the intact shards are in the shard cache.
+    var caches = try std.fs.cwd().openDir(b.root, .{});
+    defer caches.close();
+    var listing = try caches.openDir("caches", .{ .iterate = true });
+    defer listing.close();
+    var it = listing.iterate();
+    try testing.expectEqual(null, try it.next());
+    var shards = try bucket.openDir("shards", .{ .iterate = true });
+    defer shards.close();
+    var shard_files: usize = 0;
+    var names = shards.iterate();
+    while (try names.next()) |_| shard_files += 1;
+    try testing.expectEqual(shard_files - 1, try countBins(r)); // all the server has but 000009.bin
+
+    // One damaged file: its own error, as reading would find it.
+    try flip(bucket, "metadata.arrow");
+    try bucket.rename("000004.bin", "shards/000004.bin");
+    try testing.expectError(error.InvalidCache, r.fetchCache(url, &rt.pool, .every_damaged));
+    try testing.expectEqualStrings(nine, status.lastMessage());
+
+    // A failure of the store is no damaged file: it stops the checks at once.
+    b.store.fail_reads = 100;
+    defer b.store.fail_reads = 0;
+    try testing.expectError(error.Io, r.fetchCache(url, null, .every_damaged));
+    try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "still failing after") != null);
+    try testing.expectEqual(@as(usize, 0), std.mem.count(u8, status.lastMessage(), "\n"));
+}
+
 fn countBins(r: *Remote) !usize {
     var n: usize = 0;
     var it = r.shards.dir.iterate();
@@ -1504,7 +1612,7 @@ test "settled: a cache is settled once every shard is pinned, never with more sh
     const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 4 * (one.total + many.total), .backoff_ns = 1000 });
     defer r.release();
 
-    var single = try openCache(r, "fake://bucket/plain_one_shard", 0, false, &rt.pool, 0);
+    var single = try openCache(r, "fake://bucket/plain_one_shard", 0, .structure, &rt.pool, 0);
     defer single.close();
     const src = single.source.?;
     try testing.expect(!src.settled.?(src.context, &single)); // nothing fetched or pinned
@@ -1517,7 +1625,7 @@ test "settled: a cache is settled once every shard is pinned, never with more sh
     }
 
     // More shards than pins: never settled, whatever was asked for.
-    var several = try openCache(r, "fake://bucket/plain_many_shards", 0, false, &rt.pool, 0);
+    var several = try openCache(r, "fake://bucket/plain_many_shards", 0, .structure, &rt.pool, 0);
     defer several.close();
     try testing.expect(several.manifest.shards.len > Origin.pins_max);
     for (0..several.manifest.shards.len) |id| {
@@ -1543,9 +1651,9 @@ test "range reads ahead: fetched on their own threads, taken by the reader, stal
     defer rt.release();
     const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 3 * sizes.largest, .backoff_ns = 1000 });
     defer r.release();
-    var ordered = try openCache(r, "fake://bucket/" ++ name, 0, false, &rt.pool, 2);
+    var ordered = try openCache(r, "fake://bucket/" ++ name, 0, .structure, &rt.pool, 2);
     defer ordered.close();
-    var shuffled = try openCache(r, "fake://bucket/" ++ name, 0, false, &rt.pool, 0);
+    var shuffled = try openCache(r, "fake://bucket/" ++ name, 0, .structure, &rt.pool, 0);
     const src = shuffled.source.?;
     const origin: *Origin = @ptrCast(@alignCast(src.context));
     const ahead = src.prefetch_range.?;
@@ -1633,7 +1741,7 @@ test "a reader that reaches a shard being fetched ahead waits for that fetch (th
     defer rt.release();
     const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 4 * sizes.total, .backoff_ns = 1000 });
     defer r.release();
-    var c = try openCache(r, "fake://bucket/plain_many_shards", 0, false, &rt.pool, 2);
+    var c = try openCache(r, "fake://bucket/plain_many_shards", 0, .structure, &rt.pool, 2);
     defer c.close();
     const origin: *Origin = @ptrCast(@alignCast(c.source.?.context));
     // A fetch ahead of shard 0 that has not reached the shard's download lock yet (its

@@ -19,7 +19,8 @@ const schema = @import("../format/schema.zig");
 const status = @import("../base/status.zig");
 const sampler = @import("sampler.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
-const Cache = @import("../store/cache.zig").Cache;
+const cache_mod = @import("../store/cache.zig");
+const Cache = cache_mod.Cache;
 const migrate = @import("../store/migrate.zig");
 const io = @import("../io/backend.zig");
 const files = @import("../io/files.zig");
@@ -41,9 +42,16 @@ pub const Options = struct {
     /// Read-ahead byte budget per iterator (`prefetch_bytes`); 0 picks
     /// `autoPrefetchBytes()`. Read-ahead is bounded by this and by `prefetch_size`.
     prefetch_bytes: u64 = 0,
-    /// With `validate_cache`: a damaged local cache's error names every damaged file
-    /// (`Cache.openNamingDamaged`), not only the first. Remote caches are unaffected.
+    /// With `validate_cache`: a damaged cache's error names every damaged file, not only
+    /// the first (`cache.Checks.every_damaged`; a remote cache's shards are then all
+    /// downloaded and verified at open).
     name_every_damaged_file: bool = false,
+
+    /// What opening each cache checks.
+    pub fn checks(o: Options) cache_mod.Checks {
+        if (!o.validate_cache) return .structure;
+        return if (o.name_every_damaged_file) .every_damaged else .first_damaged;
+    }
 };
 
 /// The automatic read-ahead budget: a quarter of the last-level cache (read from sysfs),
@@ -188,11 +196,9 @@ pub const Dataset = struct {
         try ids.ensureTotalCapacity(gpa, @intCast(paths.len));
         for (paths, 0..) |p, i| {
             caches[i] = if (options.remote != null and remote.isUrl(p))
-                try remote.openCache(options.remote.?, p, i, options.validate_cache, &rt.pool, if (options.shuffle) 0 else 2)
-            else if (options.validate_cache and options.name_every_damaged_file)
-                try Cache.openNamingDamaged(gpa, p, i)
+                try remote.openCache(options.remote.?, p, i, options.checks(), &rt.pool, if (options.shuffle) 0 else 2)
             else
-                try Cache.open(gpa, p, i, options.validate_cache);
+                try Cache.open(gpa, p, i, options.checks());
             opened += 1;
             const entry = ids.getOrPutAssumeCapacity(caches[i].cache_id);
             if (entry.found_existing) return status.fail(error.InvalidCache, "duplicate cache_id {d}", .{caches[i].cache_id});

@@ -141,19 +141,14 @@ pub const Cache = struct {
     metadata_mutex: std.Thread.Mutex = .{},
 
     /// Opens the cache at `path`. `position` is its index in the dataset's path list (the
-    /// cache id of a format-2 manifest).
-    pub fn open(gpa: std.mem.Allocator, path: []const u8, position: u64, validate: bool) status.Error!Cache {
-        return openWith(gpa, path, position, if (validate) .first_damaged else .structure, null);
-    }
-
-    /// A validated open (as `open` with `validate`) that does not stop at the first
-    /// damaged file: `metadata.arrow`'s presence, every shard's size and every SHA-256
-    /// are checked, and the error names each damaged file on a line of its own, in that
-    /// order ("checksum mismatch for <path>", ...; past the message's bound, "... and N
-    /// more damaged files"). One damaged file fails as with `open`. For `dataset-rt
-    /// verify`.
-    pub fn openNamingDamaged(gpa: std.mem.Allocator, path: []const u8, position: u64) status.Error!Cache {
-        return openWith(gpa, path, position, .every_damaged, null);
+    /// cache id of a format-2 manifest). `checks` (see `Checks`): the structure only, as
+    /// 0.4.8 unvalidated; also every SHA-256, failing at the first damaged file in 0.4.8's
+    /// order (`metadata.arrow`, `index.bin`, each shard); or, for `dataset-rt verify`,
+    /// all of them, the error naming each damaged file on a line of its own ("checksum
+    /// mismatch for <path>", ...; past the message's bound, "... and N more damaged
+    /// files"; one damaged file fails as it does alone).
+    pub fn open(gpa: std.mem.Allocator, path: []const u8, position: u64, checks: Checks) status.Error!Cache {
+        return openWith(gpa, path, position, checks, null);
     }
 
     /// Opens a remote cache whose manifest, index and metadata were fetched (and verified)
@@ -399,12 +394,12 @@ fn mapIndex(gpa: std.mem.Allocator, dir: std.fs.Dir, path: []const u8, sample_co
 
 /// What an open checks: the structure only, also every SHA-256 (stopping at the first
 /// damaged file), or every SHA-256 naming each damaged file.
-const Checks = enum { structure, first_damaged, every_damaged };
+pub const Checks = enum { structure, first_damaged, every_damaged };
 
 /// The damaged files an `.every_damaged` open found: their errors' messages, one per
 /// line, for one error message (`status.message_bytes_max`). Lines past the bound are
 /// counted instead, on a last line that replaces the lines it needs room for.
-const Damaged = struct {
+pub const Damaged = struct {
     checks: Checks,
     text: [status.message_bytes_max]u8 = undefined,
     len: usize = 0,
@@ -423,7 +418,7 @@ const Damaged = struct {
     /// Notes the file whose check failed with `err` (its message is this thread's last
     /// error) when the open names every damaged file; otherwise, or for running out of
     /// memory, returns `err`.
-    fn note(d: *Damaged, err: status.Error) status.Error!void {
+    pub fn note(d: *Damaged, err: status.Error) status.Error!void {
         if (d.checks != .every_damaged or err == error.OutOfMemory) return err;
         if (d.count == 0) d.first = err;
         d.count += 1;
@@ -442,7 +437,7 @@ const Damaged = struct {
 
     /// Fails when any file was noted: one file with its own error and message, several
     /// with `error.InvalidCache` and a line each.
-    fn check(d: *const Damaged) status.Error!void {
+    pub fn check(d: *const Damaged) status.Error!void {
         if (d.count == 0) return;
         if (d.lines == d.count) return status.fail(if (d.count == 1) d.first else error.InvalidCache, "{s}", .{d.text[0..d.len]});
         if (d.fit_lines > 0) return status.fail(error.InvalidCache, "{s}\n... and {d} more damaged files", .{ d.text[0..d.fit_len], d.count - d.fit_lines });
