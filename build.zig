@@ -48,14 +48,18 @@ pub fn build(b: *std.Build) void {
     });
     root.addOptions("build_options", options);
 
-    const static_lib = b.addLibrary(.{ .name = "dataset_rt", .linkage = .static, .root_module = root });
+    // The code is compiled once, into one object that both libraries link: the shared
+    // library's soname is no input of that compile, so a build that differs only in it
+    // (a system install after the Python package's build) reuses the cached object.
+    const object = b.addObject(.{ .name = "dataset_rt", .root_module = root });
+    const static_lib = b.addLibrary(.{ .name = "dataset_rt", .linkage = .static, .root_module = linkModule(b, target, optimize, strip, object) });
     // GCC and Clang (and so Rust's and Go's linkers) do not provide Zig's compiler_rt
     // symbols (e.g. __zig_probe_stack): ship them inside the archive.
     static_lib.bundle_compiler_rt = true;
     const shared_lib = b.addLibrary(.{
         .name = "dataset_rt",
         .linkage = .dynamic,
-        .root_module = root,
+        .root_module = linkModule(b, target, optimize, strip, object),
         .version = if (versioned_soname) lib_version else null,
     });
     shared_lib.installHeader(b.path("native/include/dataset_rt.h"), "dataset_rt.h");
@@ -100,6 +104,13 @@ pub fn build(b: *std.Build) void {
     const unit_tests = b.addTest(.{ .root_module = test_module, .use_llvm = true });
     const run_tests = b.addRunArtifact(unit_tests);
     b.step("test", "Run the Zig unit tests").dependOn(&run_tests.step);
+}
+
+/// A module with no code of its own that links `object` (see `build`).
+fn linkModule(b: *std.Build, target: std.Build.ResolvedTarget, optimize: std.builtin.OptimizeMode, strip: ?bool, object: *std.Build.Step.Compile) *std.Build.Module {
+    const module = b.createModule(.{ .target = target, .optimize = optimize, .link_libc = true, .strip = strip, .pic = true });
+    module.addObject(object);
+    return module;
 }
 
 /// The install prefix as an absolute path (a relative --prefix would make the .pc file
