@@ -300,13 +300,16 @@ def test_many_processes_read_one_dataset_at_once(tmp_path: Path, validate: bool)
 
 # --------------------------------------------------------------------------- fork
 
+# One interpreter per backend runs every operation (the imports and Polars' first use,
+# about 2 s, once): for each, it opens the dataset and live objects afresh, forks a child
+# that runs the operation alone under a deadline, then checks its own objects. So each
+# child starts from the same state, as if its script ran alone.
 FORK = """
     import faulthandler, json, os, sys, threading, time
     from pathlib import Path
     import dataset_rt as drt
 
-    backend, op, base = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    CACHE = Path(sys.argv[4])
+    backend, bases, CACHE = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
     CACHE_ID = 4233350989699285984
     FORK_TIMEOUT = 10
 
@@ -314,133 +317,149 @@ FORK = """
     config = drt.ReaderConfig(seed=0, shuffle=False, io_backend=backend)
     warm = runtime.cached_dataset([CACHE], reader_config=config)
     warm.update_metadata(warm.get_metadata().head(50))      # Polars has run in the parent
-    exported = Path(f"{base}-export")
+    exported = bases / "export"
     exported.mkdir()
     snapshot = warm.dump_config(exported)                     # (7 columns: Polars' pool)
-    dataset = runtime.cached_dataset([CACHE], reader_config=config)
-    untouched = runtime.cached_dataset([CACHE], reader_config=config)  # metadata never asked for
-    table = dataset.get_metadata()                           # cached in the dataset
-    iterator = iter(dataset)
-    first = next(iterator).sample_id                         # a live iterator, mid-window
-    assert dataset.get_item(CACHE_ID, 5).sample_id == 5      # a live lookup
 
-    iterated = []
 
-    class Source:
-        name = "from_child"
-        def __iter__(self):
-            iterated.append(True)
-            yield drt.CacheInput(b"x", {"i": 1})
+    def fork_with(op, base):
+        dataset = runtime.cached_dataset([CACHE], reader_config=config)
+        untouched = runtime.cached_dataset([CACHE], reader_config=config)  # metadata unasked
+        table = dataset.get_metadata()                           # cached in the dataset
+        iterator = iter(dataset)
+        first = next(iterator).sample_id                         # a live iterator, mid-window
+        assert dataset.get_item(CACHE_ID, 5).sample_id == 5      # a live lookup
 
-    def attempt(fn):
-        try:
-            return {"ok": repr(fn())[:200]}
-        except BaseException as exc:
-            return {"error": [type(exc).__name__, str(exc)]}
+        iterated = []
 
-    quiet = drt.WriterConfig(show_progress=False)
+        class Source:
+            name = "from_child"
+            def __iter__(self):
+                iterated.append(True)
+                yield drt.CacheInput(b"x", {"i": 1})
 
-    def reopen():
-        return runtime.cached_dataset([CACHE], reader_config=config)
+        def attempt(fn):
+            try:
+                return {"ok": repr(fn())[:200]}
+            except BaseException as exc:
+                return {"error": [type(exc).__name__, str(exc)]}
 
-    def write():
-        return runtime.write_cache(Source(), base, writer_config=quiet)
+        quiet = drt.WriterConfig(show_progress=False)
 
-    def write_and_load():
-        return runtime.from_cache_sources(Source(), base, reader_config=config, writer_config=quiet)
+        def reopen():
+            return runtime.cached_dataset([CACHE], reader_config=config)
 
-    def writing(fn):
-        return {**attempt(fn), "iterated": bool(iterated), "base_exists": base.exists()}
+        def write():
+            return runtime.write_cache(Source(), base, writer_config=quiet)
 
-    def inherited_iterator():
-        got = []
-        try:
-            for sample in iterator:
-                got.append(sample.sample_id)
-        except BaseException as exc:
-            return {"samples": got, "error": [type(exc).__name__, str(exc)]}
-        return {"samples": got, "error": None}
+        def write_and_load():
+            return runtime.from_cache_sources(
+                Source(), base, reader_config=config, writer_config=quiet
+            )
 
-    def fresh():
-        own = drt.DatasetRuntime(num_workers=2)
-        ds = own.cached_dataset([CACHE], reader_config=config)
-        ids = [s.sample_id for s in ds]
-        return ids == list(range(120)) and ds.get_item(CACHE_ID, 7).sample_id == 7
+        def writing(fn):
+            return {**attempt(fn), "iterated": bool(iterated), "base_exists": base.exists()}
 
-    def from_config():
-        # As guide-torch.md recommends in a DataLoader worker's worker_init_fn.
-        ds = drt.CachedDataset.from_config(snapshot)
-        return [s.sample_id for s in ds] == list(range(50))
+        def inherited_iterator():
+            got = []
+            try:
+                for sample in iterator:
+                    got.append(sample.sample_id)
+            except BaseException as exc:
+                return {"samples": got, "error": [type(exc).__name__, str(exc)]}
+            return {"samples": got, "error": None}
 
-    OPS = {
-        "from_config": lambda: attempt(from_config),
-        "len": lambda: attempt(lambda: len(dataset)),
-        "iter": lambda: attempt(lambda: next(iter(dataset))),
-        "iter_batches": lambda: attempt(lambda: next(dataset.iter_batches(4))),
-        "get_item": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
-        "get_item_locked": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
-        "get_items_locked": lambda: attempt(lambda: dataset.get_items([CACHE_ID], [3])),
-        "get_item_busy": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
-        "set_epoch_len": lambda: attempt(lambda: dataset.set_epoch_len(3)),
-        "io_backend": lambda: attempt(lambda: dataset.io_backend),
-        "get_metadata_cached": lambda: attempt(lambda: dataset.get_metadata().shape),
-        "get_metadata_uncached": lambda: attempt(lambda: untouched.get_metadata().shape),
-        "update_metadata": lambda: attempt(lambda: dataset.update_metadata(table)),
-        "cached_dataset": lambda: attempt(reopen),
-        "write_cache": lambda: writing(write),
-        "from_cache_sources": lambda: writing(write_and_load),
-        "inherited_iterator": inherited_iterator,
-        "fresh_runtime": lambda: attempt(fresh),
-    }
+        def fresh():
+            own = drt.DatasetRuntime(num_workers=2)
+            ds = own.cached_dataset([CACHE], reader_config=config)
+            ids = [s.sample_id for s in ds]
+            return ids == list(range(120)) and ds.get_item(CACHE_ID, 7).sample_id == 7
 
-    # "_locked": another thread of the parent holds the dataset's Python locks at the fork
-    # (as a thread in get_item would); they never come free in the child.
-    unhold = threading.Event()
-    if op.endswith("_locked"):
-        held = threading.Event()
-        def hold():
-            with dataset._lookup_lock, dataset._state_lock:
-                held.set()
-                unhold.wait()
-        threading.Thread(target=hold, daemon=True).start()
-        held.wait()
-    # "_busy": another thread of the parent is (almost always) inside the native lookup at
-    # the fork, whose in-use flag the child inherits.
-    if op.endswith("_busy"):
-        import numpy as np
-        many = np.full(60000, CACHE_ID, np.uint64), np.arange(60000, dtype=np.uint64) % 120
-        def hammer():
-            while not unhold.is_set():
-                dataset.get_items(*many, copy=False)
-        threading.Thread(target=hammer, daemon=True).start()
-        time.sleep(0.2)
+        def from_config():
+            # As guide-torch.md recommends in a DataLoader worker's worker_init_fn.
+            ds = drt.CachedDataset.from_config(snapshot)
+            return [s.sample_id for s in ds] == list(range(50))
 
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_end)
-        faulthandler.dump_traceback_later(FORK_TIMEOUT, exit=True)  # a hang: stack + exit 1
-        result = OPS[op]()
-        faulthandler.cancel_dump_traceback_later()
-        os.write(write_end, json.dumps(result).encode())
+        OPS = {
+            "from_config": lambda: attempt(from_config),
+            "len": lambda: attempt(lambda: len(dataset)),
+            "iter": lambda: attempt(lambda: next(iter(dataset))),
+            "iter_batches": lambda: attempt(lambda: next(dataset.iter_batches(4))),
+            "get_item": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
+            "get_item_locked": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
+            "get_items_locked": lambda: attempt(lambda: dataset.get_items([CACHE_ID], [3])),
+            "get_item_busy": lambda: attempt(lambda: dataset.get_item(CACHE_ID, 3)),
+            "set_epoch_len": lambda: attempt(lambda: dataset.set_epoch_len(3)),
+            "io_backend": lambda: attempt(lambda: dataset.io_backend),
+            "get_metadata_cached": lambda: attempt(lambda: dataset.get_metadata().shape),
+            "get_metadata_uncached": lambda: attempt(lambda: untouched.get_metadata().shape),
+            "update_metadata": lambda: attempt(lambda: dataset.update_metadata(table)),
+            "cached_dataset": lambda: attempt(reopen),
+            "write_cache": lambda: writing(write),
+            "from_cache_sources": lambda: writing(write_and_load),
+            "inherited_iterator": inherited_iterator,
+            "fresh_runtime": lambda: attempt(fresh),
+        }
+
+        # "_locked": another thread of the parent holds the dataset's Python locks at the
+        # fork (as a thread in get_item would); they never come free in the child.
+        unhold = threading.Event()
+        helper = None
+        if op.endswith("_locked"):
+            held = threading.Event()
+            def hold():
+                with dataset._lookup_lock, dataset._state_lock:
+                    held.set()
+                    unhold.wait()
+            helper = threading.Thread(target=hold, daemon=True)
+            helper.start()
+            held.wait()
+        # "_busy": another thread of the parent is (almost always) inside the native lookup
+        # at the fork, whose in-use flag the child inherits.
+        if op.endswith("_busy"):
+            import numpy as np
+            many = np.full(60000, CACHE_ID, np.uint64), np.arange(60000, dtype=np.uint64) % 120
+            def hammer():
+                while not unhold.is_set():
+                    dataset.get_items(*many, copy=False)
+            helper = threading.Thread(target=hammer, daemon=True)
+            helper.start()
+            time.sleep(0.2)
+
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_end)
+            faulthandler.dump_traceback_later(FORK_TIMEOUT, exit=True)  # a hang: stack + exit 1
+            result = OPS[op]()
+            faulthandler.cancel_dump_traceback_later()
+            os.write(write_end, json.dumps(result).encode())
+            os.close(write_end)
+            # A normal interpreter exit: the inherited handles are finalized in the child.
+            sys.exit(0)
         os.close(write_end)
-        # A normal interpreter exit: the inherited handles are finalized in the child.
-        sys.exit(0)
-    os.close(write_end)
-    unhold.set()
-    chunks = []
-    while chunk := os.read(read_end, 1 << 16):
-        chunks.append(chunk)
-    _, status = os.waitpid(pid, 0)
-    child = json.loads(b"".join(chunks)) if chunks else None
-    # The parent's objects are unaffected by the child.
-    parent = {
-        "next": next(iterator).sample_id,
-        "get_item": dataset.get_item(CACHE_ID, 9).sample_id,
-        "fresh_window": [s.sample_id for s in dataset][:3],
-    }
-    status = os.waitstatus_to_exitcode(status)
-    print(json.dumps({"first": first, "child": child, "status": status, "parent": parent}))
+        unhold.set()
+        if helper is not None:
+            helper.join()
+        chunks = []
+        while chunk := os.read(read_end, 1 << 16):
+            chunks.append(chunk)
+        os.close(read_end)
+        _, status = os.waitpid(pid, 0)
+        child = json.loads(b"".join(chunks)) if chunks else None
+        # The parent's objects are unaffected by the child.
+        parent = {
+            "next": next(iterator).sample_id,
+            "get_item": dataset.get_item(CACHE_ID, 9).sample_id,
+            "fresh_window": [s.sample_id for s in dataset][:3],
+        }
+        status = os.waitstatus_to_exitcode(status)
+        return {"first": first, "child": child, "status": status, "parent": parent}
+
+
+    for op in sys.argv[4:]:
+        result = fork_with(op, bases / op)
+        print(json.dumps({"op": op, **result}), flush=True)
 """
 
 FORK_OPS_RAISING = [
@@ -453,17 +472,52 @@ FORK_OPS_RAISING = [
     "cached_dataset",
 ]
 FORK_OPS_WORKING = {"len": "120", "set_epoch_len": "None", "get_metadata_cached": "(120, 7)"}
+FORK_OPS = [
+    *FORK_OPS_RAISING,
+    *FORK_OPS_WORKING,
+    "io_backend",
+    "get_metadata_uncached",
+    "update_metadata",
+    "write_cache",
+    "from_cache_sources",
+    "inherited_iterator",
+    "fresh_runtime",
+    "from_config",
+]
 
 
-def run_fork(tmp_path: Path, backend: str, op: str) -> dict[str, Any]:
-    out = run_script(
-        tmp_path, FORK, backend, op, str(tmp_path / "child_base"), str(FIXTURES / "plain_one_shard")
-    )
-    assert out.returncode == 0, out.stderr
-    result = last_json(out.stdout)
+@pytest.fixture(scope="module")
+def fork_runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``run(backend, op)``: the result of ``op`` in a forked child (see ``FORK``); the
+    first call for a backend runs every operation of ``FORK_OPS`` with it."""
+    runs: dict[str, dict[str, Any]] = {}
+
+    def run(backend: str, op: str) -> dict[str, Any]:
+        if backend not in runs:
+            bases = tmp_path_factory.mktemp(f"fork-{backend}")
+            out = run_script(
+                bases,
+                FORK,
+                backend,
+                str(bases),
+                str(FIXTURES / "plain_one_shard"),
+                *FORK_OPS,
+                timeout=SCRIPT_TIMEOUT_S + 15 * len(FORK_OPS),
+            )
+            assert out.returncode == 0, out.stderr
+            lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+            runs[backend] = {line.pop("op"): {**line, "stderr": out.stderr} for line in lines}
+        assert op in runs[backend], f"no result for {op}\n{runs[backend]}"
+        return runs[backend][op]
+
+    return run
+
+
+def run_fork(fork_runs: Any, backend: str, op: str) -> dict[str, Any]:
+    result = fork_runs(backend, op)
     assert result["status"] == 0, (
         f"forked child exited with {result['status']} "
-        f"(1: hang, stack on stderr; negative: a signal)\n{out.stderr}"
+        f"(1: hang, stack on stderr; negative: a signal)\n{result['stderr']}"
     )
     # The parent's objects are unaffected: its iterator continues, a new one takes the
     # next window.
@@ -474,40 +528,40 @@ def run_fork(tmp_path: Path, backend: str, op: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", FORK_OPS_RAISING)
-def test_forked_child_gets_a_clear_error(tmp_path: Path, backend: str, op: str) -> None:
-    child = run_fork(tmp_path, backend_or_skip(backend), op)
+def test_forked_child_gets_a_clear_error(fork_runs: Any, backend: str, op: str) -> None:
+    child = run_fork(fork_runs, backend_or_skip(backend), op)
     assert child == {"error": ["RuntimeError", FORK_MESSAGE]}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", list(FORK_OPS_WORKING))
-def test_forked_child_plain_state_works(tmp_path: Path, backend: str, op: str) -> None:
+def test_forked_child_plain_state_works(fork_runs: Any, backend: str, op: str) -> None:
     """State copied by fork, with no native I/O behind it, is usable in the child."""
-    child = run_fork(tmp_path, backend_or_skip(backend), op)
+    child = run_fork(fork_runs, backend_or_skip(backend), op)
     assert child == {"ok": FORK_OPS_WORKING[op]}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_forked_child_io_backend(tmp_path: Path, backend: str) -> None:
-    child = run_fork(tmp_path, backend_or_skip(backend), "io_backend")
+def test_forked_child_io_backend(fork_runs: Any, backend: str) -> None:
+    child = run_fork(fork_runs, backend_or_skip(backend), "io_backend")
     assert child == {"ok": repr(backend)}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", ["get_metadata_uncached", "update_metadata"])
-def test_forked_child_metadata_does_not_hang(tmp_path: Path, backend: str, op: str) -> None:
+def test_forked_child_metadata_does_not_hang(fork_runs: Any, backend: str, op: str) -> None:
     """Polars' thread pool, used in the parent, deadlocks in a forked child: the dataset
     must refuse before handing anything to Polars."""
-    child = run_fork(tmp_path, backend_or_skip(backend), op)
+    child = run_fork(fork_runs, backend_or_skip(backend), op)
     assert child == {"error": ["RuntimeError", FORK_MESSAGE]}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", ["write_cache", "from_cache_sources"])
-def test_forked_child_runtime_cannot_write(tmp_path: Path, backend: str, op: str) -> None:
+def test_forked_child_runtime_cannot_write(fork_runs: Any, backend: str, op: str) -> None:
     """The runtime is unusable in the child: writing raises (it is no per-source failure),
     without iterating the source or creating anything."""
-    child = run_fork(tmp_path, backend_or_skip(backend), op)
+    child = run_fork(fork_runs, backend_or_skip(backend), op)
     assert child == {
         "error": ["RuntimeError", FORK_MESSAGE],
         "iterated": False,
@@ -516,10 +570,10 @@ def test_forked_child_runtime_cannot_write(tmp_path: Path, backend: str, op: str
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_forked_child_inherited_iterator(tmp_path: Path, backend: str) -> None:
+def test_forked_child_inherited_iterator(fork_runs: Any, backend: str) -> None:
     """An iterator started in the parent yields at most what was already handed to Python
     before the fork (the right continuation), then raises the fork error."""
-    child = run_fork(tmp_path, backend_or_skip(backend), "inherited_iterator")
+    child = run_fork(fork_runs, backend_or_skip(backend), "inherited_iterator")
     assert child["error"] == ["RuntimeError", FORK_MESSAGE]
     samples = child["samples"]
     assert samples == list(range(1, 1 + len(samples)))
@@ -527,16 +581,16 @@ def test_forked_child_inherited_iterator(tmp_path: Path, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_forked_child_can_open_its_own_runtime(tmp_path: Path, backend: str) -> None:
-    child = run_fork(tmp_path, backend_or_skip(backend), "fresh_runtime")
+def test_forked_child_can_open_its_own_runtime(fork_runs: Any, backend: str) -> None:
+    child = run_fork(fork_runs, backend_or_skip(backend), "fresh_runtime")
     assert child == {"ok": "True"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_forked_child_opens_a_snapshot_with_from_config(tmp_path: Path, backend: str) -> None:
+def test_forked_child_opens_a_snapshot_with_from_config(fork_runs: Any, backend: str) -> None:
     """from_config installs the snapshot's table without Polars, whose thread pool (used
     in the parent) would hang the child."""
-    child = run_fork(tmp_path, backend_or_skip(backend), "from_config")
+    child = run_fork(fork_runs, backend_or_skip(backend), "from_config")
     assert child == {"ok": "True"}
 
 
