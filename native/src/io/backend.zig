@@ -182,10 +182,11 @@ pub const Io = union(Kind) {
     /// none is idle), so the consumer, which would only wait, copies too; a few reads
     /// are kept in flight so the worker never starves between the consumer's reads.
     /// The thread pool already copies on every worker: the consumer would only compete
-    /// with them for the cores.
+    /// with them for the cores. So does io_uring with io_backend `auto`, whose pool takes
+    /// the page-cache-resident reads such batches hold.
     fn sharedAhead(io: *const Io) ?usize {
         return switch (io.*) {
-            .io_uring => uring_shared_ahead,
+            .io_uring => |*u| if (u.warm != null) null else uring_shared_ahead,
             .threads => null,
         };
     }
@@ -512,6 +513,9 @@ test "io_uring with io_backend auto: large reads in the page cache go to the thr
         defer io.deinit();
         if (io.kind() != .io_uring) return error.SkipZigTest; // io_uring refused here
         if (!files.rangeCached(file.handle, 0, data.len)) return error.SkipZigTest; // no cachestat
+        // A batch shared with the calling thread (`Shared`): with the pool behind it the
+        // backend takes every read; on the ring alone the caller runs some itself.
+        try testing.expectEqual(if (choice == .auto) null else @as(?usize, uring_shared_ahead), io.sharedAhead());
         var probes: [4]Probe = [_]Probe{.{}} ** 4;
         // Three reads of the lane's minimum, all in the page cache, and one just under it.
         for (&probes, 0..) |*p, i| {
