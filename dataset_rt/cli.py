@@ -174,6 +174,10 @@ def _verify_opened(
     """``verify`` of one cache; a URL's files come through ``transport``. Every dataset
     it opens is closed when it returns."""
     started = time.monotonic()
+    if progress and transport is not None:
+        # The open downloads and verifies every shard before the records pass starts.
+        sys.stderr.write(f"\r\x1b[2Kverify {path}: downloading and verifying every file ...")
+        sys.stderr.flush()
     try:
         # Every shard size and SHA-256 (each damaged file named), the metadata kinds.
         config = ReaderConfig(seed=0, shuffle=False, validate_cache=True)
@@ -181,6 +185,9 @@ def _verify_opened(
     except (ValueError, RuntimeError, OSError) as exc:
         _write_fail(out, path, exc)
         return False
+    finally:
+        if progress and transport is not None:
+            sys.stderr.write("\r\x1b[2K")
     with dataset._handle:
         try:
             facts = _facts(path, dataset._handle)

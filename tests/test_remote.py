@@ -8,6 +8,7 @@ reader, a full disk in the shard cache)."""
 from __future__ import annotations
 
 import gc
+import io
 import json
 import os
 import subprocess
@@ -530,9 +531,16 @@ def test_validated_reuse_of_a_url_checks_every_shard(runtime, s3_bucket, shard_c
     assert result.results[0].message.startswith(f"checksum mismatch for {shard}")
 
 
-def test_cli_verify_checks_the_server_not_local_copies(runtime, s3_bucket, shard_cache) -> None:
-    import io
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal (the CLI's progress lines go to one)."""
 
+    def isatty(self) -> bool:
+        return True
+
+
+def test_cli_verify_checks_the_server_not_local_copies(
+    runtime, s3_bucket, shard_cache, monkeypatch
+) -> None:
     from dataset_rt.cli import main
 
     base = f"{s3_bucket}/cv"
@@ -542,6 +550,15 @@ def test_cli_verify_checks_the_server_not_local_copies(runtime, s3_bucket, shard
     )
     out = io.StringIO()
     assert main(["verify", "--quiet", f"{base}/n"], out) == 0, out.getvalue()
+    # On a terminal, a line says what the open does before the records pass reports.
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["verify", f"{base}/n"], io.StringIO()) == 0
+    progress = terminal.getvalue()
+    assert f"verify {base}/n: downloading and verifying every file ..." in progress
+    assert f"verify {base}/n: 100/100 samples" in progress
+    assert progress.endswith("\r\x1b[2K")
+    monkeypatch.undo()
     # Every shard is now in this machine's shard cache, intact; the server's copy is not.
     dataset = runtime.cached_dataset([f"{base}/n"], reader_config=drt.ReaderConfig(seed=0))
     assert sum(1 for _ in dataset) == 100
@@ -558,8 +575,6 @@ def test_cli_verify_names_every_damaged_file_on_the_server(runtime, s3_bucket, s
     """As for a local cache, a FAIL line per damaged or missing object, in the order a
     validated open checks them (metadata.arrow, then shard by shard); the API's
     validate_cache=True still stops at the first."""
-    import io
-
     import obstore
 
     from dataset_rt.cli import main
@@ -878,8 +893,6 @@ def test_processes_share_one_shard_cache(runtime, s3_bucket, shard_cache, tmp_pa
 
 
 def test_cli_reads_urls(runtime, s3_bucket, shard_cache, tmp_path) -> None:
-    import io
-
     from dataset_rt.cli import main
 
     base, local = write_both(runtime, tmp_path, s3_bucket, count=60)
