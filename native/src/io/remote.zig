@@ -355,6 +355,7 @@ pub const Remote = struct {
         defer gpa.free(text);
         var m = try manifest.parse(gpa, text, manifest_url);
         defer m.deinit();
+        var damaged: cache.Damaged = .{ .checks = checks };
 
         var digest: [32]u8 = undefined;
         Sha256.hash(text, &digest);
@@ -371,11 +372,8 @@ pub const Remote = struct {
         if (caches.statFile(present)) |st| {
             const ctime_s: i64 = @intCast(@divFloor(st.ctime, std.time.ns_per_s));
             if (shardcache.changedThisBoot(r.shards.booted, ctime_s) or fetchedIntact(caches, &hex, &m)) {
-                if (checks == .every_damaged) {
-                    var damaged: cache.Damaged = .{ .checks = checks };
-                    try r.fetchShards(url, &m, pool, &damaged);
-                    try damaged.check();
-                }
+                if (checks == .every_damaged) try r.fetchShards(url, &m, pool, &damaged);
+                try damaged.check();
                 return final;
             }
             caches.deleteTree(&hex) catch {}; // lost in a crash: fetched again below
@@ -395,7 +393,6 @@ pub const Remote = struct {
         const tmp_path = try std.fmt.allocPrint(gpa, "{s}/{s}", .{ caches_path, tmp_name });
         defer gpa.free(tmp_path);
         // In the order a validated open of a local cache checks them.
-        var damaged: cache.Damaged = .{ .checks = checks };
         inline for (.{ .{ "metadata.arrow", m.metadata_sha256 }, .{ "index.bin", m.index_sha256 } }) |file| {
             const file_url = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ url, file[0] }, 0);
             defer gpa.free(file_url);
@@ -1099,7 +1096,6 @@ const Origin = struct {
 /// 0 means shuffled reading (the dataset passes 0 exactly then): with the cache larger
 /// than the budget, iterators then read byte ranges (`Origin.iteratorRanges`).
 pub fn openCache(r: *Remote, url: []const u8, position: u64, checks: cache.Checks, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
-    const validate = checks != .structure;
     const local = try r.fetchCache(url, pool, checks);
     defer r.gpa.free(local);
     const trimmed = std.mem.trimRight(u8, url, "/");
@@ -1107,9 +1103,9 @@ pub fn openCache(r: *Remote, url: []const u8, position: u64, checks: cache.Check
     errdefer r.gpa.destroy(origin);
     const owned_url = try r.gpa.dupe(u8, trimmed);
     errdefer r.gpa.free(owned_url);
-    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max), .shuffled = readahead == 0, .validate = validate };
+    origin.* = .{ .remote = r, .pool = pool, .url = owned_url, .readahead = if (pool == null) 0 else @min(readahead, Origin.slots_max), .shuffled = readahead == 0, .validate = checks != .structure };
     for (&origin.slots) |*slot| slot.* = .{ .origin = origin };
-    const c = try cache.Cache.openRemote(r.gpa, local, position, validate, .{
+    const c = try cache.Cache.openRemote(r.gpa, local, position, checks, .{
         .url = trimmed,
         .source = .{
             .context = origin,

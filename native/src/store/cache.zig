@@ -154,8 +154,8 @@ pub const Cache = struct {
     /// Opens a remote cache whose manifest, index and metadata were fetched (and verified)
     /// into `local_dir`. Its shards are not there: `remote.source` supplies verified
     /// copies, so shard sizes and checksums are checked when each is fetched, not here.
-    pub fn openRemote(gpa: std.mem.Allocator, local_dir: []const u8, position: u64, validate: bool, remote: RemoteOrigin) status.Error!Cache {
-        return openWith(gpa, local_dir, position, if (validate) .first_damaged else .structure, remote);
+    pub fn openRemote(gpa: std.mem.Allocator, local_dir: []const u8, position: u64, checks: Checks, remote: RemoteOrigin) status.Error!Cache {
+        return openWith(gpa, local_dir, position, checks, remote);
     }
 
     fn openWith(gpa: std.mem.Allocator, path: []const u8, position: u64, checks: Checks, remote: ?RemoteOrigin) status.Error!Cache {
