@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,13 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "dataset_rt", *args], capture_output=True, text=True, timeout=120
     )
+
+
+def flip_bit(path: Path, at: int | None = None) -> None:
+    """Flip the low bit of byte ``at`` of the file at ``path`` (default: its middle byte)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if at is None else at] ^= 0x01
+    path.write_bytes(bytes(data))
 
 
 def test_inspect_json() -> None:
@@ -47,10 +55,7 @@ def test_verify_ok_and_corrupt(fixture_copy) -> None:
     assert good.returncode == 0, good.stdout + good.stderr
     assert good.stdout.count("OK ") == 2
     broken = fixture_copy("plain_one_shard")
-    shard = broken / "shards" / "000000.bin"
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    shard.write_bytes(bytes(data))
+    flip_bit(broken / "shards" / "000000.bin")
     bad = run("verify", str(FIXTURES / "plain_one_shard"), str(broken))
     assert bad.returncode == 1
     assert f"FAIL {broken}: checksum mismatch for {broken}/shards/000000.bin" in bad.stdout
@@ -66,11 +71,8 @@ def test_verify_names_every_damaged_file(fixture_copy) -> None:
 
     broken = fixture_copy("plain_many_shards")
     shards = broken / "shards"
-    for name in ("000003.bin", "000011.bin", "index"):
-        path = broken / "index.bin" if name == "index" else shards / name
-        data = bytearray(path.read_bytes())
-        data[len(data) // 2] ^= 0x01
-        path.write_bytes(bytes(data))
+    for path in (shards / "000003.bin", shards / "000011.bin", broken / "index.bin"):
+        flip_bit(path)
     (shards / "000007.bin").write_bytes((shards / "000007.bin").read_bytes()[:-1])
     (shards / "000020.bin").unlink()
     result = run("verify", str(broken))
@@ -98,9 +100,7 @@ def test_validated_open_reports_the_first_damaged_file_0_4_8_reports(fixture_cop
 
     cache = fixture_copy("plain_many_shards")
     shards = cache / "shards"
-    data = bytearray((shards / "000002.bin").read_bytes())
-    data[len(data) // 2] ^= 0x01
-    (shards / "000002.bin").write_bytes(bytes(data))
+    flip_bit(shards / "000002.bin")
     (shards / "000005.bin").write_bytes((shards / "000005.bin").read_bytes()[:-1])
     runtime = drt.DatasetRuntime(num_workers=1)
     validated = drt.ReaderConfig(seed=0, validate_cache=True)
@@ -119,10 +119,7 @@ def test_verify_keeps_a_path_with_line_separators_on_one_line(fixture_copy, tmp_
     carriage return are line breaks to Python's splitlines)."""
     cache = tmp_path / "odd\u2028name\rhere"
     shutil.copytree(fixture_copy("plain_one_shard"), cache)
-    shard = cache / "shards" / "000000.bin"
-    data = bytearray(shard.read_bytes())
-    data[0] ^= 0x01
-    shard.write_bytes(bytes(data))
+    flip_bit(cache / "shards" / "000000.bin", 0)
     # (Bytes: text mode would turn the carriage return into a newline.)
     result = subprocess.run(
         [sys.executable, "-m", "dataset_rt", "verify", str(cache)], capture_output=True, timeout=120
@@ -140,10 +137,7 @@ def test_verify_counts_damaged_files_past_the_message_bound(fixture_copy) -> Non
     broken = fixture_copy("plain_many_shards")
     names = sorted(p.name for p in (broken / "shards").iterdir())
     for name in names:
-        path = broken / "shards" / name
-        data = bytearray(path.read_bytes())
-        data[0] ^= 0x01
-        path.write_bytes(bytes(data))
+        flip_bit(broken / "shards" / name, 0)
     result = run("verify", str(broken))
     assert result.returncode == 1
     lines = result.stdout.splitlines()
