@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,52 @@ def test_zig_unit_tests() -> None:
     assert returncode == 0, output
     summary = re.search(r"(\d+) passed", output)
     assert summary and int(summary.group(1)) > 0, output
+
+
+def _alive(pid: int) -> bool:
+    """``pid`` runs (a zombie nobody reaped yet does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_background_run_dies_with_pytest(tmp_path: Path) -> None:
+    """A `zig build test` started in the background does not outlive the pytest process
+    that started it when that process alone is killed (SIGKILL: no cleanup runs): its
+    guard kills it and what it started. Checked with a stand-in command (a process and
+    its child, both sleeping)."""
+    pids = tmp_path / "pids"
+    command = textwrap.dedent(f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        open({str(pids)!r}, "w").write(f"{{child.pid}}")
+        time.sleep(300)
+    """)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; sys.path.insert(0, sys.argv[1]); import zig_tests;"
+            "zig_tests._Run([sys.executable, '-c', sys.argv[2]]); time.sleep(300)",
+            str(Path(__file__).parent),
+            command,
+        ]
+    )
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and pids.read_text()):
+        assert time.monotonic() < deadline and parent.poll() is None, "stand-in never started"
+        time.sleep(0.05)
+    grandchild = int(pids.read_text())
+    below = zig_tests._descendants(parent.pid)
+    assert grandchild in below and len(below) == 3  # guard, command, its child
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in below):
+        assert time.monotonic() < deadline, f"still running: {[p for p in below if _alive(p)]}"
+        time.sleep(0.05)
 
 
 def header_functions() -> set[str]:

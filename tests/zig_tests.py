@@ -6,6 +6,8 @@ as soon as it knows they were selected (``conftest.py``, after collection), and
 ``tests/test_native.py::test_zig_unit_tests`` waits for their result. Run alone, that
 test starts them itself. The session kills them if it ends first (``-x``, Ctrl-C); they
 stay in pytest's process group, so a signal to the group (a CI timeout) reaches them too.
+A pytest process killed alone (``kill -9 <pid>``) cannot kill them, so they run under a
+guard (this file run as a script) that kills them when pytest's end of its stdin closes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -27,15 +30,19 @@ TIMEOUT_S = 900
 
 
 class _Run:
-    """One `zig build test` process, its output in a temporary file (a pipe nobody reads
-    until the end could fill and stall it) and its start time."""
+    """One `zig build test` process (``command``) under its guard (see :func:`_guard`), its
+    output in a temporary file (a pipe nobody reads until the end could fill and stall it)
+    and its start time."""
 
-    def __init__(self) -> None:
+    def __init__(self, command: list[str] = COMMAND) -> None:
         self.output: IO[bytes] = tempfile.TemporaryFile()
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            COMMAND,
+            [sys.executable, __file__, *command],
             cwd=ROOT,
+            # The guard's stdin: this process holds the only write end, so the guard
+            # reads end of file when this process is gone, however it ended.
+            stdin=subprocess.PIPE,
             stdout=self.output,
             stderr=subprocess.STDOUT,
             # In pytest's process group: what stops the session's group (Ctrl-C, a CI
@@ -43,7 +50,8 @@ class _Run:
         )
 
     def kill(self) -> None:
-        """Kill `zig build` and the processes it started (the compiler, the tests)."""
+        """Kill the guard, `zig build` and the processes it started (the compiler, the
+        tests)."""
         if self.process.poll() is None:
             for pid in [*_descendants(self.process.pid), self.process.pid]:
                 try:
@@ -105,3 +113,35 @@ def stop() -> None:
     """Kill the unit tests if they still run (the session ended without waiting)."""
     if _run is not None:
         _run.kill()
+
+
+def _guard(command: list[str]) -> int:
+    """Run ``command`` and return its exit status; kill it and everything it started as
+    soon as stdin reaches end of file (the process that started the guard is gone).
+
+    Ctrl-C reaches ``command`` directly (same process group) and the guard waits for it
+    to end, so it ignores SIGINT with a handler (an ignored disposition would be
+    inherited through ``exec`` by ``command``)."""
+    signal.signal(signal.SIGINT, lambda *_: None)
+    child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+
+    def watch() -> None:
+        # The raw descriptor: a thread blocked in sys.stdin's buffered read holds its lock,
+        # which the interpreter's shutdown then cannot take (a fatal error).
+        while os.read(0, 4096):
+            pass
+        for pid in [*_descendants(child.pid), child.pid]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    threading.Thread(target=watch, daemon=True).start()
+    return child.wait()
+
+
+if __name__ == "__main__":
+    status = _guard(sys.argv[1:])
+    # Without the interpreter's shutdown, which would wait on nothing but could trip over
+    # the watching thread; a signal's death as a shell reports it.
+    os._exit(status if status >= 0 else 128 - status)
