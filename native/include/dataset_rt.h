@@ -44,7 +44,7 @@ extern "C" {
  * library whose major differs from the one they were built for. */
 enum {
     DRT_ABI_VERSION_MAJOR = 1,
-    DRT_ABI_VERSION_MINOR = 17
+    DRT_ABI_VERSION_MINOR = 18
 };
 
 /* Status codes. Append-only: values are never renumbered. */
@@ -352,7 +352,8 @@ typedef struct drt_remote_ops {
 } drt_remote_ops;
 
 typedef struct drt_remote_options {
-    drt_remote_ops ops;     /* copied; context must outlive the remote and its datasets */
+    drt_remote_ops ops;     /* copied; context must outlive the remote, its datasets and its
+                               fetches ahead (see drt_remote_set_release) */
     drt_str cache_dir;      /* local directory (created): caches/ and shards/ */
     uint64_t budget_bytes;  /* > 0: bytes of shard files kept in <cache_dir>/shards */
     uint32_t retries;       /* further attempts after DRT_REMOTE_RETRY */
@@ -379,6 +380,13 @@ typedef int32_t (*drt_remote_read_file_fn)(void *context, void *handle, uint64_t
  * mapping (4 KiB pages). Call it right after drt_remote_open; downloads already running
  * keep their way. */
 int32_t drt_remote_set_read_file(drt_remote *remote, drt_remote_read_file_fn read_file);
+
+/* (ABI 1.18) Optional: release(context) is called once, on the thread that drops the last
+ * reference to the remote (drt_remote_close, the close of its last dataset, or the end of
+ * its last fetch ahead), after the remote is freed; no callback of ops is made after it, so
+ * context may be freed there (NULL: nothing is called). */
+typedef void (*drt_remote_release_fn)(void *context);
+int32_t drt_remote_set_release(drt_remote *remote, drt_remote_release_fn release);
 
 /* drt_dataset_open, where every path that is a URL (scheme://...) is a cache on object
  * storage reached through remote (NULL: every path is local). Besides drt_dataset_open's

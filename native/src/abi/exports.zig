@@ -230,6 +230,14 @@ export fn drt_remote_set_read_file(rm: ?*remote.Remote, read_file: ?remote.ReadF
     return ok();
 }
 
+export fn drt_remote_set_release(rm: ?*remote.Remote, release: ?remote.ReleaseFn) Rc {
+    const r = rm orelse return nullArgument("remote");
+    status.clear();
+    r.checkPid() catch |err| return fromError(err);
+    r.setRelease(release);
+    return ok();
+}
+
 export fn drt_remote_close(rm: ?*remote.Remote) void {
     if (rm) |r| r.release();
 }
@@ -1083,7 +1091,7 @@ test "misuse through the C ABI gets a status, never a panic or a hang" {
         var n: u64 = 0;
         // A runtime of the child's own does not make the parent's remote usable.
         var child_rt: ?*Runtime = null;
-        const ok_all = drt_remote_set_read_file(rm, null) == forked_rc and drt_writer_sample_count(w, &n) == forked_rc and
+        const ok_all = drt_remote_set_read_file(rm, null) == forked_rc and drt_remote_set_release(rm, null) == forked_rc and drt_writer_sample_count(w, &n) == forked_rc and
             drt_runtime_open(1, &child_rt) == 0 and drt_dataset_open_remote(child_rt, &paths, 1, &options, rm, &ds) == forked_rc;
         std.posix.exit(if (ok_all) 0 else 1);
     }

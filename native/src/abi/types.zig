@@ -122,7 +122,7 @@ pub const IterRange = extern struct {
 };
 
 pub const abi_version_major = 1;
-pub const abi_version_minor = 17;
+pub const abi_version_minor = 18;
 
 /// drt_iter_give_payload_buffers: drop the buffers not yet assigned first.
 pub const payload_buffers_reset: u32 = 1;

@@ -75,6 +75,12 @@ pub const Ops = extern struct {
 /// version `open` pinned.
 pub const ReadFileFn = *const fn (context: ?*anyopaque, handle: ?*anyopaque, offset: u64, len: u64, fd: i32, message: [*]u8, message_cap: u64) callconv(.c) i32;
 
+/// The optional release function of a transport (`drt_remote_release_fn`, set with
+/// `Remote.setRelease`): called once with `Ops.context` when the last reference to the
+/// remote is dropped (its datasets closed, its fetches ahead ended), after which no
+/// callback of the transport is made.
+pub const ReleaseFn = *const fn (context: ?*anyopaque) callconv(.c) void;
+
 pub const Options = struct {
     /// The local directory: `caches/` (metadata copies) and `shards/` (the shard cache).
     root: []const u8,
@@ -110,6 +116,8 @@ pub const Remote = struct {
     ops: Ops,
     /// Shard, index and metadata downloads are written with it when set (see `download`).
     read_file: std.atomic.Value(?ReadFileFn) = .init(null),
+    /// Called by the last `release` (see `ReleaseFn`).
+    on_release: std.atomic.Value(?ReleaseFn) = .init(null),
     root: []u8,
     shards_path: []u8,
     shards: ShardCache,
@@ -144,6 +152,12 @@ pub const Remote = struct {
         r.read_file.store(f, .release);
     }
 
+    /// `f` is called with the transport's context once the last reference is dropped
+    /// (null: nothing is called).
+    pub fn setRelease(r: *Remote, f: ?ReleaseFn) void {
+        r.on_release.store(f, .release);
+    }
+
     /// error.Forked in a process other than the one that opened the remote: the parent's
     /// fetches (threads, bytes in flight) do not exist there, so waiting on them would hang.
     pub fn checkPid(r: *const Remote) status.Error!void {
@@ -156,14 +170,19 @@ pub const Remote = struct {
     }
 
     /// In a forked child a no-op (as `Runtime.release`): the parent's state is not the
-    /// child's to free.
+    /// child's to free. Every holder of a reference that calls the transport (a dataset's
+    /// caches, a fetch ahead through its `Origin`) holds one until its last call returned,
+    /// so the last release is past every callback; it calls `on_release` after freeing.
     pub fn release(r: *Remote) void {
         if (r.refs.fetchSub(1, .acq_rel) != 1) return;
         if (r.pid != runtime.currentPid()) return;
+        const on_release = r.on_release.load(.acquire);
+        const context = r.ops.context;
         r.shards.close();
         r.gpa.free(r.shards_path);
         r.gpa.free(r.root);
         r.gpa.destroy(r);
+        if (on_release) |f| f(context);
     }
 
     // ------------------------------------------------------------ objects
@@ -1195,6 +1214,12 @@ const FakeStore = struct {
     /// Calls of `readFile` (each also counts in `reads`).
     file_reads: std.atomic.Value(u32) = .init(0),
     opens: u32 = 0,
+    /// Handles closed, and calls of `released` with the callbacks in progress then
+    /// (`busy`: calls of `open`, `read` and `close` not returned yet).
+    closes: std.atomic.Value(u32) = .init(0),
+    busy: std.atomic.Value(u32) = .init(0),
+    releases: std.atomic.Value(u32) = .init(0),
+    busy_at_release: u32 = 0,
 
     const Handle = struct { fd: posix.fd_t, ino: u64, name: []u8 };
 
@@ -1209,6 +1234,8 @@ const FakeStore = struct {
 
     fn open(ctx: ?*anyopaque, url: [*:0]const u8, size: *u64, handle: *?*anyopaque, message: [*]u8, cap: u64) callconv(.c) i32 {
         const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
+        _ = fs.busy.fetchAdd(1, .acq_rel);
+        defer _ = fs.busy.fetchSub(1, .acq_rel);
         fs.opens += 1;
         const name = rel(url);
         if (std.mem.startsWith(u8, name, "denied/")) return say(message, cap, "403 Forbidden", .denied);
@@ -1223,6 +1250,8 @@ const FakeStore = struct {
 
     fn read(ctx: ?*anyopaque, handle: ?*anyopaque, offset: u64, buf: [*]u8, len: u64, message: [*]u8, cap: u64) callconv(.c) i32 {
         const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
+        _ = fs.busy.fetchAdd(1, .acq_rel);
+        defer _ = fs.busy.fetchSub(1, .acq_rel);
         _ = fs.reads.fetchAdd(1, .monotonic);
         if (fs.fail_reads > 0) {
             fs.fail_reads -= 1;
@@ -1250,11 +1279,21 @@ const FakeStore = struct {
     }
 
     fn close(ctx: ?*anyopaque, handle: ?*anyopaque) callconv(.c) void {
-        _ = ctx;
+        const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
+        _ = fs.busy.fetchAdd(1, .acq_rel);
+        defer _ = fs.busy.fetchSub(1, .acq_rel);
         const h: *Handle = @ptrCast(@alignCast(handle.?));
         posix.close(h.fd);
         testing.allocator.free(h.name);
         testing.allocator.destroy(h);
+        _ = fs.closes.fetchAdd(1, .acq_rel);
+    }
+
+    /// `ReleaseFn`: counts, and notes the callbacks still in progress.
+    fn released(ctx: ?*anyopaque) callconv(.c) void {
+        const fs: *FakeStore = @ptrCast(@alignCast(ctx.?));
+        fs.busy_at_release = fs.busy.load(.acquire);
+        _ = fs.releases.fetchAdd(1, .acq_rel);
     }
 
     fn say(message: [*]u8, cap: u64, text: []const u8, code: Code) i32 {
@@ -1783,6 +1822,35 @@ test "a reader that reaches a shard being fetched ahead waits for that fetch (th
         try testing.expect(waited < 10_000);
         posix.nanosleep(0, std.time.ns_per_ms);
     }
+}
+
+test "release: called once after the last reference, the fetches ahead's included; no callback follows" {
+    const gpa = testing.allocator;
+    var b = try Bucket.init();
+    defer b.deinit();
+    const sizes = try copyFixture(b.tmp.dir, "plain_many_shards");
+    const rt = try runtime.Runtime.open(gpa, 2);
+    defer rt.release();
+    const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 4 * sizes.total, .backoff_ns = 1000 });
+    r.setRelease(FakeStore.released);
+    var c = try openCache(r, "fake://bucket/plain_many_shards", 0, .structure, &rt.pool, 2);
+    // Fetches ahead of the first shards, on threads of their own, then everything closed
+    // at once: the fetches still hold references.
+    for (0..Origin.slots_max) |id| _ = c.source.?.prefetch.?(c.source.?.context, &c, id);
+    c.close();
+    r.release();
+    var waited: u32 = 0;
+    while (b.store.releases.load(.acquire) == 0) : (waited += 1) {
+        try testing.expect(waited < 10_000);
+        posix.nanosleep(0, std.time.ns_per_ms);
+    }
+    try testing.expectEqual(@as(u32, 0), b.store.busy_at_release);
+    try testing.expectEqual(b.store.opens, b.store.closes.load(.acquire));
+    try testing.expect(b.store.reads.load(.acquire) > 0);
+    const reads = b.store.reads.load(.acquire);
+    posix.nanosleep(0, 50 * std.time.ns_per_ms);
+    try testing.expectEqual(reads, b.store.reads.load(.acquire));
+    try testing.expectEqual(@as(u32, 1), b.store.releases.load(.acquire));
 }
 
 test "what fetches of dead processes left in caches/ is removed, what a fetch holds is not" {
