@@ -17,12 +17,17 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from itertools import chain, repeat
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from dataset_rt import _native, manifests, remote, snapshot, writer
 from dataset_rt import metadata as _metadata
 from dataset_rt.config import ReaderConfig
 from dataset_rt.records import CachedSample
+
+if TYPE_CHECKING:  # Polars is imported when a table is first needed
+    import polars as pl
+
+    from dataset_rt.records import ManifestUpdateError, ManifestUpdateReport, Result
 
 IO_BACKEND_ENV = "DATASET_RT_IO_BACKEND"
 
@@ -656,7 +661,7 @@ class CachedDataset:
             batch = lookup.get_arrays(cids, sids, _native.BatchFlag.STORED_METADATA)
             return _gathered_batch(batch, self._frames)
 
-    def get_metadata(self) -> Any:
+    def get_metadata(self) -> pl.DataFrame:
         """The active metadata table as a Polars DataFrame.
 
         Before any update: ``cache_id`` (UInt64), ``sample_id`` (UInt64), the stored
@@ -678,11 +683,11 @@ class CachedDataset:
                     self._active = _metadata.default_table(self)
             return self._active.clone()
 
-    def samples_metadata(self) -> Any:
+    def samples_metadata(self) -> pl.DataFrame:
         """Alias of :meth:`get_metadata`."""
         return self.get_metadata()
 
-    def update_metadata(self, metadata: Any) -> None:
+    def update_metadata(self, metadata: pl.DataFrame) -> None:
         """Replace the active table that future iterators sample from.
 
         ``metadata`` (a Polars DataFrame) needs the stored metadata columns with their Arrow
@@ -712,11 +717,13 @@ class CachedDataset:
         self._custom_table = True
         self._progress = None
 
-    def set_samples_metadata(self, metadata: Any) -> None:
+    def set_samples_metadata(self, metadata: pl.DataFrame) -> None:
         """Alias of :meth:`update_metadata`."""
         self.update_metadata(metadata)
 
-    def update_manifests(self, version: int) -> Any:
+    def update_manifests(
+        self, version: Literal[3]
+    ) -> Result[ManifestUpdateReport, ManifestUpdateError]:
         """Rewrite format-2 manifests of this dataset's caches as format 3 (atomically).
 
         All or nothing: every manifest is first checked against the one this dataset

@@ -19,6 +19,7 @@ from dataset_rt.config import DEFAULT_WRITER_CONFIG, ReaderConfig, WriterConfig
 from dataset_rt.dataset import CachedDataset, probe_cache
 from dataset_rt.parallel import write_in_processes
 from dataset_rt.records import (
+    CacheSource,
     CacheSourcesDatasetError,
     CacheSourcesDatasetResult,
     CacheSourcesDatasetSuccess,
@@ -62,7 +63,7 @@ class DatasetRuntime:
 
     def write_cache(
         self,
-        sources: Any,
+        sources: CacheSource | list[CacheSource],
         path: str | os.PathLike[str],
         *,
         writer_config: WriterConfig = DEFAULT_WRITER_CONFIG,
@@ -155,7 +156,7 @@ class DatasetRuntime:
 
     def cached_dataset(
         self, paths: Sequence[str | os.PathLike[str]], *, reader_config: ReaderConfig
-    ) -> Any:
+    ) -> CachedDataset:
         """Load caches (in ``paths`` order) as one ``CachedDataset``; raises load errors."""
         return CachedDataset._open(
             self._runtime, [p if remote.is_url(p) else Path(p) for p in paths], reader_config
@@ -163,7 +164,7 @@ class DatasetRuntime:
 
     def from_cache_sources(
         self,
-        sources: Any,
+        sources: CacheSource | list[CacheSource],
         path: str | os.PathLike[str],
         *,
         reader_config: ReaderConfig,
