@@ -59,6 +59,26 @@ def test_profile_written_also_after_failures(runtime, tmp_path: Path) -> None:
     assert failed["python_next"]["calls"] == 4  # 3 samples, then the call that raised
 
 
+@pytest.mark.parametrize("size", [64, 100_000])  # copied into records / written directly
+def test_uncompressed_writes_report_the_compression_stage(
+    runtime, tmp_path: Path, size: int
+) -> None:
+    """Without compression the stage is still reported, one call per record with its
+    payload bytes, as 0.4.8 reports it whatever the algorithm."""
+    out = tmp_path / "profile.json"
+    config = drt.WriterConfig(
+        show_progress=False, profiler=drt.WriterProfilerConfig(enabled=True, path=out)
+    )
+    results = runtime.write_cache(
+        [Numbers("a", count=30, size=size)], tmp_path / "base", writer_config=config
+    )
+    assert isinstance(results[0], drt.CacheWriteSuccess)
+    source = json.loads(out.read_text())["sources"][0]
+    stages = {stage["name"]: stage for stage in source["stages"]}
+    assert (stages["compression"]["calls"], stages["compression"]["bytes"]) == (30, 30 * size)
+    assert stages["record_encode"]["calls"] == 30
+
+
 # Run unchanged by this project and by dataset-rt 0.4.8: the calls of the per-sample
 # Python stages for sources of 3 samples, failing at the third next(), failing after the
 # last sample, and empty.

@@ -750,11 +750,12 @@ def test_unusual_valid_names(runtime, tmp_path: Path, name: str) -> None:
     assert [s.data for s in read_back(runtime, base / name)] == [b"payload"]
 
 
-@pytest.mark.parametrize("name", ["a\x00b", "a\\b"])
+@pytest.mark.parametrize("name", ["a\x00b", "a\\b", "a/", "é//"])
 def test_name_with_nul_or_backslash(runtime, tmp_path: Path, name: str) -> None:
-    """SPEC section 2: NUL and backslash are not plain path segments; like the other name
-    errors they are reported under source[i] before anything is created (the reference
-    fails late with an I/O error for NUL and accepts a backslash)."""
+    """SPEC section 2: NUL, backslash and a trailing slash are not plain path segments;
+    like the other name errors they are reported under source[i] before anything is
+    created (the reference fails late with an I/O error for NUL, and its serial writer
+    accepts a backslash and a trailing slash)."""
     base = tmp_path / "base"
     result = write_one(runtime, base, Source(name))
     assert result == drt.CacheWriteError(

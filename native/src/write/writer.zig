@@ -169,10 +169,15 @@ const Chunk = struct {
             const json_len = c.records.items.len - start - 8;
             std.mem.writeInt(u64, c.records.items[start..][0..8], json_len, .little);
             c.profile.stop(.record_encode, t, json_len + 8);
+            t = c.profile.start();
             switch (w.options.compression) {
-                .none => try c.records.appendSlice(gpa, payload),
+                // The compression stage of `none` is the payload's copy (as 0.4.8, which
+                // reports the stage whatever the algorithm).
+                .none => {
+                    try c.records.appendSlice(gpa, payload);
+                    c.profile.stop(.compression, t, payload.len);
+                },
                 .lz4 => {
-                    t = c.profile.start();
                     // Straight into the records' spare room (past the result the compressor
                     // may leave scratch bytes, which the next record overwrites).
                     try c.records.ensureUnusedCapacity(gpa, lz4.prependedBound(payload.len));
@@ -429,6 +434,8 @@ pub const Writer = struct {
             const json_len = w.direct_header.items.len - 8;
             std.mem.writeInt(u64, w.direct_header.items[0..8], json_len, .little);
             w.profile.stop(.record_encode, t, json_len + 8);
+            // Uncompressed and not copied: the compression stage passes it through.
+            w.profile.stop(.compression, w.profile.start(), payload.len);
             const record_len = w.direct_header.items.len + payload.len;
             // Sequence order is kept: nothing else is in flight (drained above), and
             // the caller appends from one thread.
