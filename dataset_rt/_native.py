@@ -260,19 +260,29 @@ def raise_status(status: int, error: ErrorFactory | None = None) -> NoReturn:
     thread's message; with ``error``, raise ``error(message)`` instead (callers that
     report failures as values, like the writer, pass their own exception type)."""
     message = last_error()
-    interrupt = getattr(_interrupted, "exception", None)
-    if interrupt is not None:  # a transport callback of this call was interrupted
-        _interrupted.exception = None
-        raise interrupt
+    raise_interrupt()
     if error is not None:
         raise error(message)
     raise _EXCEPTIONS.get(status, RuntimeError)(message)
 
 
+def raise_interrupt() -> None:
+    """Raise the interrupt a transport callback of this thread's last call kept (see
+    ``_remote_failure``), if any, and forget it."""
+    interrupt = getattr(_interrupted, "exception", None)
+    if interrupt is not None:
+        _interrupted.exception = None
+        raise interrupt
+
+
 def check(status: int, error: ErrorFactory | None = None) -> None:
-    """Raise for a non-zero native status (see :func:`raise_status`); None for DRT_OK."""
+    """Raise for a non-zero native status (see :func:`raise_status`). For DRT_OK, raise
+    an interrupt a transport callback of the call kept: the library may do without the
+    read it failed (a fetch ahead is read again), but the Ctrl-C is the caller's."""
     if status != 0:
         raise_status(status, error)
+    if _interrupts_kept:
+        raise_interrupt()
 
 
 FORK_MESSAGE = (
@@ -630,8 +640,16 @@ def _say(message: Any, cap: int, text: str) -> None:
 
 
 # A KeyboardInterrupt or SystemExit raised in a transport callback (by a signal handler,
-# on the thread that called into the library), kept for that call to raise (raise_status).
+# on the thread that called into the library), kept for that call to raise (check).
 _interrupted = threading.local()
+# Whether any was ever kept: until then check() does not look at the thread-local.
+_interrupts_kept = False
+
+
+def _keep_interrupt(exc: BaseException) -> None:
+    global _interrupts_kept
+    _interrupted.exception = exc
+    _interrupts_kept = True
 
 
 def _remote_failure(exc: BaseException, message: Any, cap: int) -> int:
@@ -639,7 +657,7 @@ def _remote_failure(exc: BaseException, message: Any, cap: int) -> int:
     fails the read (``FAILED``: never retried) and is raised again, unchanged, when the
     library call that made the callback returns its error."""
     if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-        _interrupted.exception = exc
+        _keep_interrupt(exc)
         _say(message, cap, f"interrupted ({type(exc).__name__})")
         return int(RemoteCode.FAILED)
     code = exc.code if isinstance(exc, RemoteError) else RemoteCode.FAILED
@@ -740,7 +758,7 @@ class Remote(_Handle):
 
         def escaped(kind: Any, exc: BaseException, traceback: Any) -> int | None:
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                _interrupted.exception = exc
+                _keep_interrupt(exc)
                 return failed
             return None
 

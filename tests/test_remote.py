@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -1033,37 +1034,52 @@ def test_a_dataset_keeps_the_callbacks_of_its_remote(
     gc.collect()
 
 
+@pytest.mark.parametrize("call", ["get_item", "get_items"])
 def test_an_interrupt_in_a_transport_read_propagates(
-    runtime, s3_bucket, shard_cache, tmp_path, monkeypatch
+    runtime, s3_bucket, shard_cache, tmp_path, monkeypatch, call
 ) -> None:
-    """A KeyboardInterrupt raised while the transport reads (a Ctrl-C landing in the
-    callback) fails that read and reaches the caller unchanged, never as an error and
-    never as a sample made of bytes that were not read; the next read works."""
+    """A KeyboardInterrupt raised while the transport reads on the calling thread (a
+    Ctrl-C landing in the callback) fails that read and reaches the caller unchanged, never
+    as an error and never as a sample made of bytes that were not read, also where the
+    library does without that read (a fetch ahead that failed is read again); the next
+    read works, and no later call raises it again."""
     from dataset_rt import remote as remote_mod
 
     base, local = write_both(runtime, tmp_path, s3_bucket, count=120)
-    read_into = remote_mod.ObstoreTransport.read_into
     calls: list[int] = []
     armed = [False]
+    caller = threading.get_ident()
 
-    def interrupted_once(self, handle, offset, out):
-        if armed[0]:
-            calls.append(offset)
-            if len(calls) == 1:
-                raise KeyboardInterrupt
-        return read_into(self, handle, offset, out)
+    def interrupting_once(read: Any) -> Any:
+        def interrupted_once(self, handle, offset, *args):
+            if armed[0] and threading.get_ident() == caller:
+                calls.append(offset)
+                if len(calls) == 1:
+                    raise KeyboardInterrupt
+            return read(self, handle, offset, *args)
 
-    monkeypatch.setattr(remote_mod.ObstoreTransport, "read_into", interrupted_once)
+        return interrupted_once
+
+    for name in ("read_into", "read_to_file"):
+        read = getattr(remote_mod.ObstoreTransport, name)
+        monkeypatch.setattr(remote_mod.ObstoreTransport, name, interrupting_once(read))
     fresh_remotes(monkeypatch)
     config = drt.ReaderConfig(seed=4, shuffle=False)
     remote_ds = runtime.cached_dataset([f"{base}/a"], reader_config=config)
     local_ds = runtime.cached_dataset([local / "a"], reader_config=config)
     cache_id = remote_ds._handle.cache_info(0).cache_id
+    ids = list(range(7, 60))
     armed[0] = True
     with pytest.raises(KeyboardInterrupt):
-        remote_ds.get_item(cache_id, 7)
-    assert remote_ds.get_item(cache_id, 7).data == local_ds.get_item(cache_id, 7).data
-    assert len(calls) == 2
+        if call == "get_item":
+            remote_ds.get_item(cache_id, 7)
+        else:
+            remote_ds.get_items([cache_id] * len(ids), ids)
+    assert calls
+    got = remote_ds.get_items([cache_id] * len(ids), ids)
+    assert bytes(got.data) == bytes(local_ds.get_items([cache_id] * len(ids), ids).data)
+    with pytest.raises(IndexError):
+        remote_ds.get_item(cache_id, 10**6)
 
 
 @pytest.mark.parametrize(
