@@ -50,8 +50,11 @@ _TRANSIENT = re.compile(
 
 
 def join(base: str, name: str) -> str:
-    """``base/name`` for a URL (one slash)."""
-    return base.rstrip("/") + "/" + name
+    """``base/name`` for a URL (one slash; the ``://`` of ``scheme://`` is kept)."""
+    scheme, sep, rest = base.partition("://")
+    if not sep:
+        return base.rstrip("/") + "/" + name
+    return f"{scheme}://{rest.rstrip('/')}/{name}"
 
 
 def _require_obstore() -> Any:
@@ -142,7 +145,10 @@ class ObstoreTransport:
                 # Client options replace the environment's: keep AWS_ALLOW_HTTP's word.
                 if os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("true", "1"):
                     options["allow_http"] = True
-                store = from_url(root, client_options=options, retry_config={"max_retries": 0})
+                try:
+                    store = from_url(root, client_options=options, retry_config={"max_retries": 0})
+                except Exception as exc:  # an unknown scheme, no bucket: one line, no dump
+                    raise classify(exc) from exc
                 self._stores[root] = store
         return store, key
 

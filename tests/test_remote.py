@@ -614,6 +614,26 @@ def test_no_cache_at_url(runtime, s3_bucket, shard_cache) -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("sss3://bucket/c", "sss3://bucket/c/manifest.json"),
+        ("s3:///c", "s3:///c/manifest.json"),
+        ("s3://", "s3:///manifest.json"),
+    ],
+)
+def test_a_url_the_client_cannot_use_is_one_line_naming_it(
+    runtime, s3_bucket, shard_cache, url: str, named: str
+) -> None:
+    """An unknown scheme or a URL without a bucket fails with one line naming the URL (not
+    the client's multi-line debug dump, and ``s3://`` not cut to ``s3:``)."""
+    with pytest.raises(RuntimeError) as info:
+        runtime.cached_dataset([url], reader_config=drt.ReaderConfig(seed=0))
+    message = str(info.value)
+    assert "\n" not in message and "Debug" not in message
+    assert message.startswith(f"object store error for {named}: ")
+
+
 @pytest.mark.parametrize("missing", ["index.bin", "metadata.arrow", "shards/000001.bin"])
 def test_a_file_missing_on_the_server_is_an_io_error_as_locally(
     runtime, s3_bucket, shard_cache, missing: str

@@ -358,7 +358,7 @@ pub const Remote = struct {
     /// stop it whatever the checks.
     pub fn fetchCache(r: *Remote, url_in: []const u8, pool: ?*runtime.Pool, checks: cache.Checks) status.Error![]u8 {
         const gpa = r.gpa;
-        const url = std.mem.trimRight(u8, url_in, "/");
+        const url = trimUrl(url_in);
         const manifest_url = try std.fmt.allocPrintSentinel(gpa, "{s}/manifest.json", .{url}, 0);
         defer gpa.free(manifest_url);
         const obj = try r.openObjectIfAny(manifest_url) orelse
@@ -483,7 +483,7 @@ pub const Remote = struct {
         defer r.shards.unlockShard(lock);
         // Another process may have downloaded it while this one waited for the lock.
         if (try r.shards.lookup(shard.sha256, shard.byte_len)) |fd| return fd;
-        const shard_url = try std.fmt.allocPrintSentinel(r.gpa, "{s}/shards/{s}", .{ std.mem.trimRight(u8, url, "/"), shard.name }, 0);
+        const shard_url = try std.fmt.allocPrintSentinel(r.gpa, "{s}/shards/{s}", .{ trimUrl(url), shard.name }, 0);
         defer r.gpa.free(shard_url);
         if (!try r.reserve(shard.byte_len, shard_url, background)) {
             return status.fail(error.Io, "no room for {s} in the shard cache now: pinned or in flight", .{shard_url});
@@ -1117,7 +1117,7 @@ const Origin = struct {
 pub fn openCache(r: *Remote, url: []const u8, position: u64, checks: cache.Checks, pool: ?*runtime.Pool, readahead: u32) status.Error!cache.Cache {
     const local = try r.fetchCache(url, pool, checks);
     defer r.gpa.free(local);
-    const trimmed = std.mem.trimRight(u8, url, "/");
+    const trimmed = trimUrl(url);
     const origin = try r.gpa.create(Origin);
     errdefer r.gpa.destroy(origin);
     const owned_url = try r.gpa.dupe(u8, trimmed);
@@ -1192,6 +1192,13 @@ pub fn isUrl(path: []const u8) bool {
     if (i == 0) return false;
     for (path[0..i]) |ch| if (!std.ascii.isAlphanumeric(ch) and ch != '+' and ch != '-' and ch != '.') return false;
     return true;
+}
+
+/// `url` without its trailing slashes, but never shorter than its `scheme://` (so that
+/// `s3://` + `/manifest.json` names the URL given, not `s3:/manifest.json`).
+fn trimUrl(url: []const u8) []const u8 {
+    const keep = if (std.mem.indexOf(u8, url, "://")) |i| i + 3 else 0;
+    return url[0 .. keep + std.mem.trimRight(u8, url[keep..], "/").len];
 }
 
 fn failWrite(err: anyerror, dir_path: []const u8, name: []const u8) status.Error {
@@ -1316,6 +1323,9 @@ test "isUrl" {
     try testing.expect(!isUrl("/tmp/s3://x"));
     try testing.expect(!isUrl("relative/path"));
     try testing.expect(!isUrl("://x"));
+    try testing.expectEqualStrings("s3://b/p", trimUrl("s3://b/p//"));
+    try testing.expectEqualStrings("s3://", trimUrl("s3://"));
+    try testing.expectEqualStrings("s3://", trimUrl("s3:////"));
 }
 
 test "shards download once, verified, retried, and the errors name the URL" {
