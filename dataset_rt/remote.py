@@ -237,7 +237,8 @@ def classify(exc: BaseException) -> _native.RemoteError:
     from obstore import exceptions as ox
 
     text = str(exc).split("\n\nDebug source:")[0].strip() or type(exc).__name__
-    if isinstance(exc, (FileNotFoundError, ox.NotFoundError)):
+    # (A list request to a missing bucket is a generic error naming S3's code.)
+    if isinstance(exc, (FileNotFoundError, ox.NotFoundError)) or "NoSuchBucket" in text:
         code = _native.RemoteCode.NOT_FOUND
     elif isinstance(exc, ox.PreconditionError):
         code = _native.RemoteCode.CHANGED
@@ -305,6 +306,52 @@ def exists(url: str, transport: ObstoreTransport | None = None) -> bool:
         if error.code == _native.RemoteCode.NOT_FOUND:
             return False
         raise RuntimeError(f"cannot check {url}: {_explain(url, error)}") from exc
+
+
+def leftovers(url: str, transport: ObstoreTransport | None = None) -> tuple[list[str], bool]:
+    """Up to 3 keys of objects under ``url/`` other than a writer's upload lock (what an
+    interrupted upload or another tool left where no cache is published: a write refuses
+    such a prefix, as it refuses a local path that exists), and whether an upload lock is
+    there. Raises ``RuntimeError`` naming ``url`` when the store cannot say."""
+    obstore = _require_obstore()
+    transport = transport or ObstoreTransport()
+    try:
+        store, prefix = transport.locate(join(url, ""))
+        found: list[str] = []
+        locked = False
+        for batch in obstore.list(store, prefix, chunk_size=8):
+            for meta in batch:
+                if meta["path"] == prefix + UPLOAD_LOCK:
+                    locked = True
+                else:
+                    found.append(meta["path"])
+            if len(found) >= 3:
+                break
+        if found and not locked:
+            try:
+                obstore.head(store, prefix + UPLOAD_LOCK)
+                locked = True
+            except Exception as exc:
+                if classify(exc).code != _native.RemoteCode.NOT_FOUND:
+                    raise
+        return found[:3], locked
+    except _native.RemoteError as exc:
+        raise RuntimeError(f"cannot check {url}: {exc}") from exc
+    except Exception as exc:
+        error = classify(exc)
+        if error.code == _native.RemoteCode.NOT_FOUND:  # no bucket: nothing there
+            return [], False
+        raise RuntimeError(f"cannot check {url}: {_explain(url, error)}") from exc
+
+
+def not_a_cache(url: str, keys: list[str]) -> str:
+    """Why a write refuses ``url``: objects (``keys``, from :func:`leftovers`) but no
+    ``manifest.json`` under it."""
+    return (
+        f"cache path already exists: {url} (it holds objects but no manifest.json, so it is "
+        f"not a complete cache: {', '.join(keys)}{', ...' if len(keys) >= 3 else ''}); "
+        f"delete them (for example: aws s3 rm --recursive {url}/) before writing this cache"
+    )
 
 
 def _explain(url: str, error: _native.RemoteError) -> str:
@@ -432,6 +479,10 @@ class _Upload:
             # Published between the check above and the lock (its writer has let go).
             if exists(url, self.transport):
                 raise FileExistsError(f"cache path already exists: {url}")
+            # Objects of an interrupted upload or of another tool: never written over.
+            keys, _ = leftovers(url, self.transport)  # (the lock is this writer's)
+            if keys:
+                raise FileExistsError(not_a_cache(url, keys))
             for path in sorted(p for p in self.local.rglob("*") if p.is_file()):
                 rel = path.relative_to(self.local).as_posix()
                 if rel != "manifest.json":

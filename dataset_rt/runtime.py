@@ -106,8 +106,16 @@ class DatasetRuntime:
                 target = remote.join(url, plan.name)
                 try:
                     published = remote.exists(target)
+                    left, locked = ([], False) if published else remote.leftovers(target)
                 except RuntimeError as exc:
                     results[plan.position] = CacheWriteError(plan.name, str(exc))
+                    continue
+                # Checked again under the upload's lock; while another writer holds it,
+                # the upload says who does.
+                if left and not locked:
+                    results[plan.position] = CacheWriteError(
+                        plan.name, remote.not_a_cache(target, left)
+                    )
                     continue
                 if not published:
                     to_write.append(plan)

@@ -270,6 +270,45 @@ def test_write_never_replaces_and_from_cache_sources_reuses(
     assert get(f"{base}/n/manifest.json") == before
 
 
+def test_objects_without_a_manifest_are_never_written_over(
+    runtime, s3_bucket, shard_cache, tmp_path
+) -> None:
+    """A prefix holding objects but no manifest.json (an interrupted upload, a copy by
+    another tool cut short) is not a complete cache: writes and reuse refuse it before the
+    source is iterated, as they refuse a local path that exists, and an upload checks again
+    under its lock; nothing there is touched."""
+    from dataset_rt import remote
+
+    base = f"{s3_bucket}/partial"
+    put(f"{base}/n/index.bin", b"another tool's index")
+    put(f"{base}/n/shards/000007.bin", b"another tool's shard")
+    before = listing(f"{base}/n")
+
+    class Exploding(Numbers):
+        def __iter__(self):
+            raise AssertionError("the source of a refused write is not iterated")
+
+    expected = (
+        f"cache path already exists: {base}/n (it holds objects but no manifest.json, so it "
+        "is not a complete cache: partial/n/index.bin, partial/n/shards/000007.bin); delete "
+        f"them (for example: aws s3 rm --recursive {base}/n/) before writing this cache"
+    )
+    written = runtime.write_cache([Exploding("n")], base, writer_config=WRITER)
+    assert written == [drt.CacheWriteError("n", expected)]
+    reused = runtime.from_cache_sources(
+        [Exploding("n")], base, reader_config=drt.ReaderConfig(seed=0), writer_config=WRITER
+    )
+    assert isinstance(reused, drt.CacheSourcesDatasetError)
+    assert reused.results == [drt.CacheWriteError("n", expected)]
+    # The upload itself (Ray's datasink uploads a cache built elsewhere).
+    local = tmp_path / "local"
+    assert runtime.write_cache([Numbers("n", 5)], local, writer_config=WRITER)[0].path
+    with pytest.raises(FileExistsError, match=r"holds objects but no manifest\.json"):
+        remote.upload_cache(local / "n", f"{base}/n")
+    assert listing(f"{base}/n") == before
+    assert get(f"{base}/n/index.bin") == b"another tool's index"
+
+
 def test_stale_fingerprint_on_a_url_is_reported(runtime, s3_bucket, shard_cache) -> None:
     base = f"{s3_bucket}/fp"
 
