@@ -34,6 +34,7 @@ const mem_mod = @import("../base/mem.zig");
 const posix = std.posix;
 const status = @import("../base/status.zig");
 const Sha256 = @import("../codec/sha256.zig").Sha256;
+const index = @import("../format/index.zig");
 const manifest = @import("../format/manifest.zig");
 const shardcache = @import("shardcache.zig");
 const ShardCache = shardcache.ShardCache;
@@ -411,11 +412,14 @@ pub const Remote = struct {
         posix.flock(tmp.fd, posix.LOCK.EX) catch |err| return failWrite(err, caches_path, tmp_name);
         const tmp_path = try std.fmt.allocPrint(gpa, "{s}/{s}", .{ caches_path, tmp_name });
         defer gpa.free(tmp_path);
-        // In the order a validated open of a local cache checks them.
-        inline for (.{ .{ "metadata.arrow", m.metadata_sha256 }, .{ "index.bin", m.index_sha256 } }) |file| {
+        // In the order a validated open of a local cache checks them. index.bin's size
+        // follows from the manifest (a row per sample); metadata.arrow's does not.
+        const index_bytes = std.math.mul(u64, m.sample_count, index.row_bytes) catch
+            return status.fail(error.InvalidCache, "{s}: sample_count {d} is too large", .{ manifest_url, m.sample_count });
+        inline for (.{ .{ "metadata.arrow", m.metadata_sha256, null }, .{ "index.bin", m.index_sha256, index_bytes } }) |file| {
             const file_url = try std.fmt.allocPrintSentinel(gpa, "{s}/{s}", .{ url, file[0] }, 0);
             defer gpa.free(file_url);
-            r.download(file_url, tmp, tmp_path, file[0], null, file[1], pool, null) catch |err| try noteDamaged(&damaged, err);
+            r.download(file_url, tmp, tmp_path, file[0], file[2], file[1], pool, null) catch |err| try noteDamaged(&damaged, err);
         }
         if (checks == .every_damaged) try r.fetchShards(url, &m, pool, &damaged);
         try damaged.check();
@@ -630,19 +634,42 @@ const Fetch = struct {
 /// `ftruncate` (sparse: a full disk there faults while writing, as with any mapping).
 fn preallocate(file: std.fs.File, size: u64, dir_path: []const u8, name: []const u8) status.Error!void {
     const linux = std.os.linux;
+    // A size the file system cannot hold fails before any block is allocated (an object
+    // of the wrong size would otherwise fill the disk, and other writers with it, before
+    // fallocate gave up).
+    if (freeBytes(file.handle)) |free| if (size > free) {
+        return status.fail(error.Io, "cannot write the local cache {s}/{s}: it needs {d} bytes and the file system has {d} free (free space or raise the quota, or choose another shard cache directory)", .{ dir_path, name, size, free });
+    };
+    const len = std.math.cast(i64, size) orelse return fileTooLarge(dir_path, name);
     while (true) {
-        const rc = linux.fallocate(file.handle, 0, 0, @intCast(size));
+        const rc = linux.fallocate(file.handle, 0, 0, len);
         switch (linux.E.init(rc)) {
             .SUCCESS => return,
             .INTR => continue,
             .OPNOTSUPP, .NOSYS => break,
             .NOSPC => return failWrite(error.NoSpaceLeft, dir_path, name),
-            .FBIG => return status.fail(error.Io, "cannot write the local cache {s}/{s}: File too large (os error 27) (free space or raise the quota, or choose another shard cache directory)", .{ dir_path, name }),
+            .FBIG => return fileTooLarge(dir_path, name),
             .DQUOT => return failWrite(error.DiskQuota, dir_path, name),
             else => |e| return status.fail(error.Io, "cannot write the local cache {s}/{s}: fallocate failed ({s})", .{ dir_path, name, @tagName(e) }),
         }
     }
     file.setEndPos(size) catch |err| return failWrite(err, dir_path, name);
+}
+
+fn fileTooLarge(dir_path: []const u8, name: []const u8) status.Error {
+    return status.fail(error.Io, "cannot write the local cache {s}/{s}: File too large (os error 27) (free space or raise the quota, or choose another shard cache directory)", .{ dir_path, name });
+}
+
+/// Bytes free on the file system of `fd` (root's reserve included: only a size beyond it
+/// is certain to fail), or null when it cannot tell.
+fn freeBytes(fd: posix.fd_t) ?u64 {
+    // struct statfs of 64-bit Linux (asm-generic and x86_64 alike).
+    const Statfs = extern struct { type: i64, bsize: i64, blocks: u64, bfree: u64, bavail: u64, files: u64, ffree: u64, fsid: [2]i32, namelen: i64, frsize: i64, flags: i64, spare: [4]i64 };
+    if (@sizeOf(usize) != 8) return null;
+    var st: Statfs = undefined;
+    const rc = std.os.linux.syscall2(.fstatfs, @as(usize, @bitCast(@as(isize, fd))), @intFromPtr(&st));
+    if (std.os.linux.E.init(rc) != .SUCCESS or st.bsize <= 0) return null;
+    return std.math.mul(u64, st.bfree, @intCast(st.bsize)) catch null;
 }
 
 /// A pool job taking part in a `Fetch`.
@@ -1227,6 +1254,8 @@ const FakeStore = struct {
     busy: std.atomic.Value(u32) = .init(0),
     releases: std.atomic.Value(u32) = .init(0),
     busy_at_release: u32 = 0,
+    /// A size `open` reports for objects whose name ends so, instead of the file's.
+    wrong_size: ?struct { suffix: []const u8, size: u64 } = null,
 
     const Handle = struct { fd: posix.fd_t, ino: u64, name: []u8 };
 
@@ -1251,6 +1280,9 @@ const FakeStore = struct {
         const h = testing.allocator.create(Handle) catch unreachable;
         h.* = .{ .fd = f.handle, .ino = st.inode, .name = testing.allocator.dupe(u8, name) catch unreachable };
         size.* = st.size;
+        if (fs.wrong_size) |w| if (std.mem.endsWith(u8, name, w.suffix)) {
+            size.* = w.size;
+        };
         handle.* = h;
         return 0;
     }
@@ -1644,6 +1676,29 @@ fn countBins(r: *Remote) !usize {
         if (std.mem.endsWith(u8, e.name, ".bin")) n += 1;
     }
     return n;
+}
+
+test "sizes the store reports are checked before anything is allocated: index.bin's against the manifest, any against the free space" {
+    const gpa = testing.allocator;
+    var b = try Bucket.init();
+    defer b.deinit();
+    _ = try copyFixture(b.tmp.dir, "plain_one_shard");
+    const url = "fake://bucket/plain_one_shard";
+    const r = try Remote.create(gpa, b.store.ops(), .{ .root = b.root, .budget = 1 << 30, .backoff_ns = 1000 });
+    defer r.release();
+    b.store.wrong_size = .{ .suffix = "/index.bin", .size = 5 };
+    try testing.expectError(error.InvalidCache, r.fetchCache(url, null, .structure));
+    try testing.expect(std.mem.startsWith(u8, status.lastMessage(), url ++ "/index.bin is 5 bytes but the manifest says "));
+    // No size is too large to be refused with an error (an i64 length for fallocate).
+    for ([_]u64{ std.math.maxInt(u64), std.math.maxInt(i64) + 1, 1 << 60 }) |size| {
+        b.store.wrong_size = .{ .suffix = "/metadata.arrow", .size = size };
+        try testing.expectError(error.Io, r.fetchCache(url, null, .structure));
+        try testing.expect(std.mem.indexOf(u8, status.lastMessage(), "/metadata.arrow: it needs ") != null);
+        try testing.expect(std.mem.indexOf(u8, status.lastMessage(), " bytes and the file system has ") != null);
+    }
+    b.store.wrong_size = null;
+    const local = try r.fetchCache(url, null, .structure);
+    gpa.free(local);
 }
 
 test "settled: a cache is settled once every shard is pinned, never with more shards than pins" {
