@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import zig_tests
+from sources import Numbers
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADER = ROOT / "native" / "include" / "dataset_rt.h"
@@ -110,3 +111,30 @@ def test_abi_version_and_errors() -> None:
     assert ffi.string(lib.drt_last_error()) == b"num_workers must be greater than zero"
     assert lib.drt_runtime_open(1, ffi.NULL) == lib.DRT_E_INVALID_ARGUMENT
     lib.drt_runtime_close(ffi.NULL)
+
+
+def test_a_successful_call_leaves_no_error_message(runtime, tmp_path: Path) -> None:
+    """docs/c-api.md: a successful call clears the thread's last error. A contiguous batch
+    that stops before a record it cannot decode succeeds, and its failure is the next
+    call's, with the message naming the shard; the success itself leaves no message."""
+    import struct
+
+    import dataset_rt as drt
+    from dataset_rt import _native
+
+    config = drt.WriterConfig(show_progress=False)
+    [result] = runtime.write_cache(Numbers("a", count=12), tmp_path, writer_config=config)
+    cache = Path(result.path)
+    _, offset, _ = struct.unpack_from("<QQQ", (cache / "index.bin").read_bytes(), 5 * 24)
+    shard = cache / "shards" / "000000.bin"
+    data = bytearray(shard.read_bytes())
+    data[offset + 8 : offset + 12] = b"\xff\xfe{{"  # record 5's metadata JSON
+    shard.write_bytes(bytes(data))
+    config = drt.ReaderConfig(seed=0, shuffle=False)
+    iterator = _native.Iterator.open(runtime.cached_dataset([cache], reader_config=config)._handle)
+    counts = []
+    with pytest.raises(RuntimeError, match=f"JSON error: .*: {shard}$"):
+        for _ in range(12):
+            counts.append(iterator.next_batch(4, _native.BatchFlag.CONTIGUOUS).count)
+            assert _native.last_error() == ""
+    assert counts == [4, 1]  # the second batch stops before record 5

@@ -168,7 +168,7 @@ enum {
 /* Writer stages timed with DRT_WRITER_PROFILE, indexes into drt_writer_stats' array. */
 enum {
     DRT_STAGE_RECORD_ENCODE = 0,   /* metadata JSON + record framing; bytes = record headers */
-    DRT_STAGE_COMPRESSION = 1,     /* LZ4; bytes = raw payload bytes compressed */
+    DRT_STAGE_COMPRESSION = 1,     /* LZ4 (none: the payload's copy); bytes = raw payload bytes */
     DRT_STAGE_DISK_WRITE = 2,      /* shard and index appends (buffered writes; index SHA-256) */
     DRT_STAGE_SHARD_FLUSH = 3,     /* closing shards; sealing them on the pool (read back,
                                       SHA-256, writeback, fsync; bytes = bytes hashed) */
@@ -219,10 +219,12 @@ int32_t drt_writer_append(drt_writer *writer, uint64_t count, const uint8_t *pay
                           const uint64_t *payload_offsets, const drt_column *columns);
 
 /* Copies the stage timings (DRT_STAGE_COUNT entries) into out; all zero unless the writer
- * was opened with DRT_WRITER_PROFILE. Valid at any time, also after a failure. */
+ * was opened with DRT_WRITER_PROFILE. Valid at any time, also after a failure; waits until
+ * the samples appended so far are written, so they count every append. */
 int32_t drt_writer_stats(drt_writer *writer, drt_stage_stats *out);
 
-/* Number of samples appended so far. */
+/* Number of samples appended so far (waits until the appended samples are written, as
+ * drt_writer_stats does). */
 int32_t drt_writer_sample_count(drt_writer *writer, uint64_t *out);
 
 /* The staging directory (absolute or as given, no trailing slash). Without
@@ -496,10 +498,10 @@ typedef struct drt_stream {
 int32_t drt_dataset_stream(drt_dataset *dataset, drt_stream *out);
 
 /* Moves the stream (to resume a saved run): the next iterator starts at
- * stream->position and, when stream->window_end > position, takes only
- * [position, window_end) (the rest of an interrupted window); later ones take epoch_len
- * positions as usual. Iterators already open are unaffected. Thread-safe.
- * Returns DRT_E_INVALID_ARGUMENT when window_end < position. */
+ * stream->position and, when stream->window_end != position, takes only
+ * [position, window_end) modulo 2^64, as positions are (the rest of an interrupted
+ * window; one that crosses 2^64 has window_end < position); later ones take epoch_len
+ * positions as usual. Iterators already open are unaffected. Thread-safe. */
 int32_t drt_dataset_set_stream(drt_dataset *dataset, const drt_stream *stream);
 
 /* Writes the SHA-256 digest identifying the active table to out[0..32): its rows

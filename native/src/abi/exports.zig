@@ -28,7 +28,10 @@ const gpa = std.heap.c_allocator;
 
 const Rc = i32;
 
+/// Success: this thread's last error is cleared (a failure met and handled on the way,
+/// such as a record a batch stopped before, leaves no message behind).
 fn ok() Rc {
+    status.clear();
     return @intFromEnum(status.Status.ok);
 }
 
@@ -114,6 +117,7 @@ export fn drt_writer_set_schema(w: ?*Writer, fields: ?[*]const abi.Field, field_
     const writer = w orelse return nullArgument("writer");
     if (field_count > 0 and fields == null) return nullArgument("fields");
     status.clear();
+    writer.runtime.checkPid() catch |err| return fromError(err);
     const converted = gpa.alloc(schema.Field, @intCast(field_count)) catch return fromError(error.OutOfMemory);
     defer gpa.free(converted);
     for (converted, 0..) |*f, i| {
@@ -158,6 +162,7 @@ export fn drt_writer_stats(w: ?*Writer, out: ?[*]abi.StageStats) Rc {
     const o = out orelse return nullArgument("out");
     status.clear();
     writer.runtime.checkPid() catch |err| return fromError(err);
+    writer.settle();
     for (o[0..writer.profile.stages.len], writer.profile.stages) |*dst, src| {
         dst.* = .{ .calls = src.calls, .total_ns = src.total_ns, .bytes = src.bytes };
     }
@@ -169,6 +174,7 @@ export fn drt_writer_sample_count(w: ?*Writer, out: ?*u64) Rc {
     const o = out orelse return nullArgument("out");
     status.clear();
     writer.runtime.checkPid() catch |err| return fromError(err);
+    writer.settle();
     o.* = writer.sample_count;
     return ok();
 }
@@ -647,6 +653,19 @@ export fn drt_batch_copy_payloads(b: ?*const abi.Batch, dst: ?[*]u8, capacity: u
     if (total > capacity) return fromError(status.fail(error.InvalidArgument, "the payloads take {d} bytes, the buffer has {d}", .{ total, capacity }));
     if (total == 0) return ok();
     const d = dst orelse return nullArgument("dst");
+    // `dst` may hold payloads only where they are to be copied (the batch's own
+    // contiguous buffer): any other overlap would overwrite bytes not yet copied.
+    const lo = @intFromPtr(d);
+    const hi = lo + @as(usize, @intCast(total));
+    var at: usize = 0;
+    for (payloads, lens, 0..) |p, len, i| {
+        const from = @intFromPtr(p);
+        const size: usize = @intCast(len);
+        if (size > 0 and from < hi and from + size > lo and from != lo + at) {
+            return fromError(status.fail(error.InvalidArgument, "dst overlaps payload {d} of the batch (only a batch's own contiguous payload buffer may be passed, where its payloads already lie)", .{i}));
+        }
+        at += size;
+    }
     batch.gatherPayloads(d[0..@intCast(total)], payloads, lens);
     return ok();
 }
@@ -672,6 +691,18 @@ test "drt_batch_copy_payloads gathers payloads back to back" {
     const huge = [_]u64{ std.math.maxInt(u64), 1, 0 };
     const bad: abi.Batch = .{ .count = 3, .payloads = &ptrs, .payload_lens = &huge, .payload_base = null, .payload_offsets = null, .cache_ids = null, .sample_ids = null, .columns = null };
     try std.testing.expectEqual(@as(Rc, @intFromEnum(status.Status.overflow)), drt_batch_copy_payloads(&bad, &buf, buf.len, &len));
+    // Into the batch's own contiguous buffer: nothing moves. Any other overlap: refused,
+    // nothing copied.
+    var own = "abcdefg".*;
+    const in_place = [_][*]const u8{ &own, own[3..].ptr, own[3..].ptr };
+    const own_batch: abi.Batch = .{ .count = 3, .payloads = &in_place, .payload_lens = &lens, .payload_base = &own, .payload_offsets = null, .cache_ids = null, .sample_ids = null, .columns = null };
+    try std.testing.expectEqual(@as(Rc, 0), drt_batch_copy_payloads(&own_batch, &own, own.len, &len));
+    try std.testing.expectEqualStrings("abcdefg", &own);
+    const shifted = [_][*]const u8{ own[1..].ptr, own[3..].ptr, own[3..].ptr };
+    const shifted_batch: abi.Batch = .{ .count = 3, .payloads = &shifted, .payload_lens = &lens, .payload_base = null, .payload_offsets = null, .cache_ids = null, .sample_ids = null, .columns = null };
+    try std.testing.expectEqual(@as(Rc, -1), drt_batch_copy_payloads(&shifted_batch, &own, own.len, &len));
+    try std.testing.expectEqualStrings("dst overlaps payload 0 of the batch (only a batch's own contiguous payload buffer may be passed, where its payloads already lie)", status.lastMessage());
+    try std.testing.expectEqualStrings("abcdefg", &own);
 }
 
 export fn drt_batch_run(b: ?*const abi.Batch, out_cache_id: ?*u64, out_first: ?*u64, out_len: ?*u64) Rc {
@@ -873,6 +904,8 @@ export fn drt_commit_open(
 export fn drt_commit_sample_count(c: ?*Commit, out: ?*u64) Rc {
     const commit = c orelse return nullArgument("commit");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    commit.checkPid() catch |err| return fromError(err);
     o.* = commit.sample_count;
     return ok();
 }
@@ -880,6 +913,8 @@ export fn drt_commit_sample_count(c: ?*Commit, out: ?*u64) Rc {
 export fn drt_commit_staging_path(c: ?*Commit, out: ?*abi.Str) Rc {
     const commit = c orelse return nullArgument("commit");
     const o = out orelse return nullArgument("out");
+    status.clear();
+    commit.checkPid() catch |err| return fromError(err);
     o.* = abi.Str.from(commit.stagingPath());
     return ok();
 }
@@ -996,6 +1031,22 @@ test "misuse through the C ABI gets a status, never a panic or a hang" {
     // prefetch_size 2**64-1 bounds nothing, and overflows nothing.
     const empty = [_]u64{ 0, 0 };
     try t.expectEqual(@as(Rc, 0), drt_writer_append(w, 1, null, &empty, null));
+    // The sample count counts every append that returned, however far the pool is.
+    {
+        var w2: ?*Writer = null;
+        try t.expectEqual(@as(Rc, 0), drt_writer_open(rt, base.ptr, base.len, "counted", 7, &wopts, &w2));
+        defer drt_writer_close(w2);
+        try t.expectEqual(@as(Rc, 0), drt_writer_set_schema(w2, null, 0));
+        const zeros = [_]u64{0} ** 257;
+        var appended: u64 = 0;
+        var count: u64 = 0;
+        for (0..20) |_| {
+            try t.expectEqual(@as(Rc, 0), drt_writer_append(w2, 256, null, &zeros, null));
+            appended += 256;
+            try t.expectEqual(@as(Rc, 0), drt_writer_sample_count(w2, &count));
+            try t.expectEqual(appended, count);
+        }
+    }
 
     const paths = [_]abi.Str{abi.Str.from(fixture)};
     try t.expectEqual(@as(Rc, 0), drt_dataset_open(rt, &paths, 1, &options, &ds));
@@ -1091,7 +1142,7 @@ test "misuse through the C ABI gets a status, never a panic or a hang" {
         var n: u64 = 0;
         // A runtime of the child's own does not make the parent's remote usable.
         var child_rt: ?*Runtime = null;
-        const ok_all = drt_remote_set_read_file(rm, null) == forked_rc and drt_remote_set_release(rm, null) == forked_rc and drt_writer_sample_count(w, &n) == forked_rc and
+        const ok_all = drt_remote_set_read_file(rm, null) == forked_rc and drt_remote_set_release(rm, null) == forked_rc and drt_writer_set_schema(w, null, 0) == forked_rc and drt_writer_sample_count(w, &n) == forked_rc and
             drt_runtime_open(1, &child_rt) == 0 and drt_dataset_open_remote(child_rt, &paths, 1, &options, rm, &ds) == forked_rc;
         std.posix.exit(if (ok_all) 0 else 1);
     }

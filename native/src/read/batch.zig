@@ -730,7 +730,8 @@ pub fn gatherPayloads(dst: []u8, payloads: []const [*]const u8, lens: []const u6
             prefetchBytes(payloads[k + gather_payload_distance], @intCast(@min(ahead_len, gather_payload_prefetch_max)));
         }
         const len: usize = @intCast(n);
-        @memcpy(dst[at..][0..len], p[0..len]);
+        // (A payload already in its place: `dst` is the batch's own contiguous buffer.)
+        if (p != dst.ptr + at) @memcpy(dst[at..][0..len], p[0..len]);
         at += len;
     }
     std.debug.assert(at == dst.len);

@@ -212,8 +212,13 @@ pub const Commit = struct {
 
     /// Checks the caller's metadata.arrow, then writes the manifest and publishes (see
     /// drt_commit_finish).
-    pub fn finish(c: *Commit) status.Error!void {
+    /// error.Forked in a process other than the one that opened the commit.
+    pub fn checkPid(c: *const Commit) status.Error!void {
         if (c.pid != runtime.currentPid()) return runtime.forkedError();
+    }
+
+    pub fn finish(c: *Commit) status.Error!void {
+        try c.checkPid();
         if (c.failed or c.staging.published) return status.fail(error.InvalidArgument, "the commit cannot finish after a failure or finish", .{});
         errdefer c.failed = true;
         const staging_path = c.staging.staging_path;
