@@ -99,6 +99,26 @@ def _arrow_kind_matches(kind: int, actual: Any) -> bool:
     return actual == arrow_type(kind)
 
 
+def _check_same_directory(dataset: Any, index: int, path: Path) -> None:
+    """Raise the library's "was replaced" error unless ``path``, cache ``index``'s
+    directory, still names the directory the dataset opened (a rebuild swaps in a new
+    one): its metadata.arrow, opened by path just before, is then that cache's own, never
+    a rebuilt cache's."""
+    identity = dataset._dir_identities[index]
+    if identity is None:  # a URL: its local copy is addressed by content
+        return
+    try:
+        st = os.stat(path)
+        same = (st.st_dev, st.st_ino) == identity
+    except OSError:
+        same = False
+    if not same:
+        raise ValueError(
+            f"cache {os.fspath(path)} was replaced (rebuilt) or removed while this dataset "
+            "was open; open it again"
+        )
+
+
 def default_table(dataset: Any) -> Any:
     """The initial active table: cache_id, sample_id, stored columns, weight (all 1.0).
 
@@ -120,7 +140,10 @@ def default_table(dataset: Any) -> Any:
         ids.append(info.cache_id)
         # The cache's own directory, or the verified local copy of a remote cache's files.
         directory = Path(os.fsdecode(handle.cache_dir(index)))
-        table = read_arrow_file(directory / "metadata.arrow")
+        try:
+            table = read_arrow_file(directory / "metadata.arrow")
+        finally:  # (also when a replaced cache's new file does not read)
+            _check_same_directory(dataset, index, directory)
         if table.num_columns != len(fields):
             raise ValueError("metadata batch column count does not match manifest")
         for i, (name, kind) in enumerate(fields):

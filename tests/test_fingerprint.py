@@ -106,6 +106,9 @@ def test_rebuild_swaps_atomically_and_old_readers_never_mix(runtime, tmp_path: P
             assert sample.data.startswith(f"a:{sample.sample_id}".encode())
     with pytest.raises(ValueError, match="was replaced"):
         old.get_item(next(iter(result.dataset)).cache_id, 39)
+    # Its metadata table, first built now, is not the rebuilt cache's either.
+    with pytest.raises(ValueError, match="was replaced"):
+        old.get_metadata()
 
 
 def test_inspect_shows_fingerprint(runtime, tmp_path: Path) -> None:
