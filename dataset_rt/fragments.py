@@ -344,7 +344,13 @@ def _merge_metadata(paths: list[Path], target: str) -> None:
         column.chunk(0) if column.num_chunks else pa.array([], column.type)
         for column in table.columns
     ]
-    batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    if arrays:
+        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    else:  # samples without metadata: no column, but the batch still has a row per sample
+        # (concat_tables of tables without columns drops their rows: count them here)
+        count = sum(t.num_rows for t in tables)
+        rows = pa.StructArray.from_buffers(pa.struct([]), count, [None])
+        batch = pa.RecordBatch.from_struct_array(rows)
     with pa.OSFile(target, "wb") as sink, pa.ipc.new_file(sink, schema) as ipc:
         ipc.write_batch(batch)
 

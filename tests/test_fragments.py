@@ -104,6 +104,22 @@ def test_commit_equals_one_write_of_the_concatenation(rt, tmp_path):
     assert all((f.path / "manifest.json").exists() for f in frags)
 
 
+def test_samples_without_metadata_commit(rt, tmp_path):
+    """Fragments whose samples carry no metadata (``{}``, as write_cache takes them)
+    commit to a cache with no metadata column and a row per sample."""
+    frags = [
+        F.write_fragment(rt, [(bytes([k, i]), {}) for i in range(k + 2)], tmp_path / "f", k)
+        for k in range(2)
+    ]
+    out = tmp_path / "base" / "out"
+    assert F.commit_fragments(frags, tmp_path / "base", "out") == drt.CacheWriteSuccess("out", out)
+    assert read_all(rt, out) == [
+        (i, d, {}) for i, d in enumerate([b"\0\0", b"\0\1", *(bytes([1, i]) for i in range(3))])
+    ]
+    table = pa.ipc.open_file(str(out / "metadata.arrow")).read_all()
+    assert (table.num_rows, table.num_columns) == (5, 0)
+
+
 def test_commit_is_deterministic(rt, tmp_path):
     frags = [
         F.write_fragment(rt, samples(k), tmp_path / "frags", k, writer_config=CFG) for k in range(2)
