@@ -266,7 +266,11 @@ def write_in_processes(
                 killed = True
                 break
             deadline = min(worker.deadline for worker in busy)
-            ready = wait([worker.conn for worker in busy], timeout=max(0.0, deadline - now))
+            # (At most an hour per wait: the platform's wait takes no timeout beyond
+            # about 24.8 days, and process_timeout_seconds may be any finite value.)
+            ready = wait(
+                [worker.conn for worker in busy], timeout=min(max(0.0, deadline - now), 3600.0)
+            )
             dead: _Worker | None = None
             for worker in [w for w in busy if w.conn in ready]:
                 try:

@@ -90,6 +90,15 @@ def test_timeout_kills_and_cleans(runtime, tmp_path: Path) -> None:
     assert not (tmp_path / "slow").exists()
 
 
+def test_any_finite_timeout_is_a_deadline(runtime, tmp_path: Path) -> None:
+    """A timeout beyond what one wait can take (about 24.8 days) is waited for in parts."""
+    sources = [Numbers("a", count=5), Numbers("b", count=5)]
+    results = runtime.write_cache(
+        sources, tmp_path, writer_config=config(process_timeout_seconds=1e300)
+    )
+    assert results == [drt.CacheWriteSuccess(s.name, tmp_path / s.name) for s in sources]
+
+
 def test_interrupt_in_child_is_reraised(runtime, tmp_path: Path) -> None:
     with pytest.raises(KeyboardInterrupt):
         runtime.write_cache(
