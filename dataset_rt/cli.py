@@ -50,12 +50,6 @@ def _runtime() -> DatasetRuntime:
     return DatasetRuntime(num_workers=2)
 
 
-def _target(path: str) -> Path | str:
-    """A command-line cache argument: a URL (``s3://...``, read through
-    ``dataset_rt.remote``) stays a string, anything else is a local path."""
-    return path if remote.is_url(path) else Path(path)
-
-
 def _cache_arg(path: str) -> str:
     """argparse type of a cache path: not empty (it would name the working directory's
     files in every message)."""
@@ -122,7 +116,7 @@ def cmd_inspect(args: argparse.Namespace, out: TextIO) -> int:
     reports = []
     for path in args.paths:
         try:
-            reports.append(cache_facts(_target(path)))
+            reports.append(cache_facts(path))
         except (ValueError, RuntimeError, OSError) as exc:
             print(f"{path}: {exc}", file=sys.stderr)
             status = 1
@@ -247,13 +241,13 @@ def _verify_records(
 
 def cmd_verify(args: argparse.Namespace, out: TextIO) -> int:
     progress = sys.stderr.isatty() and not args.quiet
-    results = [_verify_one(_target(p), out, progress) for p in args.paths]
+    results = [_verify_one(p, out, progress) for p in args.paths]
     return 0 if all(results) else 1
 
 
 def cmd_head(args: argparse.Namespace, out: TextIO) -> int:
     try:
-        dataset = _open(_runtime(), _target(args.path))
+        dataset = _open(_runtime(), args.path)
         count = min(args.n, len(dataset))
         if count == 0:
             return 0
@@ -272,7 +266,7 @@ def cmd_stats(args: argparse.Namespace, out: TextIO) -> int:
     import polars as pl
 
     try:
-        table = _open(_runtime(), _target(args.path)).get_metadata()
+        table = _open(_runtime(), args.path).get_metadata()
     except (ValueError, RuntimeError) as exc:
         print(f"{args.path}: {exc}", file=sys.stderr)
         return 1

@@ -62,6 +62,19 @@ def test_verify_ok_and_corrupt(fixture_copy) -> None:
     assert f"OK   {FIXTURES / 'plain_one_shard'}" in bad.stdout
 
 
+def test_paths_are_printed_as_given() -> None:
+    """docs/cli.md: a path is printed as it was typed (a trailing or doubled slash kept),
+    in verify's lines and inspect's report."""
+    given = [f"{FIXTURES}/plain_one_shard/", f"{FIXTURES}//plain_one_shard"]
+    verified = run("verify", *given)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert [line.split(":")[0] for line in verified.stdout.splitlines()] == [
+        f"OK   {path}" for path in given
+    ]
+    inspected = run("inspect", "--json", *given)
+    assert [report["path"] for report in json.loads(inspected.stdout)] == given
+
+
 def test_verify_names_every_damaged_file(fixture_copy) -> None:
     """Every damaged file of a local cache gets a FAIL line (shards flipped, truncated,
     missing, and index.bin), in the order they are checked (index.bin, then shard by
