@@ -1145,8 +1145,20 @@ def _sample_batch(batch: _native.Batch, frames: _StoredFrames, copy: bool) -> Sa
 
 def _metadata_frame(batch: _native.Batch, columns: list[tuple[str, int]]) -> Any:
     """The embedded metadata of one native batch (contiguous or not) as a Polars frame
-    (its own memory)."""
+    (its own memory): a row per sample, also when the cache has no metadata column."""
+    if not columns:
+        return _rows_without_columns(batch.count)
     return _frame(_metadata_arrays(batch, columns), columns)
+
+
+def _rows_without_columns(count: int) -> Any:
+    """A Polars frame of ``count`` rows and no column (a list of Series cannot say how
+    many rows it has without one; an Arrow batch of a struct of no fields can)."""
+    import polars as pl
+    import pyarrow as pa
+
+    rows = pa.StructArray.from_buffers(pa.struct([]), count, [None])
+    return pl.from_arrow(pa.Table.from_batches([pa.RecordBatch.from_struct_array(rows)]))
 
 
 def _metadata_arrays(batch: _native.Batch, columns: list[tuple[str, int]]) -> list[Any]:

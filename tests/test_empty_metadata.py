@@ -111,6 +111,12 @@ def test_samples_without_metadata_make_a_cache(runtime, tmp_path: Path, io_backe
         cache_id = next(iter(dataset)).cache_id
         assert dataset.get_item(cache_id, 2).data == b"xx"
         assert dataset.get_metadata().columns == ["cache_id", "sample_id", "weight"]
+        # Batches: a metadata row per sample, no column.
+        for copy in (True, False):
+            [batch] = dataset.iter_batches(3, copy=copy)
+            assert (len(batch), batch.metadata.shape) == (3, (3, 0))
+        items = dataset.get_items([cache_id] * 2, [2, 0])
+        assert (bytes(items.data), items.metadata.shape) == (b"xx", (2, 0))
         shuffled = runtime.cached_dataset(
             [cache], reader_config=drt.ReaderConfig(seed=3, io_backend=io_backend)
         )
