@@ -95,8 +95,9 @@ def fragment_name(fragment_id: int | str) -> str:
     """The directory name of a fragment id: a non-negative int becomes 9 zero-padded
     digits (so names sort like the ids below 10^9; a larger id has more digits and sorts
     before the 9-digit names that start with a greater digit: pass the commit its
-    fragments in order rather than sorting names); a str must be a plain path segment (not empty,
-    no ``/``, not ``.``, ``..`` or ``tmp``) and is used as is. Raises ValueError."""
+    fragments in order rather than sorting names); a str must be a plain path segment
+    (not empty, no ``/``, not ``.``, ``..`` or ``tmp``) and is used as is. Raises
+    ValueError."""
     if isinstance(fragment_id, bool) or not isinstance(fragment_id, (int, str)):
         raise ValueError(f"fragment id must be an int or a str, not {type(fragment_id).__name__}")
     if isinstance(fragment_id, int):
