@@ -808,6 +808,14 @@ class Remote(_Handle):
         keeps alive; ``ffi.NULL``: through a mapping with the ``read`` callback)."""
         check(lib.drt_remote_set_read_file(self._ptr, read_file))
 
+    def set_release(self, release: Any) -> None:
+        """``drt_remote_set_release`` (ABI 1.18): ``release`` (a ``drt_remote_release_fn``
+        cffi callback the caller keeps alive until it was called; ``ffi.NULL``: none) is
+        called once, with the transport's context, after the last reference to the remote
+        is dropped (this object closed, every dataset opened with it closed, every fetch
+        ahead ended); no transport callback follows it."""
+        check(lib.drt_remote_set_release(self._ptr, release))
+
 
 class Dataset(_Handle):
     """``drt_dataset``: caches opened together, their active table and stream. Every

@@ -1141,6 +1141,37 @@ def test_an_interrupt_in_a_transport_read_propagates(
         remote_ds.get_item(cache_id, 10**6)
 
 
+def test_release_is_called_once_after_the_last_reference(
+    runtime, s3_bucket, shard_cache, tmp_path
+) -> None:
+    """``Remote.set_release`` (``drt_remote_set_release``): the function is called once,
+    not while a dataset opened with the remote is open, and after everything is closed
+    (fetches ahead included)."""
+    from dataset_rt import _native
+    from dataset_rt import remote as remote_mod
+
+    base, _ = write_both(runtime, tmp_path, s3_bucket, count=120)
+    handle = _native.Remote.open(remote_mod.ObstoreTransport(), tmp_path / "own", 1 << 30)
+    calls: list[int] = []
+    release = _native.ffi.callback("void(void *)", lambda context: calls.append(1))
+    handle.set_release(release)
+    config = drt.ReaderConfig(seed=0, shuffle=False)
+    dataset = drt.CachedDataset._open(runtime._runtime, [f"{base}/a"], config, handle)
+    next(iter(dataset))
+    # The Python object stays (its callbacks must outlive every call back: fetches ahead
+    # may call after the last dataset closes); the library's reference goes.
+    handle.close()
+    assert calls == []  # the dataset holds the remote
+    del dataset
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while not calls:  # a fetch ahead may still hold it for its last request
+        assert time.monotonic() < deadline, "release was never called"
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert calls == [1]
+
+
 @pytest.mark.parametrize(
     "without", [("read_into",), ("read_to_file",), ("read_into", "read_to_file")]
 )
