@@ -291,6 +291,15 @@ FORK_MESSAGE = (
 )
 
 
+def replaced_error(path: str | os.PathLike[str]) -> ValueError:
+    """The library's error for a cache directory that was replaced (rebuilt) or removed
+    while a dataset had it open (``Cache.replacedError``), for the checks made in Python."""
+    return ValueError(
+        f"cache {os.fspath(path)} was replaced (rebuilt) or removed while this dataset was "
+        "open; open it again"
+    )
+
+
 def check_owner(pid: int) -> None:
     """Raise the fork error when called in a process other than ``pid``.
 

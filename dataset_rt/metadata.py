@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dataset_rt._native import Kind
+from dataset_rt._native import Kind, replaced_error
 
 
 def arrow_type(kind: int) -> Any:
@@ -113,10 +113,7 @@ def _check_same_directory(dataset: Any, index: int, path: Path) -> None:
     except OSError:
         same = False
     if not same:
-        raise ValueError(
-            f"cache {os.fspath(path)} was replaced (rebuilt) or removed while this dataset "
-            "was open; open it again"
-        )
+        raise replaced_error(path)
 
 
 def default_table(dataset: Any) -> Any:

@@ -115,10 +115,7 @@ def _check_cache_dirs(dataset: Any, identities: tuple[tuple[int, int] | None, ..
     other bytes."""
     for path, opened, identity in zip(dataset.cache_paths, dataset._dir_identities, identities):
         if opened != identity:
-            raise ValueError(
-                f"cache {path} was replaced (rebuilt) or removed while this dataset was "
-                "open; open it again"
-            )
+            raise _native.replaced_error(path)
 
 
 def _open_reader(recipe: _Recipe, offset: int = 0, population: int = 0) -> Any:

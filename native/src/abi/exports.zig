@@ -162,7 +162,7 @@ export fn drt_writer_stats(w: ?*Writer, out: ?[*]abi.StageStats) Rc {
     const o = out orelse return nullArgument("out");
     status.clear();
     writer.runtime.checkPid() catch |err| return fromError(err);
-    writer.settle();
+    writer.drain();
     for (o[0..writer.profile.stages.len], writer.profile.stages) |*dst, src| {
         dst.* = .{ .calls = src.calls, .total_ns = src.total_ns, .bytes = src.bytes };
     }
@@ -174,7 +174,7 @@ export fn drt_writer_sample_count(w: ?*Writer, out: ?*u64) Rc {
     const o = out orelse return nullArgument("out");
     status.clear();
     writer.runtime.checkPid() catch |err| return fromError(err);
-    writer.settle();
+    writer.drain();
     o.* = writer.sample_count;
     return ok();
 }

@@ -703,14 +703,10 @@ pub const Writer = struct {
     }
 
     /// Waits until every submitted chunk is committed (or skipped after a failure).
-    /// Waits until every appended sample is committed (its chunk encoded and written), so
-    /// that `sample_count` and the stage timings count every append so far and no
-    /// worker updates them while the caller reads them.
-    pub fn settle(w: *Writer) void {
-        w.drain();
-    }
-
-    fn drain(w: *Writer) void {
+    /// Waits until every appended sample is committed (its chunk encoded and written): then
+    /// `sample_count` and the stage timings count every append so far, and no worker
+    /// updates them while the caller reads them.
+    pub fn drain(w: *Writer) void {
         w.mutex.lock();
         defer w.mutex.unlock();
         while (w.next_commit != w.next_submit) {
